@@ -1,0 +1,163 @@
+"""The block pool: fixed block ids, reference counts, a prefix-cache map and LRU eviction.
+
+Block 0 is the null block: it is never handed out, so a block table can use it for
+slots that left a sliding window. A block is in exactly one state:
+  free       on the free stack, no hash;
+  held       ref count > 0 (it may carry a hash and be shared);
+  evictable  ref count 0 but cached under a hash, kept in LRU order; it counts as free
+             for admission and is charged exactly once, when a request takes it
+             (by a cache hit, `touch`) or when an allocation evicts it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+
+NULL_BLOCK = 0
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be at least 2 (one is the null block), got {num_blocks}")
+        self.num_blocks = num_blocks  # including the null block
+        # A stack, lowest ids on top so a fresh pool hands out 1, 2, 3, ...
+        self._free = array("i", range(num_blocks - 1, 0, -1))
+        self._ref = array("i", bytes(4 * num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._hash_of: dict[int, Hashable] = {}
+        self._block_of: dict[Hashable, int] = {}
+        self._num_held = 0
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def capacity(self) -> int:
+        """Blocks that can ever be handed out (the null block excluded)."""
+        return self.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: free plus evictable cached."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_unhashed_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self._evictable)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return self._num_held
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._block_of)
+
+    def usage(self) -> float:
+        return self._num_held / self.capacity
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    # -------------------------------------------------------------- allocation
+    def can_allocate(self, n: int) -> bool:
+        return 0 <= n <= self.num_free_blocks
+
+    def allocate(self, n: int) -> list[int]:
+        """Take n blocks (ref count 1), from the free stack first, then evicting LRU."""
+        if not self.can_allocate(n):
+            raise ValueError(f"cannot allocate {n} blocks, {self.num_free_blocks} free")
+        free = self._free
+        take = min(n, len(free))
+        ids = list(free[len(free) - take :])
+        del free[len(free) - take :]
+        ids.reverse()
+        for _ in range(n - take):
+            block_id, _ = self._evictable.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block_id)]
+            ids.append(block_id)
+        ref = self._ref
+        for block_id in ids:
+            ref[block_id] = 1
+        self._num_held += n
+        return ids
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block; cached blocks that reach 0 become evictable.
+
+        Pass a request's blocks tail first so its tail is evicted before its shared head.
+        """
+        ref = self._ref
+        for block_id in block_ids:
+            if block_id == NULL_BLOCK:
+                continue
+            count = ref[block_id]
+            if count <= 0:
+                raise ValueError(f"block {block_id} freed more often than referenced")
+            ref[block_id] = count - 1
+            if count == 1:
+                self._num_held -= 1
+                if block_id in self._hash_of:
+                    self._evictable[block_id] = None
+                else:
+                    self._free.append(block_id)
+
+    # ------------------------------------------------------------ prefix cache
+    def lookup(self, block_hash: Hashable) -> int | None:
+        return self._block_of.get(block_hash)
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Take a reference on cache hits; an evictable block leaves the LRU (charged once)."""
+        ref = self._ref
+        for block_id in block_ids:
+            if ref[block_id] == 0:
+                if block_id not in self._evictable:
+                    raise ValueError(f"block {block_id} is neither held nor cached")
+                del self._evictable[block_id]
+                self._num_held += 1
+            ref[block_id] += 1
+
+    def cache_block(self, block_id: int, block_hash: Hashable) -> bool:
+        """Publish a held, full block under its chained hash. False if the hash is taken."""
+        if self._ref[block_id] <= 0:
+            raise ValueError(f"block {block_id} is not held")
+        if block_hash in self._block_of or block_id in self._hash_of:
+            return False
+        self._block_of[block_hash] = block_id
+        self._hash_of[block_id] = block_hash
+        return True
+
+    def evict_all_cached(self) -> int:
+        """Drop every evictable block back to the free stack (e.g. after a model reload)."""
+        n = len(self._evictable)
+        while self._evictable:
+            block_id, _ = self._evictable.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block_id)]
+            self._free.append(block_id)
+        return n
+
+    # ---------------------------------------------------------------- integrity
+    def check_integrity(self) -> None:
+        """free + held + evictable == capacity; ref counts ≥ 0; the cache maps agree."""
+        ref = self._ref
+        assert ref[NULL_BLOCK] == 0, "null block was referenced"
+        assert min(ref) >= 0, "negative ref count"
+        held = sum(1 for count in ref if count > 0)
+        assert held == self._num_held, f"held counter {self._num_held} != {held}"
+        free_set = set(self._free)
+        assert len(free_set) == len(self._free), "a block is twice on the free stack"
+        assert NULL_BLOCK not in free_set, "null block on the free stack"
+        assert all(ref[b] == 0 and b not in self._hash_of for b in free_set), "free block held or hashed"
+        assert all(ref[b] == 0 and b in self._hash_of for b in self._evictable), "bad evictable block"
+        assert not free_set & self._evictable.keys(), "block both free and evictable"
+        assert len(self._free) + held + len(self._evictable) == self.capacity, (
+            f"free {len(self._free)} + held {held} + evictable {len(self._evictable)}"
+            f" != {self.capacity}"
+        )
+        assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "cache maps disagree"
+        assert len(self._block_of) == len(self._hash_of), "cache maps differ in size"

@@ -1,0 +1,135 @@
+"""The records the core emits: requests in, decisions and snapshots out.
+
+These are plain frozen dataclasses so the decision log, metrics, gRPC server, replayer and
+tests all consume the same stream without knowing the controller's internals.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class DecisionKind(str, enum.Enum):
+    ADMIT = "admit"  # request admitted: blocks granted (and possibly reserved)
+    QUEUE = "queue"  # request put in the waiting queue
+    REJECT = "reject"  # request refused for good
+    GROW = "grow"  # more blocks granted to a running request
+    DENY = "deny"  # growth refused (the engine must wait, or the policy preempts)
+    PREEMPT = "preempt"  # running request stopped, its blocks taken back, queued to recompute
+    RECLAIM = "reclaim"  # blocks that left a sliding window / chunk went back to the pool
+    RELEASE = "release"  # request finished or aborted: its blocks went back
+    EXPIRE = "expire"  # the engine's lease lapsed: the request's blocks went back
+    POLICY = "policy"  # the admission policy was switched
+
+
+class Reason(str, enum.Enum):
+    NONE = "none"
+    FITS = "fits"  # admitted / grown within the pool
+    PREFIX_HIT = "prefix_hit"  # admitted, part of it from the prefix cache
+    POOL_FULL = "pool_full"  # not enough free blocks now
+    BUDGET_FULL = "budget_full"  # blocks are free but promised (reserved) to running requests
+    WATERMARK = "watermark"  # would dip below the optimistic watermark
+    QUEUE_AHEAD = "queue_ahead"  # FCFS: earlier requests are waiting
+    TENANT_QUOTA = "tenant_quota"  # tenant at its share of the pool
+    NEVER_FITS = "never_fits"  # worst case exceeds the whole pool
+    PROMPT_TOO_LONG = "prompt_too_long"  # prompt longer than max_model_len
+    QUEUE_FULL = "queue_full"
+    DEADLINE = "deadline"  # deadline passed while waiting
+    GROWTH = "growth"  # preempted to let another request grow
+    PRIORITY = "priority"  # preempted for a higher-priority request
+    WINDOW = "window"  # blocks left the sliding window / chunk
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    LEASE_EXPIRED = "lease_expired"
+    DRAINING = "draining"
+    OVER_RESERVATION = "over_reservation"  # grew past what was reserved (guaranteed)
+    SWITCH = "switch"
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What an engine tells us about a request when it submits it."""
+
+    request_id: str
+    prompt_tokens: int
+    max_new_tokens: int | None = None  # None: up to max_model_len
+    prefix_hashes: tuple[int, ...] = ()  # chained hashes of full prompt blocks, in order
+    priority: int = 0  # lower value = more important (vLLM's convention)
+    tenant: str = ""
+    engine_id: str = ""
+    deadline_s: float | None = None  # absolute time by which it must be admitted
+    arrival_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One state change, as the log, metrics and dashboard see it."""
+
+    seq: int
+    time_s: float
+    kind: DecisionKind
+    reason: Reason
+    request_id: str
+    engine_id: str = ""
+    tenant: str = ""
+    policy: str = ""
+    prompt_tokens: int = 0
+    max_new_tokens: int = 0
+    num_tokens: int = 0  # slots the request holds after this decision
+    num_computed: int = 0
+    blocks_reserved: tuple[int, ...] = ()  # per group: promised, including held
+    blocks_held: tuple[int, ...] = ()  # per group: actually allocated
+    new_block_ids: tuple[tuple[int, ...], ...] = ()  # per group: ids granted by this decision
+    freed_blocks: int = 0  # blocks returned by this decision
+    cached_hit_blocks: int = 0  # prefix blocks reused (per request, not per group)
+    num_free_blocks: int = 0  # pool after the decision (free + evictable)
+    num_waiting: int = 0
+    num_running: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    kind: str  # LayerKind value
+    description: str  # e.g. "sliding_window W=4096"
+    num_layers: int
+    blocks_held: int
+    blocks_reserved: int  # promised but not yet held
+    blocks_reclaimed: int  # cumulative, left a window / chunk
+
+
+@dataclass(frozen=True)
+class TenantSnapshot:
+    tenant: str
+    blocks_held: int
+    blocks_reserved: int
+    quota_blocks: int | None
+    weight: float
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time_s: float
+    policy: str
+    num_blocks: int  # capacity, null block excluded
+    num_free_blocks: int  # free + evictable
+    num_held_blocks: int
+    num_reserved_blocks: int  # promised but not yet held
+    num_evictable_blocks: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    preemptions_by_reason: dict[str, int] = field(default_factory=dict)
+    rejections_by_reason: dict[str, int] = field(default_factory=dict)
+    decisions_by_kind: dict[str, int] = field(default_factory=dict)
+    groups: tuple[GroupSnapshot, ...] = ()
+    tenants: tuple[TenantSnapshot, ...] = ()
+    prefix_hit_blocks: int = 0
+    prefix_query_blocks: int = 0
+
+    @property
+    def usage(self) -> float:
+        return self.num_held_blocks / self.num_blocks if self.num_blocks else 0.0

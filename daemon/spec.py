@@ -1,0 +1,261 @@
+"""KV-cache specs: one small frozen dataclass per layer type, and vLLM-style grouping.
+
+A *page* is what one layer stores for one block of `block_size` tokens. Layers with the
+same spec are grouped into KV-cache groups of `group_size` layers; a pool block is one page
+of every layer of one group, so `bytes_per_block = page_size_bytes * group_size` and block
+counts mean what vLLM's `num_gpu_blocks` means.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+class LayerKind(str, enum.Enum):
+    FULL = "full_attention"
+    SLIDING = "sliding_window"
+    CHUNKED = "chunked_local"
+    MLA = "mla"
+    MAMBA = "mamba"
+    CROSS = "cross_attention"
+    CAPPED = "capped"
+
+
+@dataclass(frozen=True)
+class KVDtype:
+    """Storage of one cached element.
+
+    Quantised caches (int4, int2) are assumed to use per-token, per-head asymmetric
+    quantisation (KIVI-style): each K or V vector of one head carries an fp16 scale and
+    an fp16 zero point, i.e. `scale_bytes_per_vector = 4` on top of the packed bits.
+    For MLA, one latent vector per token carries one such pair.
+    """
+
+    name: str
+    bits: int
+    scale_bytes_per_vector: int = 0
+
+    def vector_bytes(self, dim: int) -> int:
+        packed_bits = dim * self.bits
+        return -(-packed_bits // 8) + self.scale_bytes_per_vector
+
+
+KV_DTYPES: dict[str, KVDtype] = {
+    "fp32": KVDtype("fp32", 32),
+    "bf16": KVDtype("bf16", 16),
+    "fp16": KVDtype("fp16", 16),
+    "fp8": KVDtype("fp8", 8),
+    "int4": KVDtype("int4", 4, scale_bytes_per_vector=4),
+    "int2": KVDtype("int2", 2, scale_bytes_per_vector=4),
+}
+# Names Hugging Face configs use in `torch_dtype` / `dtype`.
+KV_DTYPES["bfloat16"] = KV_DTYPES["bf16"]
+KV_DTYPES["float16"] = KV_DTYPES["fp16"]
+KV_DTYPES["half"] = KV_DTYPES["fp16"]
+KV_DTYPES["float32"] = KV_DTYPES["fp32"]
+KV_DTYPES["fp8_e4m3"] = KV_DTYPES["fp8"]
+KV_DTYPES["fp8_e5m2"] = KV_DTYPES["fp8"]
+
+
+def kv_dtype(name: str) -> KVDtype:
+    try:
+        return KV_DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown kv dtype {name!r}; expected one of bf16, fp16, fp8, int4, int2"
+        ) from None
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Full attention: every token of the request stays in the cache."""
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: KVDtype
+    head_size_v: int | None = None  # None: same as head_size
+
+    kind = LayerKind.FULL
+
+    @property
+    def page_size_bytes(self) -> int:
+        k = self.dtype.vector_bytes(self.head_size)
+        v = self.dtype.vector_bytes(self.head_size_v or self.head_size)
+        return self.block_size * self.num_kv_heads * (k + v)
+
+    def describe(self) -> str:
+        return self.kind.value
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    sliding_window: int = 0
+    kind = LayerKind.SLIDING
+
+    def describe(self) -> str:
+        return f"sliding_window W={self.sliding_window}"
+
+
+@dataclass(frozen=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    attention_chunk_size: int = 0
+    kind = LayerKind.CHUNKED
+
+    def describe(self) -> str:
+        return f"chunked_local C={self.attention_chunk_size}"
+
+
+@dataclass(frozen=True)
+class CappedAttentionSpec(AttentionSpec):
+    """A layer whose engine compresses the cache to at most `token_cap` tokens (Ada-KV style).
+
+    Only admission uses the cap; which tokens the engine keeps is not our business.
+    """
+
+    token_cap: int = 0
+    kind = LayerKind.CAPPED
+
+    def describe(self) -> str:
+        return f"capped cap={self.token_cap}"
+
+
+@dataclass(frozen=True)
+class CrossAttentionSpec(AttentionSpec):
+    max_encoder_tokens: int = 0
+    kind = LayerKind.CROSS
+
+    def describe(self) -> str:
+        return f"cross_attention enc={self.max_encoder_tokens}"
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """DeepSeek multi-head latent attention: one compressed latent per token."""
+
+    block_size: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype: KVDtype
+
+    kind = LayerKind.MLA
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.dtype.vector_bytes(self.kv_lora_rank + self.qk_rope_head_dim)
+
+    def describe(self) -> str:
+        return self.kind.value
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A state-space layer: a constant state per request, whatever its length.
+
+    `state_bytes` is the conv + SSM state of one layer for one request.
+    `page_size_padded` lets grouping pad the page to the attention page size, as vLLM does.
+    """
+
+    block_size: int
+    state_bytes: int
+    pages_per_request: int = 1
+    page_size_padded: int | None = None
+
+    kind = LayerKind.MAMBA
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size_padded or self.state_bytes
+
+    def describe(self) -> str:
+        return self.kind.value
+
+
+LayerSpec = (
+    AttentionSpec
+    | SlidingWindowSpec
+    | ChunkedLocalAttentionSpec
+    | CappedAttentionSpec
+    | CrossAttentionSpec
+    | MLASpec
+    | MambaSpec
+)
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one spec and one block table."""
+
+    spec: LayerSpec
+    layer_ids: tuple[int, ...]
+
+    @property
+    def kind(self) -> LayerKind:
+        return self.spec.kind
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """How a model's layers map onto one shared block pool."""
+
+    block_size: int
+    groups: tuple[KVCacheGroup, ...]
+    group_size: int  # layers per group = tensors a block spans
+    page_size_bytes: int  # one common page size across groups
+    num_layers: int
+    model_name: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.page_size_bytes * self.group_size
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+
+def group_layers(
+    layer_specs: list[LayerSpec], *, model_name: str = "", notes: tuple[str, ...] = ()
+) -> KVCacheLayout:
+    """Group per-layer specs the way vLLM v1 does for a uniform page size.
+
+    Layers with equal specs form one type. The group size is the smallest type's layer
+    count, or the largest's when the counts are within 25% of each other (less padding).
+    Each type is cut into groups of that size; the last group of a type may be short,
+    which wastes memory exactly as it does in vLLM.
+    Page sizes are made uniform by padding every page to the largest one.
+    """
+    if not layer_specs:
+        raise ValueError("a model needs at least one KV-cache layer")
+    block_sizes = {s.block_size for s in layer_specs}
+    if len(block_sizes) != 1:
+        raise ValueError(f"layers disagree on block size: {sorted(block_sizes)}")
+    block_size = block_sizes.pop()
+
+    by_spec: dict[LayerSpec, list[int]] = defaultdict(list)
+    for layer_id, spec in enumerate(layer_specs):
+        by_spec[spec].append(layer_id)
+
+    counts = [len(ids) for ids in by_spec.values()]
+    group_size = min(counts)
+    if max(counts) < min(counts) * 1.25:
+        group_size = max(counts)
+
+    groups: list[KVCacheGroup] = []
+    for spec, ids in by_spec.items():
+        for start in range(0, len(ids), group_size):
+            groups.append(KVCacheGroup(spec, tuple(ids[start : start + group_size])))
+
+    page_size = max(s.page_size_bytes for s in by_spec)
+    return KVCacheLayout(
+        block_size=block_size,
+        groups=tuple(groups),
+        group_size=group_size,
+        page_size_bytes=page_size,
+        num_layers=len(layer_specs),
+        model_name=model_name,
+        notes=notes,
+    )

@@ -1,0 +1,3 @@
+from kvbudget.cli import main
+
+raise SystemExit(main())

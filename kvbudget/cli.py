@@ -1,0 +1,62 @@
+"""`kvbudget` command line: one module per subcommand, imported only when needed.
+
+Each command module has `add_arguments(parser)` and `run(args) -> int`. Heavy imports
+(grpc, textual, torch) happen inside `run`, so `kvbudget --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kvbudget import __version__
+from kvbudget.errors import CLIError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("kvbudget.cmd_demo", "daemon + real trace replay + dashboard, on embedded defaults"),
+    "daemon": ("kvbudget.cmd_daemon", "run the KV budget daemon"),
+    "tui": ("kvbudget.cmd_tui", "live dashboard of a running daemon"),
+    "replay": ("kvbudget.cmd_replay", "replay a request trace, live or offline"),
+    "estimate": ("kvbudget.cmd_estimate", "pool size and max concurrency for a model"),
+    "log": ("kvbudget.cmd_log", "query the decision log"),
+    "doctor": ("kvbudget.cmd_doctor", "diagnose a running daemon: pool full or budget full?"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvbudget", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvbudget {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # command not built yet
+                continue
+            raise
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except CLIError as exc:
+        print(f"kvbudget {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
