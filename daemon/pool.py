@@ -147,14 +147,18 @@ class BlockPool:
         ref = self._ref
         assert ref[NULL_BLOCK] == 0, "null block was referenced"
         assert min(ref) >= 0, "negative ref count"
-        held = sum(1 for count in ref if count > 0)
+        held = self.num_blocks - ref.count(0)
         assert held == self._num_held, f"held counter {self._num_held} != {held}"
-        free_set = set(self._free)
-        assert len(free_set) == len(self._free), "a block is twice on the free stack"
-        assert NULL_BLOCK not in free_set, "null block on the free stack"
-        assert all(ref[b] == 0 and b not in self._hash_of for b in free_set), "free block held or hashed"
-        assert all(ref[b] == 0 and b in self._hash_of for b in self._evictable), "bad evictable block"
-        assert not free_set & self._evictable.keys(), "block both free and evictable"
+        # One byte per block instead of Python sets keeps the check cheap on 1M-block pools.
+        seen = bytearray(self.num_blocks)
+        for block_id in self._free:
+            assert block_id != NULL_BLOCK, "null block on the free stack"
+            assert not seen[block_id], f"block {block_id} twice on the free stack"
+            assert ref[block_id] == 0 and block_id not in self._hash_of, f"free block {block_id} held or hashed"
+            seen[block_id] = 1
+        for block_id in self._evictable:
+            assert not seen[block_id], f"block {block_id} both free and evictable"
+            assert ref[block_id] == 0 and block_id in self._hash_of, f"bad evictable block {block_id}"
         assert len(self._free) + held + len(self._evictable) == self.capacity, (
             f"free {len(self._free)} + held {held} + evictable {len(self._evictable)}"
             f" != {self.capacity}"
