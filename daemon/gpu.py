@@ -1,0 +1,113 @@
+"""What NVML says about one GPU's memory; never raises.
+
+`pynvml` (the `nvidia-ml-py` distribution) is imported inside `probe_gpu`, so importing
+this module costs nothing on a laptop. Without the package, the driver, or a device, the
+probe returns `present=False` with a note "no GPU: <why>" that callers can show as is.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    pid: int
+    used_bytes: int | None  # None when the driver does not say (e.g. in a container)
+
+
+@dataclass(frozen=True)
+class GPUProbe:
+    present: bool
+    index: int = 0
+    name: str = ""
+    total_bytes: int = 0
+    used_bytes: int = 0
+    free_bytes: int = 0
+    processes: tuple[GPUProcess, ...] = ()
+    note: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "present": self.present,
+            "index": self.index,
+            "name": self.name,
+            "total_bytes": self.total_bytes,
+            "used_bytes": self.used_bytes,
+            "free_bytes": self.free_bytes,
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in self.processes],
+            "note": self.note,
+        }
+
+
+def _absent(index: int, why: str) -> GPUProbe:
+    return GPUProbe(present=False, index=index, note=f"no GPU: {why}")
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def probe_gpu(index: int = 0) -> GPUProbe:
+    """Memory of GPU `index` and the processes using it, as NVML reports them."""
+    try:
+        nvml = importlib.import_module("pynvml")
+    except Exception as exc:  # ImportError, or a broken install
+        return _absent(index, f"nvidia-ml-py (pynvml) not importable ({_why(exc)})")
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        return _absent(index, f"NVML unavailable ({_why(exc)})")
+    try:
+        return _read_device(nvml, index)
+    except Exception as exc:
+        return _absent(index, f"NVML query failed ({_why(exc)})")
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _read_device(nvml: ModuleType, index: int) -> GPUProbe:
+    count = nvml.nvmlDeviceGetCount()
+    if count <= 0:
+        return _absent(index, "NVML sees no devices")
+    if not 0 <= index < count:
+        return _absent(index, f"GPU index {index} out of range (NVML sees {count})")
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    name = nvml.nvmlDeviceGetName(handle)
+    if isinstance(name, bytes):  # older bindings return bytes
+        name = name.decode(errors="replace")
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return GPUProbe(
+        present=True,
+        index=index,
+        name=str(name),
+        total_bytes=int(memory.total),
+        used_bytes=int(memory.used),
+        free_bytes=int(memory.free),
+        processes=_processes(nvml, handle),
+        note=f"NVML: {count} device(s)",
+    )
+
+
+def _processes(nvml: ModuleType, handle: object) -> tuple[GPUProcess, ...]:
+    try:
+        running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # not supported on some drivers / vGPUs: memory figures still stand
+        return ()
+    return tuple(
+        GPUProcess(pid=int(p.pid), used_bytes=_used(getattr(p, "usedGpuMemory", None)))
+        for p in running
+    )
+
+
+def _used(value: object) -> int | None:
+    # NVML reports "not available" as None in the Python bindings (NVML_VALUE_NOT_AVAILABLE).
+    if value is None or not isinstance(value, int) or value < 0 or value >= 2**64 - 1:
+        return None
+    return value

@@ -1,0 +1,486 @@
+"""`kvbudget estimate`: pool size and max concurrency for a model, layer-aware vs naive.
+
+Layer-aware concurrency charges each KV-cache group its own worst case (a sliding window
+holds about W - 1 + F tokens, a chunked layer C + F, Mamba one state); naive concurrency
+charges every layer the full request length, as a system without layer awareness does.
+All block arithmetic comes from `kvbudget.daemon.budget`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvbudget.errors import CLIError
+
+if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays light
+    from kvbudget.daemon.hf_config import ModelInfo
+    from kvbudget.daemon.sizing import PoolSizing
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default for its V1 engine
+KV_DTYPE_CHOICES = ("bf16", "fp16", "fp8", "int4", "int2")
+
+_SIZE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_DECIMAL = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_BINARY = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# Single letters follow vLLM's human-readable sizes: lower case decimal, upper case binary.
+_LETTER = {
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
+}  # fmt: skip
+
+
+def parse_size(text: str, flag: str, *, allow_zero: bool = False) -> int:
+    """Bytes from `80e9`, `80GB` (10^9), `8GiB` (2^30), `8G` (2^30), `8g` (10^9)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise CLIError(f"{flag} {text!r}: expected a size like 80e9, 80GB or 8GiB")
+    number, unit = float(match.group(1)), match.group(2)
+    if unit in _LETTER:
+        scale = _LETTER[unit]
+    elif unit.lower() in _DECIMAL:
+        scale = _DECIMAL[unit.lower()]
+    elif unit.lower() in _BINARY:
+        scale = _BINARY[unit.lower()]
+    else:
+        raise CLIError(f"{flag} {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    value = math.floor(number * scale)
+    if not math.isfinite(number) or value < 0 or (value == 0 and not allow_zero):
+        raise CLIError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {text!r}")
+    return value
+
+
+def parse_count(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise CLIError(f"{flag} {text!r}: expected a positive integer") from None
+    if value <= 0:
+        raise CLIError(f"{flag} must be positive, got {text!r}")
+    return value
+
+
+def parse_fraction(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise CLIError(f"{flag} {text!r}: expected a number in (0, 1]") from None
+    if not 0 < value <= 1:
+        raise CLIError(f"{flag} must be in (0, 1], got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Values are parsed in `run`, so every mistake is one line naming the flag.
+    parser.add_argument("--model", metavar="PRESET|PATH", help="preset name or config.json path")
+    memory = parser.add_argument_group(
+        "memory source (one of; default: the local GPU via NVML)",
+        "sizes accept 80e9, 80GB (10^9), 8GiB (2^30); single letters: 8G = 8 GiB, 8g = 8 GB",
+    )
+    memory.add_argument("--kv-cache-memory-bytes", metavar="SIZE", help="bytes for the KV pool")
+    memory.add_argument("--num-gpu-blocks", metavar="N", help="pool size in blocks")
+    memory.add_argument("--gpu-memory-bytes", metavar="SIZE", help="GPU total memory")
+    memory.add_argument(
+        "--gpu-memory-utilization", metavar="F", help="fraction of GPU memory to use (0.9)"
+    )
+    memory.add_argument(
+        "--weights-bytes", metavar="SIZE", help="model weights (default: estimated from config)"
+    )
+    memory.add_argument(
+        "--activation-reserve-bytes", metavar="SIZE", help="activation peak to keep free (0)"
+    )
+    parser.add_argument("--block-size", metavar="N", default="16", help="tokens per block (16)")
+    parser.add_argument("--kv-dtype", metavar="DTYPE", help=f"{', '.join(KV_DTYPE_CHOICES)}")
+    parser.add_argument(
+        "--max-model-len",
+        metavar="N|auto",
+        help="longest request (default: the model's max; auto: the longest that fits the pool)",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        metavar="F",
+        default=str(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        help=f"tokens in flight per step ({DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    parser.add_argument(
+        "--tokens-per-request", metavar="N", help="request length (default: max_model_len)"
+    )
+    parser.add_argument("--trace", metavar="FILE", help="concurrency at a trace's p50/mean/p99")
+    parser.add_argument(
+        "--token-cap", metavar="N", help="engine caps every attention layer at N tokens"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+# ----------------------------------------------------------------------- estimate
+
+
+@dataclass(frozen=True)
+class Lengths:
+    max_model_len: int
+    max_model_len_source: str  # "model", "given" or "auto"
+    tokens_per_request: int
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvbudget.daemon.hf_config import load_model
+
+    if not args.model:
+        raise CLIError("--model is required (a preset name or a config.json path)")
+    block_size = parse_count(args.block_size, "--block-size")
+    token_cap = parse_count(args.token_cap, "--token-cap") if args.token_cap else None
+    if args.kv_dtype is not None and args.kv_dtype.lower() not in KV_DTYPE_CHOICES:
+        choices = ", ".join(KV_DTYPE_CHOICES)
+        raise CLIError(f"--kv-dtype {args.kv_dtype!r}: expected one of {choices}")
+    F = parse_count(args.max_num_batched_tokens, "--max-num-batched-tokens")
+    try:
+        model = load_model(
+            args.model, kv_dtype=args.kv_dtype, block_size=block_size, token_cap=token_cap
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+    sizing = _size_pool(args, model)
+    if not sizing.fits:
+        raise CLIError(_does_not_fit(sizing))
+    lengths = _lengths(args, model, sizing.num_blocks, F)
+    trace = _trace_lengths(args.trace, lengths.max_model_len) if args.trace else None
+    report = build_report(model, sizing, lengths, F, trace)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_tables(report)
+    return 0
+
+
+def _size_pool(args: argparse.Namespace, model: ModelInfo) -> PoolSizing:
+    from kvbudget.daemon import sizing as sz
+
+    layout = model.layout
+    sources = [
+        flag
+        for flag, value in (
+            ("--kv-cache-memory-bytes", args.kv_cache_memory_bytes),
+            ("--num-gpu-blocks", args.num_gpu_blocks),
+            ("--gpu-memory-bytes", args.gpu_memory_bytes),
+        )
+        if value is not None
+    ]
+    if len(sources) > 1:
+        raise CLIError(f"give one memory source, not {' and '.join(sources)}")
+    gpu_only = [
+        flag
+        for flag, value in (
+            ("--weights-bytes", args.weights_bytes),
+            ("--gpu-memory-utilization", args.gpu_memory_utilization),
+            ("--activation-reserve-bytes", args.activation_reserve_bytes),
+        )
+        if value is not None
+    ]
+    if sources and sources[0] != "--gpu-memory-bytes" and gpu_only:
+        raise CLIError(f"{gpu_only[0]} only applies with --gpu-memory-bytes or the local GPU")
+
+    if args.num_gpu_blocks is not None:
+        return sz.size_from_num_blocks(layout, parse_count(args.num_gpu_blocks, "--num-gpu-blocks"))
+    if args.kv_cache_memory_bytes is not None:
+        kv_bytes = parse_size(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")
+        return sz.size_from_kv_cache_bytes(layout, kv_bytes)
+
+    util = (
+        parse_fraction(args.gpu_memory_utilization, "--gpu-memory-utilization")
+        if args.gpu_memory_utilization is not None
+        else sz.DEFAULT_GPU_MEMORY_UTILIZATION
+    )
+    activation = (
+        parse_size(args.activation_reserve_bytes, "--activation-reserve-bytes", allow_zero=True)
+        if args.activation_reserve_bytes is not None
+        else 0
+    )
+    if args.weights_bytes is not None:
+        weights = parse_size(args.weights_bytes, "--weights-bytes", allow_zero=True)
+    else:
+        weights = model.weights.weight_bytes
+    gpu_name = ""
+    if args.gpu_memory_bytes is not None:
+        total = parse_size(args.gpu_memory_bytes, "--gpu-memory-bytes")
+    else:
+        from kvbudget.daemon.gpu import probe_gpu
+
+        probe = probe_gpu()
+        if not probe.present:
+            raise CLIError(
+                "no memory source: give --gpu-memory-bytes, --kv-cache-memory-bytes or "
+                f"--num-gpu-blocks ({probe.note})"
+            )
+        total, gpu_name = probe.total_bytes, probe.name
+    return sz.size_from_gpu_memory(
+        layout,
+        gpu_total_bytes=total,
+        weights_bytes=weights,
+        gpu_memory_utilization=util,
+        activation_reserve_bytes=activation,
+        weights_estimated=args.weights_bytes is None,
+        gpu_name=gpu_name,
+    )
+
+
+def _does_not_fit(sizing: PoolSizing) -> str:
+    if sizing.shortfall_bytes:
+        return (
+            f"no memory left for the KV cache: weights {_fmt_bytes(sizing.weights_bytes)} + "
+            f"activations {_fmt_bytes(sizing.activation_reserve_bytes)} exceed "
+            f"{sizing.gpu_memory_utilization:g} x {_fmt_bytes(sizing.gpu_total_bytes)} by "
+            f"{_fmt_bytes(sizing.shortfall_bytes)}"
+        )
+    return (
+        f"{_fmt_bytes(sizing.kv_cache_bytes)} for the KV cache is less than one block "
+        f"({_fmt_bytes(sizing.bytes_per_block)})"
+    )
+
+
+def _lengths(args: argparse.Namespace, model: ModelInfo, num_blocks: int, F: int) -> Lengths:
+    from kvbudget.daemon.budget import max_model_len_that_fits
+
+    text = args.max_model_len
+    if text is None:
+        max_len, source = model.max_model_len, "model"
+    elif text.strip().lower() == "auto":
+        max_len = max_model_len_that_fits(num_blocks, model.layout, F, model.max_model_len)
+        source = "auto"
+        if max_len == 0:
+            raise CLIError("--max-model-len auto: not even a one-token request fits the pool")
+    else:
+        max_len, source = parse_count(text, "--max-model-len"), "given"
+        if max_len > model.max_model_len:
+            raise CLIError(
+                f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
+                f"({model.max_model_len})"
+            )
+    tokens = max_len
+    if args.tokens_per_request is not None:
+        tokens = parse_count(args.tokens_per_request, "--tokens-per-request")
+        if tokens > max_len:
+            raise CLIError(f"--tokens-per-request {tokens} exceeds max_model_len {max_len}")
+    return Lengths(max_len, source, tokens)
+
+
+@dataclass(frozen=True)
+class TraceLengths:
+    path: str
+    num_requests: int
+    p50: int
+    mean: int
+    p99: int
+    capped: int  # requests longer than max_model_len, counted at max_model_len
+
+
+def _trace_lengths(path: str, max_model_len: int) -> TraceLengths:
+    try:
+        from kvbudget.traces.loaders import load_trace
+    except ImportError:
+        raise CLIError("--trace needs kvbudget.traces.loaders, which is not installed") from None
+    try:
+        requests = load_trace(path).requests
+    except (OSError, ValueError) as exc:  # the loader's TraceError names file and line
+        raise CLIError(str(exc)) from None
+    raw = [int(r.prompt_tokens) + int(r.output_tokens) for r in requests]
+    lengths = sorted(min(n, max_model_len) for n in raw if n > 0)
+    if not lengths:
+        raise CLIError(f"trace {path} has no requests with tokens")
+
+    def percentile(p: float) -> int:  # nearest rank
+        return lengths[max(0, math.ceil(p / 100 * len(lengths)) - 1)]
+
+    return TraceLengths(
+        path=path,
+        num_requests=len(lengths),
+        p50=percentile(50),
+        mean=math.ceil(sum(lengths) / len(lengths)),
+        p99=percentile(99),
+        capped=sum(1 for n in raw if n > max_model_len),
+    )
+
+
+def build_report(
+    model: ModelInfo, sizing: PoolSizing, lengths: Lengths, F: int, trace: TraceLengths | None
+) -> dict[str, Any]:
+    """Everything `--json` prints; the tables show the same numbers."""
+    from kvbudget.daemon import budget
+
+    layout = model.layout
+    tokens = lengths.tokens_per_request
+    worst = budget.request_worst_case(layout, tokens, F)
+    naive = budget.request_naive(layout, tokens)
+    groups = []
+    for i, group in enumerate(layout.groups):
+        entry: dict[str, Any] = {
+            "index": i,
+            "layer_type": group.kind.value,
+            "num_layers": len(group.layer_ids),
+            "layer_ids": list(group.layer_ids),
+        }
+        for attr in ("sliding_window", "attention_chunk_size", "token_cap"):
+            if hasattr(group.spec, attr):
+                entry[attr] = getattr(group.spec, attr)
+        entry["blocks_per_request"] = worst.per_group[i]
+        entry["naive_blocks_per_request"] = naive.per_group[i]
+        groups.append(entry)
+
+    def concurrency(n: int) -> dict[str, Any]:
+        return {
+            "tokens": n,
+            "blocks_per_request": budget.request_worst_case(layout, n, F).total,
+            "naive_blocks_per_request": budget.request_naive(layout, n).total,
+            "max_concurrency": budget.max_concurrency(sizing.num_blocks, layout, n, F),
+            "naive_max_concurrency": budget.naive_max_concurrency(sizing.num_blocks, layout, n),
+        }
+
+    fits_len = budget.max_model_len_that_fits(sizing.num_blocks, layout, F, model.max_model_len)
+    sizing_dict = sizing.as_dict()
+    sizing_dict["weights_note"] = model.weights.note if sizing.weights_estimated else None
+    report: dict[str, Any] = {
+        "model": model.name,
+        "architecture": model.architecture,
+        "num_layers": layout.num_layers,
+        "dtype": model.dtype,
+        "kv_dtype": model.kv_dtype,
+        "num_parameters": model.weights.num_parameters,
+        "estimated_weight_bytes": model.weights.weight_bytes,
+        "block_size": layout.block_size,
+        "num_blocks": sizing.num_blocks,
+        "page_size_bytes": layout.page_size_bytes,
+        "group_size": layout.group_size,
+        "bytes_per_block": layout.bytes_per_block,
+        "kv_tokens": sizing.kv_tokens,
+        "max_model_len": lengths.max_model_len,
+        "max_model_len_source": lengths.max_model_len_source,
+        "model_max_len": model.max_model_len,
+        "max_model_len_that_fits": fits_len,
+        "max_num_batched_tokens": F,
+        "tokens_per_request": tokens,
+        "groups": groups,
+        "blocks_per_request": worst.total,
+        "naive_blocks_per_request": naive.total,
+        "max_concurrency": budget.max_concurrency(sizing.num_blocks, layout, tokens, F),
+        "naive_max_concurrency": budget.naive_max_concurrency(sizing.num_blocks, layout, tokens),
+        "sizing": sizing_dict,
+        "trace": None,
+        "notes": list(layout.notes),
+    }
+    if trace is not None:
+        report["trace"] = {
+            "path": trace.path,
+            "num_requests": trace.num_requests,
+            "requests_capped_at_max_model_len": trace.capped,
+            "p50": concurrency(trace.p50),
+            "mean": concurrency(trace.mean),
+            "p99": concurrency(trace.p99),
+        }
+    return report
+
+
+# ----------------------------------------------------------------------- output
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _fmt_gb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e9:,.2f} GB"
+
+
+def _fmt_x(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:,.2f}"
+
+
+def _print_tables(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = report["sizing"]
+    console.print(
+        f"[bold]model[/]   {report['model']} ({report['architecture']}), "
+        f"{report['num_layers']} layers, KV cache {report['kv_dtype']}"
+    )
+    console.print(
+        f"[bold]block[/]   {report['block_size']} tokens: page "
+        f"{_fmt_bytes(report['page_size_bytes'])} x {report['group_size']} layers = {_fmt_bytes(report['bytes_per_block'])}"
+    )
+    if s["source"] == "gpu_memory":
+        gpu = f" ({s['gpu_name']})" if s["gpu_name"] else ""
+        console.print(
+            f"[bold]pool[/]    GPU{gpu} {_fmt_gb(s['gpu_total_bytes'])} x "
+            f"{s['gpu_memory_utilization']:g} - weights {_fmt_gb(s['weights_bytes'])}"
+            + (" (estimated)" if s["weights_estimated"] else "")
+        )
+        console.print(
+            f"        - activations {_fmt_gb(s['activation_reserve_bytes'])} "
+            f"= {_fmt_gb(s['kv_cache_bytes'])} for the KV cache"
+        )
+    elif s["source"] == "kv_cache_memory_bytes":
+        console.print(f"[bold]pool[/]    kv_cache_memory_bytes {_fmt_gb(s['kv_cache_bytes'])}")
+    else:
+        console.print("[bold]pool[/]    num_gpu_blocks override")
+    console.print(f"        {report['num_blocks']:,} blocks = {report['kv_tokens']:,} tokens")
+    console.print(
+        f"[bold]lengths[/] max_model_len {report['max_model_len']:,} "
+        f"({report['max_model_len_source']}), max_num_batched_tokens "
+        f"{report['max_num_batched_tokens']:,}"
+    )
+
+    groups = Table(title="KV-cache groups: blocks one request holds at worst")
+    for name in ("group", "layer type", "layers", "window/chunk", "layer-aware", "naive"):
+        groups.add_column(name, justify="left" if name == "layer type" else "right")
+    for g in report["groups"]:
+        extent = g.get("sliding_window") or g.get("attention_chunk_size") or g.get("token_cap")
+        groups.add_row(
+            str(g["index"]),
+            g["layer_type"],
+            str(g["num_layers"]),
+            f"{extent:,}" if extent else "-",
+            f"{g['blocks_per_request']:,}",
+            f"{g['naive_blocks_per_request']:,}",
+        )
+    groups.add_section()
+    groups.add_row(
+        "total",
+        "",
+        str(report["num_layers"]),
+        "",
+        f"{report['blocks_per_request']:,}",
+        f"{report['naive_blocks_per_request']:,}",
+    )
+    console.print(groups)
+
+    table = Table(title="Max concurrency (requests at once)")
+    for name in ("tokens per request", "layer-aware", "naive", "gain"):
+        table.add_column(name, justify="right")
+    rows = [(f"{report['tokens_per_request']:,}", report)]
+    if report["trace"]:
+        for key in ("p50", "mean", "p99"):
+            point = report["trace"][key]
+            rows.append((f"trace {key} {point['tokens']:,}", point))
+    for label, point in rows:
+        aware, naive = point["max_concurrency"], point["naive_max_concurrency"]
+        gain = aware / naive if naive and not math.isinf(aware) else float("nan")
+        table.add_row(label, _fmt_x(aware), _fmt_x(naive), f"x{gain:.2f}")
+    console.print(table)
+    if report["max_model_len_that_fits"] < report["max_model_len"]:
+        console.print(
+            f"[yellow]one request of {report['max_model_len']:,} tokens does not fit the pool; "
+            f"the longest that does is {report['max_model_len_that_fits']:,} "
+            "(--max-model-len auto)[/]"
+        )
+    for note in report["notes"]:
+        console.print(f"note: {note}")
