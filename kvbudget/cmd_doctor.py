@@ -1,0 +1,142 @@
+"""`kvbudget doctor`: sample a running daemon and say what limits it, and which knob to turn.
+
+    kvbudget doctor                                   # the local socket, 5 samples 1 s apart
+    kvbudget doctor --target gpu7:50051 --token $T --samples 10 --interval 0.5 --json
+    kvbudget doctor --config /etc/kvbudget/kvbudget.toml   # also check the pool against the config
+
+Exit status: 0 healthy, 1 a problem was found (the verdict is not "healthy", or a check
+failed), 2 the daemon could not be asked (unreachable, refused, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from kvbudget import doctor
+from kvbudget.errors import CLIError
+
+DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        default=os.environ.get("KVBUDGET_TARGET", DEFAULT_TARGET),
+        help="daemon address: unix:///PATH or HOST:PORT (default $KVBUDGET_TARGET or %(default)s)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("KVBUDGET_TOKEN"),
+        help="bearer token for TCP (observer role is enough; default $KVBUDGET_TOKEN)",
+    )
+    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate: talk TLS to a TCP target")
+    parser.add_argument("--samples", type=int, default=5, help="snapshots to take (default %(default)s)")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between snapshots (default %(default)s)"
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="the daemon's TOML config: also check the pool size it implies"
+    )
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.samples < 1:
+        raise CLIError(f"--samples must be at least 1, got {args.samples}")
+    if not args.interval >= 0:
+        raise CLIError(f"--interval must be >= 0 seconds, got {args.interval}")
+
+    messages = sample_snapshots(args.target, args.token, args.tls_ca, args.samples, args.interval)
+    samples = [doctor.sample_from_snapshot(m) for m in messages]
+    expected = _expectation(args.config, samples[-1]) if args.config else None
+    diagnosis = doctor.diagnose(samples, expected)
+    if args.json:
+        print(json.dumps({"target": args.target, **diagnosis.as_dict()}, indent=2))
+    else:
+        print(render(diagnosis, args.target))
+    return 0 if diagnosis.ok else 1
+
+
+def sample_snapshots(
+    target: str, token: str | None, tls_ca: str | None, count: int, interval_s: float
+) -> list[object]:
+    """`count` GetSnapshot answers, `interval_s` apart; CLIError if the daemon cannot answer."""
+    import grpc
+
+    from kvbudget.v1 import observer_pb2, observer_pb2_grpc
+
+    if tls_ca:
+        try:
+            with open(tls_ca, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        except OSError as exc:
+            raise CLIError(f"--tls-ca: cannot read {tls_ca}: {exc.strerror}") from None
+        channel = grpc.secure_channel(target, credentials)
+    else:
+        channel = grpc.insecure_channel(target)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    stub = observer_pb2_grpc.ObserverServiceStub(channel)
+    messages: list[object] = []
+    try:
+        for index in range(count):
+            if index:
+                time.sleep(interval_s)
+            try:
+                response = stub.GetSnapshot(observer_pb2.GetSnapshotRequest(), metadata=metadata, timeout=5.0)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                details = exc.details() or code.name  # type: ignore[attr-defined]
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    raise CLIError(f"the daemon at {target} refused the call: {details}") from None
+                raise CLIError(f"cannot reach the daemon at {target}: {_one_line(details)}") from None
+            messages.append(response.snapshot)
+    finally:
+        channel.close()
+    return messages
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def _expectation(path: str, last: doctor.PoolSample) -> doctor.PoolExpectation | None:
+    from kvbudget.daemon.config import ConfigError, load_config
+
+    try:
+        config = load_config(path, {})
+    except ConfigError as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"--config: cannot read {path}: {exc.strerror}") from None
+    plan = last.plan
+    if plan is None or plan.bytes_per_block <= 0:
+        return None
+    return doctor.expectation_from_config(
+        bytes_per_block=plan.bytes_per_block,
+        num_gpu_blocks=config.num_gpu_blocks,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        gpu_total_bytes=config.gpu_memory_bytes or last.gpu.total_bytes or None,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        weights_bytes=config.weights_bytes,
+        activation_reserve_bytes=config.activation_reserve_bytes,
+    )
+
+
+def render(diagnosis: doctor.Diagnosis, target: str) -> str:
+    """The human report: one line per check, the knob under each that has one, the verdict."""
+    lines = [f"kvbudget doctor: {target}, {diagnosis.num_samples} samples over {diagnosis.window_s:.1f} s", ""]
+    width = max(len(f.check) for f in diagnosis.findings)
+    for finding in diagnosis.findings:
+        lines.append(f"  {finding.status.value:<8} {finding.check:<{width}}  {finding.summary}")
+        # the verdict's knob is printed once, at the end
+        if finding.knob and finding.knob != diagnosis.knob and finding.status.value in ("warn", "problem"):
+            lines.append(f"  {'':<8} {'':<{width}}  -> {finding.knob}")
+    lines.append("")
+    lines.append(f"verdict: {diagnosis.verdict.value}")
+    if diagnosis.knob:
+        lines.append(f"knob:    {diagnosis.knob}")
+    return "\n".join(lines)
+

@@ -1,0 +1,544 @@
+"""`kvbudget doctor`'s diagnosis: pure functions over a short series of daemon snapshots.
+
+The question an operator asks at 3 a.m. is "requests wait: is the pool full, is the budget
+full, or is something wrong?". Each check below answers one part of it from what the
+daemon reports (pool counts, queue, preemptions, GPU memory, the plan it sized) and says
+which knob to turn. Nothing here does I/O: `cmd_doctor` samples the daemon, tests stage
+series by hand, and both call `diagnose`.
+
+Shares are of the pool's usable blocks:
+  held       blocks requests hold now
+  committed  held + reserved (promised to running requests, not yet held)
+A queue with the pool physically full is pool-bound; with the pool full of promises it is
+budget-bound; a queue that does not move while most blocks sit free is stuck: what
+admission charges and what requests really use have drifted apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from kvbudget.daemon import convert
+from kvbudget.v1 import common_pb2
+
+MiB = 1 << 20
+
+
+class Verdict(str, enum.Enum):
+    HEALTHY = "healthy"
+    BUDGET_BOUND = "budget-bound"
+    POOL_BOUND = "pool-bound"
+    MEMORY_GROWING = "memory growing outside the pool"
+    STUCK_QUEUE = "stuck queue (formula drift)"
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    INFO = "info"
+    WARN = "warn"
+    PROBLEM = "problem"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    present: bool
+    total_bytes: int = 0
+    used_bytes: int = 0
+    pool_bytes: int = 0
+    other_processes_bytes: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The pool as the daemon sized it (the snapshot's PoolPlan)."""
+
+    num_blocks: int
+    bytes_per_block: int
+    block_size: int
+    max_model_len: int
+    memory_bytes: int = 0  # size of the memory handle; 0 in accounting-only mode
+
+
+@dataclass(frozen=True)
+class TenantSample:
+    tenant: str
+    held: int
+    reserved: int
+    quota_blocks: int  # 0: no quota
+    waiting: int
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """One snapshot, reduced to what the checks read."""
+
+    time_s: float
+    policy: str
+    num_blocks: int
+    free: int  # free + evictable
+    held: int
+    reserved: int  # promised but not yet held
+    running: int
+    waiting: int
+    preemptions: int
+    admits: int  # cumulative ADMIT decisions
+    rejections_by_reason: Mapping[str, int] = field(default_factory=dict)
+    gpu: GpuSample = GpuSample(present=False)
+    plan: PlanView | None = None
+    tenants: tuple[TenantSample, ...] = ()
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class PoolExpectation:
+    """What the configuration implies for the pool (see `expectation_from_config`)."""
+
+    source: str  # "num_gpu_blocks" | "kv_cache_memory_bytes" | "gpu_memory"
+    num_blocks: int | None = None  # exact, when the config pins it
+    max_pool_bytes: int | None = None  # upper bound, when sized from GPU memory
+    explanation: str = ""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    full_share: float = 0.95  # held (or committed) share that counts as full, as on the dashboard
+    mostly_free_share: float = 0.5  # held share under which the pool counts as mostly free
+    reservation_ratio: float = 4.0  # reserved >= ratio x held: max_model_len-style reservations
+    memory_growth_bytes: int = 256 * MiB  # GPU memory rise that is not noise
+    memory_growth_share: float = 0.01  # ... or this share of the GPU, whichever is larger
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    summary: str
+    knob: str = ""
+    data: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: Verdict
+    knob: str
+    findings: tuple[Finding, ...]
+    num_samples: int
+    window_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.HEALTHY and not any(
+            f.status is Status.PROBLEM for f in self.findings
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "verdict": self.verdict.value,
+            "ok": self.ok,
+            "knob": self.knob,
+            "num_samples": self.num_samples,
+            "window_s": round(self.window_s, 3),
+            "findings": [
+                {**asdict(f), "status": f.status.value, "data": dict(f.data)} for f in self.findings
+            ],
+        }
+
+
+# --------------------------------------------------------------------------- intake
+
+
+def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
+    """One `kvbudget.v1.Snapshot` message, as GetSnapshot or Watch returns it."""
+    gpu = msg.gpu
+    plan = msg.plan if msg.HasField("plan") else None
+    by_kind = {str(k).lower(): int(v) for k, v in msg.decisions_by_kind.items()}
+    return PoolSample(
+        time_s=float(msg.time_unix_s),
+        policy=convert.policy_from_proto(msg.policy) or "unspecified",
+        num_blocks=int(msg.num_blocks),
+        free=int(msg.num_free_blocks),
+        held=int(msg.num_held_blocks),
+        reserved=int(msg.num_reserved_blocks),
+        running=int(msg.num_running),
+        waiting=int(msg.num_waiting),
+        preemptions=int(msg.num_preemptions),
+        admits=by_kind.get("admit", by_kind.get("decision_kind_admit", 0)),
+        rejections_by_reason=dict(msg.rejections_by_reason),
+        gpu=GpuSample(
+            present=bool(gpu.present),
+            total_bytes=int(gpu.total_bytes),
+            used_bytes=int(gpu.used_bytes),
+            pool_bytes=int(gpu.pool_bytes),
+            other_processes_bytes=int(gpu.other_processes_bytes),
+            note=str(gpu.note),
+        ),
+        plan=None
+        if plan is None
+        else PlanView(
+            num_blocks=int(plan.num_blocks),
+            bytes_per_block=int(plan.bytes_per_block),
+            block_size=int(plan.block_size_tokens),
+            max_model_len=int(plan.max_model_len_tokens),
+            memory_bytes=int(plan.memory.size_bytes) if plan.HasField("memory") else 0,
+        ),
+        tenants=tuple(
+            TenantSample(
+                tenant=t.tenant,
+                held=int(t.blocks_held),
+                reserved=int(t.blocks_reserved),
+                quota_blocks=int(t.quota_blocks),
+                waiting=int(t.waiting),
+            )
+            for t in msg.tenants
+        ),
+        draining=bool(msg.draining),
+    )
+
+
+def expectation_from_config(
+    *,
+    bytes_per_block: int,
+    num_gpu_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    gpu_total_bytes: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    weights_bytes: int | None = None,
+    activation_reserve_bytes: int | None = None,
+) -> PoolExpectation | None:
+    """The pool the configuration implies, in the sizing module's order of sources.
+
+    From GPU memory the daemon also subtracts overhead it measures, so only an upper bound
+    is implied there: total x utilization minus the weights and activation reserve given.
+    """
+    if bytes_per_block <= 0:
+        raise ValueError(f"bytes_per_block must be > 0, got {bytes_per_block}")
+    if num_gpu_blocks is not None:
+        return PoolExpectation(
+            source="num_gpu_blocks",
+            num_blocks=num_gpu_blocks,
+            explanation=f"num_gpu_blocks = {num_gpu_blocks}",
+        )
+    if kv_cache_memory_bytes is not None:
+        blocks = kv_cache_memory_bytes // bytes_per_block
+        return PoolExpectation(
+            source="kv_cache_memory_bytes",
+            num_blocks=blocks,
+            explanation=f"kv_cache_memory_bytes {kv_cache_memory_bytes} // {bytes_per_block} B per block = {blocks}",
+        )
+    if gpu_total_bytes:
+        usable = int(gpu_total_bytes * gpu_memory_utilization)
+        bound = usable - (weights_bytes or 0) - (activation_reserve_bytes or 0)
+        return PoolExpectation(
+            source="gpu_memory",
+            max_pool_bytes=max(0, bound),
+            explanation=(
+                f"{gpu_total_bytes} B x gpu_memory_utilization {gpu_memory_utilization} = {usable} B"
+                f", minus weights {weights_bytes or 0} B and activation reserve "
+                f"{activation_reserve_bytes or 0} B"
+            ),
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_pool_size(samples: Sequence[PoolSample], expected: PoolExpectation | None) -> Finding:
+    """Is the pool the size the plan and the configuration say?"""
+    last = samples[-1]
+    plan = last.plan
+    data: dict[str, object] = {"num_blocks": last.num_blocks}
+    problems: list[str] = []
+    if plan is None:
+        return Finding("pool size", Status.SKIPPED, "the daemon reported no plan", data=data)
+    plan_bytes = plan.num_blocks * plan.bytes_per_block
+    data.update(plan_num_blocks=plan.num_blocks, bytes_per_block=plan.bytes_per_block, plan_bytes=plan_bytes)
+    if last.num_blocks != plan.num_blocks:
+        problems.append(f"the pool has {last.num_blocks} blocks but the plan says {plan.num_blocks}")
+    if plan.memory_bytes and plan.memory_bytes < plan_bytes:
+        problems.append(f"the pool's memory is {plan.memory_bytes} B, less than the plan's {plan_bytes} B")
+    if last.gpu.pool_bytes and last.gpu.pool_bytes < plan_bytes:
+        problems.append(f"the GPU pool occupies {last.gpu.pool_bytes} B, less than the plan's {plan_bytes} B")
+    if expected is not None:
+        data["config_source"] = expected.source
+        data["config_explanation"] = expected.explanation
+        if expected.num_blocks is not None:
+            data["config_num_blocks"] = expected.num_blocks
+            if expected.num_blocks != plan.num_blocks:
+                problems.append(
+                    f"the config implies {expected.num_blocks} blocks ({expected.explanation}), "
+                    f"the daemon runs {plan.num_blocks}"
+                )
+        if expected.max_pool_bytes is not None:
+            data["config_max_pool_bytes"] = expected.max_pool_bytes
+            if plan_bytes > expected.max_pool_bytes:
+                problems.append(
+                    f"the pool ({plan_bytes} B) is larger than the config allows "
+                    f"({expected.max_pool_bytes} B: {expected.explanation})"
+                )
+    if problems:
+        return Finding(
+            "pool size",
+            Status.PROBLEM,
+            "; ".join(problems),
+            knob="restart the daemon with the config you meant (`kvbudget daemon --check-config`), "
+            "or fix the sizing keys: num_gpu_blocks / kv_cache_memory_bytes / gpu_memory_utilization",
+            data=data,
+        )
+    summary = (
+        f"{plan.num_blocks} blocks x {_size(plan.bytes_per_block)} = {_size(plan_bytes)}, as planned"
+    )
+    if expected is not None:
+        summary += f" and as the config implies ({expected.source})"
+    return Finding("pool size", Status.OK, summary, data=data)
+
+
+def check_block_accounting(samples: Sequence[PoolSample]) -> Finding:
+    """Free blocks must drop exactly as requests grow: free + held = capacity, always."""
+    worst = max(samples, key=lambda s: abs(s.num_blocks - s.free - s.held))
+    missing = worst.num_blocks - worst.free - worst.held
+    grew = samples[-1].held - samples[0].held
+    fell = samples[0].free - samples[-1].free
+    data = {"held_delta": grew, "free_delta": -fell, "unaccounted_blocks": missing}
+    if missing:
+        return Finding(
+            "block accounting",
+            Status.PROBLEM,
+            f"{missing} blocks are neither free nor held: the pool's books do not balance",
+            knob="report this with `kvbudget log` output; restart the daemon to recover the blocks",
+            data=data,
+        )
+    if all(s.running > 0 and s.held == 0 for s in samples):
+        return Finding(
+            "block accounting",
+            Status.WARN,
+            f"{samples[-1].running} requests run but hold no blocks: the engine reports no growth",
+            knob="the engine must send Grow/Progress in each Step (docs/engine-integration.md)",
+            data=data,
+        )
+    return Finding(
+        "block accounting",
+        Status.OK,
+        f"free blocks track held blocks (held {grew:+d}, free {-fell:+d} over the window)",
+        data=data,
+    )
+
+
+def check_gpu_memory(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
+    """Flat GPU memory: the pool is the limit. Climbing memory: something outside the pool."""
+    gpus = [s.gpu for s in samples if s.gpu.present]
+    if not gpus:
+        note = samples[-1].gpu.note or "no GPU"
+        return Finding("gpu memory", Status.SKIPPED, f"no GPU readings ({note})")
+    first, last = gpus[0], gpus[-1]
+    rise = last.used_bytes - first.used_bytes
+    other_rise = last.other_processes_bytes - first.other_processes_bytes
+    limit = max(t.memory_growth_bytes, int(first.total_bytes * t.memory_growth_share))
+    data = {
+        "used_bytes_first": first.used_bytes,
+        "used_bytes_last": last.used_bytes,
+        "rise_bytes": rise,
+        "other_processes_rise_bytes": other_rise,
+        "threshold_bytes": limit,
+        "pool_bytes": last.pool_bytes,
+    }
+    if rise > limit:
+        who = "other processes" if other_rise > limit // 2 else "this host's processes"
+        return Finding(
+            "gpu memory",
+            Status.PROBLEM,
+            f"GPU memory rose {rise / MiB:.0f} MiB in the window while the pool stayed "
+            f"{last.pool_bytes / MiB:.0f} MiB: {who} allocate outside the pool (leak?)",
+            knob="find the allocator (nvidia-smi --query-compute-apps=pid,used_memory --format=csv); "
+            "leave it headroom: lower gpu_memory_utilization or kv_cache_memory_bytes",
+            data=data,
+        )
+    return Finding(
+        "gpu memory",
+        Status.OK,
+        f"GPU memory flat ({rise / MiB:+.0f} MiB over the window)",
+        data=data,
+    )
+
+
+def check_reservations(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
+    """Reservations far beyond what requests hold: every request is charged for its whole
+    possible length (max_model_len or a large max_new_tokens), most of which never comes."""
+    last = samples[-1]
+    data = {"held": last.held, "reserved": last.reserved, "policy": last.policy}
+    if last.reserved and last.reserved >= t.reservation_ratio * max(last.held, 1):
+        max_len = last.plan.max_model_len if last.plan else 0
+        return Finding(
+            "reservations",
+            Status.WARN,
+            f"{last.reserved} blocks reserved for only {last.held} held "
+            f"({last.reserved / max(last.held, 1):.1f}x): max_model_len-sized reservations"
+            + (f" (max_model_len {max_len})" if max_len else ""),
+            knob="lower max new tokens (or max_model_len), or use the layer-aware policy: "
+            "[admission] policy = predictive or optimistic (AdminService.SetPolicy switches live)",
+            data=data,
+        )
+    return Finding(
+        "reservations",
+        Status.OK,
+        f"reserved {last.reserved} / held {last.held} blocks",
+        data=data,
+    )
+
+
+def check_preemptions(samples: Sequence[PoolSample]) -> Finding:
+    """Preemptions as frequent as admissions: requests go round preempt -> readmit."""
+    preempted = samples[-1].preemptions - samples[0].preemptions
+    admitted = samples[-1].admits - samples[0].admits
+    data = {"preemptions": preempted, "admits": admitted}
+    if preempted > 0 and preempted >= admitted:
+        return Finding(
+            "preemptions",
+            Status.WARN,
+            f"{preempted} preemptions for {admitted} admissions in the window: a preempt -> "
+            "readmit loop wastes the recomputed prefill",
+            knob="reserve more at admission: policy guaranteed or predictive, or a larger watermark",
+            data=data,
+        )
+    status = Status.INFO if preempted else Status.OK
+    return Finding("preemptions", status, f"{preempted} preemptions, {admitted} admissions in the window", data=data)
+
+
+def check_rejections(samples: Sequence[PoolSample]) -> Finding:
+    first, last = samples[0].rejections_by_reason, samples[-1].rejections_by_reason
+    never = last.get("never_fits", 0) - first.get("never_fits", 0)
+    if never > 0:
+        return Finding(
+            "rejections",
+            Status.WARN,
+            f"{never} requests rejected in the window because their worst case exceeds the whole pool",
+            knob="lower max_model_len (or clients' max new tokens), or give the pool more memory",
+            data={"never_fits": never},
+        )
+    return Finding("rejections", Status.OK, "no request rejected for never fitting", data={"never_fits": 0})
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes} B"
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" + ("" if count == 1 else "s")
+
+
+def _tenants_at_quota(sample: PoolSample) -> list[str]:
+    return [
+        t.tenant
+        for t in sample.tenants
+        if t.waiting and t.quota_blocks and t.held + t.reserved >= t.quota_blocks
+    ]
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def diagnose(
+    samples: Sequence[PoolSample],
+    expected: PoolExpectation | None = None,
+    thresholds: Thresholds = Thresholds(),
+) -> Diagnosis:
+    """Findings for every check and one verdict with the knob to turn."""
+    if not samples:
+        raise ValueError("samples: at least one snapshot is needed")
+    t = thresholds
+    ordered = sorted(samples, key=lambda s: s.time_s)
+    first, last = ordered[0], ordered[-1]
+    findings = [
+        check_pool_size(ordered, expected),
+        check_block_accounting(ordered),
+        check_gpu_memory(ordered, t),
+        check_reservations(ordered, t),
+        check_preemptions(ordered),
+        check_rejections(ordered),
+    ]
+    capacity = max(last.num_blocks, 1)
+    held_share = last.held / capacity
+    committed_share = (last.held + last.reserved) / capacity
+    queued_throughout = all(s.waiting > 0 for s in ordered)
+    admitted = last.admits - first.admits
+    preempted = last.preemptions - first.preemptions
+    pressure = last.waiting > 0 or preempted > 0
+    shares = {
+        "held_share": round(held_share, 4),
+        "committed_share": round(committed_share, 4),
+        "waiting": last.waiting,
+        "running": last.running,
+        "admits_in_window": admitted,
+        "preemptions_in_window": preempted,
+    }
+    memory = findings[2]
+    reservations = findings[3]
+
+    # One sample cannot tell a queue that moves from one that does not.
+    stuck = len(ordered) > 1 and queued_throughout and admitted == 0 and not last.draining
+    if len(ordered) == 1:
+        findings.append(
+            Finding("trend", Status.INFO, "one sample: trends (queue, memory, preemptions) need --samples 2 or more")
+        )
+    if memory.status is Status.PROBLEM:
+        verdict, knob = Verdict.MEMORY_GROWING, memory.knob
+    elif stuck and held_share < t.mostly_free_share:
+        verdict = Verdict.STUCK_QUEUE
+        at_quota = _tenants_at_quota(last)
+        if reservations.status is Status.WARN:
+            knob = reservations.knob
+        elif at_quota:
+            knob = (
+                f"tenant(s) {', '.join(at_quota)} at quota: raise [tenants.NAME] max_share "
+                "(AdminService.SetTenantQuota switches live)"
+            )
+        else:
+            knob = (
+                "admission charges more than requests use (formula drift): switch policy "
+                "(AdminService.SetPolicy optimistic) and report it with `kvbudget log --kind queue`"
+            )
+        summary = (
+            f"{_requests(last.waiting)} waited through the whole window with no admission while "
+            f"{1 - held_share:.0%} of the pool is free"
+        )
+        findings.append(Finding("queue", Status.PROBLEM, summary, knob=knob, data=shares))
+    elif pressure and held_share < t.full_share and committed_share >= t.full_share:
+        verdict = Verdict.BUDGET_BOUND
+        knob = (
+            f"free blocks are promised to running requests ({last.reserved} reserved): lower max "
+            "new tokens, or a policy that reserves less (predictive, or optimistic with preemption)"
+        )
+        summary = (
+            f"{_requests(last.waiting)} waiting; {held_share:.0%} of the pool held, "
+            f"{committed_share:.0%} committed with reservations"
+        )
+        findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
+    elif pressure and (held_share >= t.full_share or stuck):
+        # Full, or too full for the requests at the head of the queue: room is the limit.
+        verdict = Verdict.POOL_BOUND
+        knob = (
+            "the pool is really full: give it more memory (kv_cache_memory_bytes or "
+            "gpu_memory_utilization, kv_dtype fp8), lower max_model_len, or send less to this GPU"
+        )
+        summary = f"{_requests(last.waiting)} waiting with {held_share:.0%} of the pool held"
+        findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
+    else:
+        verdict, knob = Verdict.HEALTHY, ""
+        moving = (
+            f"{_requests(last.waiting)} waiting, {admitted} admitted in the window" if last.waiting else "no queue"
+        )
+        findings.append(Finding("queue", Status.OK, moving, data=shares))
+    return Diagnosis(
+        verdict=verdict,
+        knob=knob,
+        findings=tuple(findings),
+        num_samples=len(ordered),
+        window_s=last.time_s - first.time_s,
+    )

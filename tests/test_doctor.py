@@ -1,0 +1,337 @@
+"""`kvbudget doctor`'s diagnosis on staged snapshot series (pure functions, no daemon).
+
+Every series is a pool of 1,000 usable blocks sampled 5 times 1 s apart unless a test says
+otherwise; shares below are of those 1,000 blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvbudget import doctor
+from kvbudget.cli import main
+from kvbudget.doctor import GpuSample, PlanView, PoolSample, Status, TenantSample, Verdict
+from kvbudget.v1 import common_pb2
+
+GiB = 1 << 30
+MiB = 1 << 20
+H200 = 141 * GiB
+BYTES_PER_BLOCK = 2 * MiB
+PLAN = PlanView(num_blocks=1000, bytes_per_block=BYTES_PER_BLOCK, block_size=16, max_model_len=32768)
+
+
+def gpu(used: int) -> GpuSample:
+    return GpuSample(present=True, total_bytes=H200, used_bytes=used, pool_bytes=1000 * BYTES_PER_BLOCK)
+
+
+def series(
+    *,
+    held: int | list[int],
+    reserved: int = 0,
+    waiting: int | list[int] = 0,
+    running: int = 8,
+    admits: list[int] | None = None,
+    preemptions: list[int] | None = None,
+    used: list[int] | None = None,
+    n: int = 5,
+    policy: str = "optimistic",
+    **extra: object,
+) -> list[PoolSample]:
+    """n samples; free is derived so free + held = 1000 unless a test overrides it."""
+    held_at = held if isinstance(held, list) else [held] * n
+    waiting_at = waiting if isinstance(waiting, list) else [waiting] * n
+    admits = admits or [100 + 3 * i for i in range(n)]  # a moving queue by default
+    preemptions = preemptions or [0] * n
+    used = used or [130 * GiB] * n
+    return [
+        PoolSample(
+            time_s=1000.0 + i,
+            policy=policy,
+            num_blocks=1000,
+            free=1000 - held_at[i],
+            held=held_at[i],
+            reserved=reserved,
+            running=running,
+            waiting=waiting_at[i],
+            preemptions=preemptions[i],
+            admits=admits[i],
+            gpu=gpu(used[i]),
+            plan=PLAN,
+            **extra,  # type: ignore[arg-type]
+        )
+        for i in range(n)
+    ]
+
+
+def finding(diagnosis: doctor.Diagnosis, check: str) -> doctor.Finding:
+    (found,) = [f for f in diagnosis.findings if f.check == check]
+    return found
+
+
+FLAT = [0] * 5
+
+
+# ------------------------------------------------------------------ the five verdicts
+
+
+def test_healthy_pool_with_headroom() -> None:
+    # 300 held + 50 reserved = 35 % committed, no queue, admissions moving, memory flat
+    d = doctor.diagnose(series(held=[280, 290, 300, 295, 300], reserved=50))
+    assert d.verdict is Verdict.HEALTHY
+    assert d.ok
+    assert d.knob == ""
+    assert all(f.status in (Status.OK, Status.INFO) for f in d.findings)
+    assert d.window_s == 4.0  # 5 samples 1 s apart
+
+
+def test_budget_bound_queue_with_flat_memory() -> None:
+    # held 600 (60 %) + reserved 350 = 950 committed (95 % >= 95 %): blocks are free but promised
+    d = doctor.diagnose(series(held=600, reserved=350, waiting=5, admits=[40] * 5, policy="guaranteed"))
+    assert d.verdict is Verdict.BUDGET_BOUND
+    assert not d.ok
+    assert "350 reserved" in d.knob and "max new tokens" in d.knob
+    assert finding(d, "gpu memory").status is Status.OK  # flat: the budget is the limit, not memory
+
+
+def test_pool_bound_when_blocks_are_really_held() -> None:
+    # held 960 of 1000 = 96 % >= 95 %, preemptions rising 2 -> 6, a queue of 4
+    d = doctor.diagnose(series(held=960, waiting=4, preemptions=[2, 3, 4, 5, 6]))
+    assert d.verdict is Verdict.POOL_BOUND
+    assert "more memory" in d.knob
+    assert finding(d, "preemptions").data == {"preemptions": 4, "admits": 12}  # 6-2, 112-100
+
+
+def test_stuck_queue_behind_max_model_len_reservations() -> None:
+    # naive: 40 held but 900 reserved (22.5x >= 4x); 6 wait for the whole window, 0 admitted,
+    # 96 % of the pool physically free
+    d = doctor.diagnose(series(held=40, reserved=900, waiting=6, admits=[17] * 5, policy="naive"))
+    assert d.verdict is Verdict.STUCK_QUEUE
+    reservations = finding(d, "reservations")
+    assert reservations.status is Status.WARN
+    assert "max_model_len-sized reservations" in reservations.summary
+    assert "lower max new tokens" in d.knob and "layer-aware policy" in d.knob
+    queue = finding(d, "queue")
+    assert queue.status is Status.PROBLEM
+    assert "96% of the pool is free" in queue.summary
+
+
+def test_stuck_queue_without_reservations_is_formula_drift() -> None:
+    # 100 held, nothing reserved, 3 waiting all window, nothing admitted: admission refuses
+    # what the pool has room for
+    d = doctor.diagnose(series(held=100, waiting=3, admits=[9] * 5))
+    assert d.verdict is Verdict.STUCK_QUEUE
+    assert "formula drift" in d.knob
+    assert finding(d, "reservations").status is Status.OK
+
+
+def test_memory_growing_outside_the_pool() -> None:
+    # used climbs 100 -> 104 GiB (+4 GiB > max(256 MiB, 1 % of 141 GiB = 1.41 GiB)), pool fixed
+    used = [100 * GiB + i * GiB for i in range(5)]
+    d = doctor.diagnose(series(held=960, waiting=4, used=used))
+    assert d.verdict is Verdict.MEMORY_GROWING  # wins over pool-bound: the cause comes first
+    memory = finding(d, "gpu memory")
+    assert memory.status is Status.PROBLEM
+    assert memory.data["rise_bytes"] == 4 * GiB
+    assert "nvidia-smi" in d.knob
+
+
+def test_memory_noise_under_the_threshold_is_flat() -> None:
+    # +1 GiB on a 141 GiB GPU: under 1 % (1.41 GiB) -> flat
+    d = doctor.diagnose(series(held=300, used=[100 * GiB, 100 * GiB, 101 * GiB, 101 * GiB, 101 * GiB]))
+    assert finding(d, "gpu memory").status is Status.OK
+    assert d.verdict is Verdict.HEALTHY
+
+
+# ------------------------------------------------------------------ single checks
+
+
+def test_waiting_but_moving_queue_is_healthy() -> None:
+    # a queue of 2 with admissions every sample (100 -> 112) and 40 % held
+    d = doctor.diagnose(series(held=400, waiting=2))
+    assert d.verdict is Verdict.HEALTHY
+
+
+def test_queue_that_does_not_move_on_a_half_full_pool_is_pool_bound() -> None:
+    # 70 % held, 10 % reserved (80 % committed < 95 %), no admission: the head needs more room
+    d = doctor.diagnose(series(held=700, reserved=100, waiting=2, admits=[50] * 5))
+    assert d.verdict is Verdict.POOL_BOUND
+
+
+def test_stuck_queue_names_the_tenant_at_quota() -> None:
+    tenants = (TenantSample("batch", held=100, reserved=0, quota_blocks=100, waiting=3),)
+    d = doctor.diagnose(series(held=100, waiting=3, admits=[5] * 5, tenants=tenants))
+    assert d.verdict is Verdict.STUCK_QUEUE
+    assert "batch" in d.knob and "max_share" in d.knob
+
+
+def test_draining_daemon_is_not_stuck() -> None:
+    d = doctor.diagnose(series(held=100, waiting=3, admits=[5] * 5, draining=True))
+    assert d.verdict is not Verdict.STUCK_QUEUE
+
+
+def test_pool_size_against_plan_and_config() -> None:
+    samples = series(held=100)
+    # kv_cache_memory_bytes 1,000,000,000 // 2,097,152 = 476 blocks (476 x 2 MiB = 998,244,352)
+    expected = doctor.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, kv_cache_memory_bytes=1_000_000_000)
+    assert expected is not None and expected.num_blocks == 476
+    d = doctor.diagnose(samples, expected)
+    size = finding(d, "pool size")
+    assert size.status is Status.PROBLEM
+    assert "476" in size.summary and "1000" in size.summary
+    assert not d.ok  # healthy queue, but a failed check still makes doctor exit 1
+    # the plan's own 1000 blocks are what num_gpu_blocks = 1000 implies
+    pinned = doctor.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, num_gpu_blocks=1000)
+    assert finding(doctor.diagnose(samples, pinned), "pool size").status is Status.OK
+
+
+def test_pool_larger_than_gpu_memory_utilization_allows() -> None:
+    # 10 GiB GPU x 0.9 = 9,663,676,416 B, minus 8 GiB weights = 1,073,741,824 B bound;
+    # the plan's 1000 x 2 MiB = 2,097,152,000 B exceeds it
+    expected = doctor.expectation_from_config(
+        bytes_per_block=BYTES_PER_BLOCK, gpu_total_bytes=10 * GiB, gpu_memory_utilization=0.9, weights_bytes=8 * GiB
+    )
+    assert expected is not None and expected.max_pool_bytes == 1_073_741_824
+    assert finding(doctor.diagnose(series(held=1), expected), "pool size").status is Status.PROBLEM
+
+
+def test_pool_count_differs_from_plan() -> None:
+    samples = series(held=100)
+    wrong = [
+        replace(s, plan=PlanView(2000, BYTES_PER_BLOCK, 16, 32768)) for s in samples
+    ]
+    assert finding(doctor.diagnose(wrong), "pool size").status is Status.PROBLEM
+
+
+def test_unbalanced_books_are_a_problem() -> None:
+    # 300 held + 690 free = 990: 10 blocks are nowhere
+    samples = [replace(s, free=690) for s in series(held=300)]
+    accounting = finding(doctor.diagnose(samples), "block accounting")
+    assert accounting.status is Status.PROBLEM
+    assert accounting.data["unaccounted_blocks"] == 10
+
+
+def test_running_requests_that_hold_nothing_are_flagged() -> None:
+    accounting = finding(doctor.diagnose(series(held=0, running=4)), "block accounting")
+    assert accounting.status is Status.WARN
+
+
+def test_preempt_readmit_loop() -> None:
+    # 8 preemptions (2 -> 10) for 8 admissions (50 -> 58) in the window
+    d = doctor.diagnose(series(held=500, preemptions=[2, 4, 6, 8, 10], admits=[50, 52, 54, 56, 58]))
+    loop = finding(d, "preemptions")
+    assert loop.status is Status.WARN
+    assert "readmit" in loop.summary
+
+
+def test_never_fits_rejections() -> None:
+    samples = series(held=100)
+    samples[-1] = replace(samples[-1], rejections_by_reason={"never_fits": 3})
+    assert finding(doctor.diagnose(samples), "rejections").status is Status.WARN
+
+
+def test_without_a_gpu_memory_is_skipped_and_the_pool_still_judged() -> None:
+    no_gpu = GpuSample(present=False, note="no GPU: NVML not available")
+    samples = [replace(s, gpu=no_gpu) for s in series(held=600, reserved=350, waiting=5, admits=[1] * 5)]
+    d = doctor.diagnose(samples)
+    assert finding(d, "gpu memory").status is Status.SKIPPED
+    assert "NVML" in finding(d, "gpu memory").summary
+    assert d.verdict is Verdict.BUDGET_BOUND
+
+
+def test_one_sample_cannot_call_a_queue_stuck() -> None:
+    (only,) = series(held=40, reserved=900, waiting=6, admits=[17], n=1)
+    d = doctor.diagnose([only])
+    assert d.verdict is not Verdict.STUCK_QUEUE
+    assert finding(d, "trend").status is Status.INFO
+
+
+def test_no_samples_is_misuse() -> None:
+    with pytest.raises(ValueError, match="samples"):
+        doctor.diagnose([])
+
+
+def test_diagnosis_is_json() -> None:
+    d = doctor.diagnose(series(held=40, reserved=900, waiting=6, admits=[17] * 5))
+    decoded = json.loads(json.dumps(d.as_dict()))
+    assert decoded["verdict"] == "stuck queue (formula drift)"
+    assert decoded["ok"] is False
+    assert {f["check"] for f in decoded["findings"]} >= {"pool size", "gpu memory", "queue"}
+
+
+# ------------------------------------------------------------------ intake from the proto
+
+
+def test_sample_from_a_snapshot_message() -> None:
+    msg = common_pb2.Snapshot(
+        time_unix_s=12.5,
+        policy=common_pb2.POLICY_NAIVE,
+        num_blocks=1000,
+        num_free_blocks=960,
+        num_held_blocks=40,
+        num_reserved_blocks=900,
+        num_running=2,
+        num_waiting=6,
+        num_preemptions=3,
+        decisions_by_kind={"admit": 17, "queue": 6},
+        rejections_by_reason={"never_fits": 1},
+        gpu=common_pb2.GpuState(present=False, note="no GPU: test"),
+        plan=common_pb2.PoolPlan(num_blocks=1000, bytes_per_block=BYTES_PER_BLOCK, block_size_tokens=16,
+                                 max_model_len_tokens=32768),
+        tenants=[common_pb2.TenantState(tenant="a", blocks_held=40, quota_blocks=500, waiting=6)],
+    )
+    s = doctor.sample_from_snapshot(msg)
+    assert (s.policy, s.num_blocks, s.free, s.held, s.reserved) == ("naive", 1000, 960, 40, 900)
+    assert (s.running, s.waiting, s.preemptions, s.admits) == (2, 6, 3, 17)
+    assert s.plan == PLAN
+    assert s.gpu.note == "no GPU: test"
+    assert s.tenants == (TenantSample("a", 40, 0, 500, 6),)
+    assert s.rejections_by_reason == {"never_fits": 1}
+
+
+def test_snapshot_without_plan() -> None:
+    s = doctor.sample_from_snapshot(common_pb2.Snapshot(num_blocks=10, num_free_blocks=10))
+    assert s.plan is None
+    assert finding(doctor.diagnose([s]), "pool size").status is Status.SKIPPED
+
+
+# ------------------------------------------------------------------ properties
+
+
+@given(
+    held=st.lists(st.integers(0, 1000), min_size=2, max_size=6),
+    reserved=st.integers(0, 1000),
+    waiting=st.integers(1, 50),
+)
+def test_a_queue_that_never_moves_is_never_healthy(held: list[int], reserved: int, waiting: int) -> None:
+    n = len(held)
+    samples = series(held=held, reserved=min(reserved, 1000 - max(held)), waiting=waiting, admits=[7] * n, n=n)
+    assert doctor.diagnose(samples).verdict is not Verdict.HEALTHY
+
+
+@given(held=st.lists(st.integers(0, 899), min_size=1, max_size=6), reserved=st.integers(0, 100))
+def test_no_queue_no_preemption_flat_memory_is_healthy(held: list[int], reserved: int) -> None:
+    n = len(held)
+    d = doctor.diagnose(series(held=held, reserved=min(reserved, 899 - max(held)), n=n))
+    assert d.verdict is Verdict.HEALTHY
+    assert d.ok
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_unreachable_daemon_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    target = f"unix://{tmp_path}/nothing.sock"
+    assert main(["doctor", "--target", target, "--samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbudget doctor: error: cannot reach the daemon at {target}: ")
+    assert err.count("\n") == 1
+
+
+def test_bad_sample_count_is_a_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--samples", "0"]) == 2
+    assert "--samples" in capsys.readouterr().err
