@@ -1,0 +1,486 @@
+"""The daemon's configuration: a TOML file (`/etc/kvbudget/kvbudget.toml`) plus command-line
+overrides, validated once at start into a frozen `DaemonConfig`.
+
+Every mistake is a `ConfigError` whose message names the key (`pool.gpu_memory_utilization`
+for a file key, the setting's name for a command-line override), so an operator sees what
+to fix in one line. `deploy/kvbudget.toml` documents every key.
+
+The file has sections; each key maps to one `DaemonConfig` field:
+
+    [model]      name, kv_dtype, block_size, max_model_len, max_num_batched_tokens
+    [pool]       device, memory_mode, gpu_memory_utilization, kv_cache_memory_bytes,
+                 num_gpu_blocks, gpu_memory_bytes, weights_bytes, activation_reserve_bytes,
+                 gpu_probe_interval_s
+    [admission]  policy, enable_prefix_caching, watermark, lookahead_tokens, max_queue_len,
+                 backfill_depth, max_head_wait_s, reject_over_quota
+    [tenants.NAME]  max_share, weight
+    [server]     listen, tokens_file, tls_cert_file, tls_key_file, allow_insecure_tcp,
+                 lease_ttl_s, watch_max_hz, drain_timeout_s
+    [log]        db_path, retention_days, retention_max_rows
+    [metrics]    address
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbudget.daemon.admission import POLICIES, AdmissionConfig
+from kvbudget.daemon.spec import KV_DTYPES
+
+DEFAULT_CONFIG_PATH = "/etc/kvbudget/kvbudget.toml"
+DEFAULT_DB_PATH = "/var/lib/kvbudget/decisions.db"  # systemd StateDirectory=kvbudget
+DEFAULT_LISTEN = "unix:///run/kvbudget/kvbudget.sock"  # systemd RuntimeDirectory=kvbudget
+ROLES = ("engine", "observer", "admin")
+MEMORY_MODES = ("owned", "accounting")
+MIN_TOKEN_LENGTH = 8
+FILE_KEY = "config"  # ConfigError.key for a file that cannot be read or parsed
+
+
+class ConfigError(Exception):
+    """A bad configuration value; `key` names it (e.g. "pool.gpu_memory_utilization")."""
+
+    def __init__(self, key: str, message: str, *, source: str = "") -> None:
+        self.key = key
+        self.message = message
+        self.source = source
+        # Problems with the whole file (key FILE_KEY) read "no config file at PATH".
+        shown_key = "" if key == FILE_KEY else key
+        super().__init__(": ".join(part for part in (source, shown_key, message) if part))
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    max_share: float | None = None  # share of the pool the tenant may hold; None: no cap
+    weight: float = 1.0  # fair-share weight when tenants compete
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    # [model]
+    model: str = ""  # preset name, HF config.json path, or a directory holding one
+    kv_dtype: str = "auto"  # "auto": the model's dtype
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's
+    max_num_batched_tokens: int = 8192
+    # [pool]
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    memory_mode: str = "owned"  # "owned": the daemon allocates the pool; "accounting": engines do
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None  # explicit pool bytes (excludes num_gpu_blocks)
+    num_gpu_blocks: int | None = None  # explicit block count (excludes kv_cache_memory_bytes)
+    gpu_memory_bytes: int | None = None  # override the device's total memory
+    weights_bytes: int | None = None  # None: from the model's parameter count
+    activation_reserve_bytes: int | None = None  # None: sizing's estimate
+    gpu_probe_interval_s: float = 5.0
+    # [admission]
+    policy: str = "optimistic"
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01
+    lookahead_tokens: int = 0
+    max_queue_len: int = 0
+    backfill_depth: int = 16
+    max_head_wait_s: float = 30.0
+    reject_over_quota: bool = False
+    # [tenants.NAME]
+    tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
+    # [server]
+    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
+    tokens_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    allow_insecure_tcp: bool = False  # TCP without token or TLS: only for loopback benches
+    lease_ttl_s: float = 10.0
+    watch_max_hz: float = 30.0
+    drain_timeout_s: float = 10.0
+    # [log]
+    db_path: str = DEFAULT_DB_PATH
+    retention_days: float = 30.0  # 0: keep forever
+    retention_max_rows: int = 0  # 0: no row cap
+    # [metrics]
+    metrics_address: str = ""  # "" = off, e.g. "127.0.0.1:9400"
+
+    @property
+    def retention_s(self) -> float | None:
+        return self.retention_days * 86400.0 if self.retention_days else None
+
+    @property
+    def retention_rows(self) -> int | None:
+        return self.retention_max_rows or None
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_cert_file)
+
+    def admission_config(self, max_model_len: int) -> AdmissionConfig:
+        """The core's config, once the model's max_model_len is known."""
+        return AdmissionConfig(
+            max_model_len=self.max_model_len or max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            policy=self.policy,
+            enable_prefix_caching=self.enable_prefix_caching,
+            lookahead_tokens=self.lookahead_tokens,
+            watermark=self.watermark,
+            max_queue_len=self.max_queue_len,
+            backfill_depth=self.backfill_depth,
+            max_head_wait_s=self.max_head_wait_s,
+            reject_over_quota=self.reject_over_quota,
+        )
+
+
+# --------------------------------------------------------------------- the file's keys
+@dataclass(frozen=True)
+class _Key:
+    section: str
+    name: str  # key in the section
+    field: str  # DaemonConfig field
+    kind: type  # str, int, float, bool, or tuple (a list of strings)
+    optional: bool = False  # absent means None
+
+
+_KEYS: tuple[_Key, ...] = (
+    _Key("model", "name", "model", str),
+    _Key("model", "kv_dtype", "kv_dtype", str),
+    _Key("model", "block_size", "block_size", int),
+    _Key("model", "max_model_len", "max_model_len", int, optional=True),
+    _Key("model", "max_num_batched_tokens", "max_num_batched_tokens", int),
+    _Key("pool", "device", "device", str),
+    _Key("pool", "memory_mode", "memory_mode", str),
+    _Key("pool", "gpu_memory_utilization", "gpu_memory_utilization", float),
+    _Key("pool", "kv_cache_memory_bytes", "kv_cache_memory_bytes", int, optional=True),
+    _Key("pool", "num_gpu_blocks", "num_gpu_blocks", int, optional=True),
+    _Key("pool", "gpu_memory_bytes", "gpu_memory_bytes", int, optional=True),
+    _Key("pool", "weights_bytes", "weights_bytes", int, optional=True),
+    _Key("pool", "activation_reserve_bytes", "activation_reserve_bytes", int, optional=True),
+    _Key("pool", "gpu_probe_interval_s", "gpu_probe_interval_s", float),
+    _Key("admission", "policy", "policy", str),
+    _Key("admission", "enable_prefix_caching", "enable_prefix_caching", bool),
+    _Key("admission", "watermark", "watermark", float),
+    _Key("admission", "lookahead_tokens", "lookahead_tokens", int),
+    _Key("admission", "max_queue_len", "max_queue_len", int),
+    _Key("admission", "backfill_depth", "backfill_depth", int),
+    _Key("admission", "max_head_wait_s", "max_head_wait_s", float),
+    _Key("admission", "reject_over_quota", "reject_over_quota", bool),
+    _Key("server", "listen", "listen", tuple),
+    _Key("server", "tokens_file", "tokens_file", str),
+    _Key("server", "tls_cert_file", "tls_cert_file", str),
+    _Key("server", "tls_key_file", "tls_key_file", str),
+    _Key("server", "allow_insecure_tcp", "allow_insecure_tcp", bool),
+    _Key("server", "lease_ttl_s", "lease_ttl_s", float),
+    _Key("server", "watch_max_hz", "watch_max_hz", float),
+    _Key("server", "drain_timeout_s", "drain_timeout_s", float),
+    _Key("log", "db_path", "db_path", str),
+    _Key("log", "retention_days", "retention_days", float),
+    _Key("log", "retention_max_rows", "retention_max_rows", int),
+    _Key("metrics", "address", "metrics_address", str),
+)
+_KEY_BY_FIELD = {k.field: k for k in _KEYS}
+_SECTIONS = tuple(dict.fromkeys(k.section for k in _KEYS)) + ("tenants",)
+_TENANT_KEYS = ("max_share", "weight")
+_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               tuple: "a list of strings"}
+
+
+def _coerce(value: object, kind: type, key: str, source: str) -> object:
+    """Check a TOML / override value's type; ints are accepted where numbers are."""
+    ok = (
+        isinstance(value, bool) if kind is bool
+        else isinstance(value, int) and not isinstance(value, bool) if kind is int
+        else isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
+        else isinstance(value, str) if kind is str
+        else isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    )
+    if kind is tuple and isinstance(value, str):  # one address given as a string
+        return (value,)
+    if not ok:
+        raise ConfigError(key, f"must be {_TYPE_WORDS[kind]}, got {value!r}", source=source)
+    if kind is float:
+        return float(value)  # type: ignore[arg-type]
+    if kind is tuple:
+        return tuple(value)  # type: ignore[arg-type]
+    return value
+
+
+def _parse_tenants(raw: object, source: str, key_prefix: str) -> dict[str, TenantQuota]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key_prefix, "must be a table of [tenants.NAME] sections", source=source)
+    tenants: dict[str, TenantQuota] = {}
+    for name, body in raw.items():
+        key = f"{key_prefix}.{name}"
+        if isinstance(body, TenantQuota):
+            tenants[name] = body
+            continue
+        if not isinstance(body, Mapping):
+            raise ConfigError(key, "must be a table with max_share and/or weight", source=source)
+        for unknown in set(body) - set(_TENANT_KEYS):
+            raise ConfigError(
+                f"{key}.{unknown}",
+                f"unknown key {unknown!r} in [{key}] (expected: {', '.join(_TENANT_KEYS)})",
+                source=source,
+            )
+        max_share = body.get("max_share")
+        if max_share is not None:
+            max_share = _coerce(max_share, float, f"{key}.max_share", source)
+        weight = _coerce(body.get("weight", 1.0), float, f"{key}.weight", source)
+        tenants[name] = TenantQuota(max_share=max_share, weight=weight)  # type: ignore[arg-type]
+    return tenants
+
+
+def _read_file(path: Path, what: str = "config file") -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(FILE_KEY, f"no {what} at {path}") from None
+    except PermissionError:
+        raise ConfigError(FILE_KEY, f"cannot read {what} {path}: permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(FILE_KEY, f"{what} {path} is a directory") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML: {exc}") from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, overrides: Mapping[str, object] | None = None
+) -> DaemonConfig:
+    """Read the TOML file (if any), apply overrides (field names; None values are ignored,
+    so argparse defaults can be passed as is), validate, return the frozen config."""
+    values: dict[str, object] = {}
+    origin: dict[str, tuple[str, str]] = {}  # field -> (key as the user wrote it, source)
+    source = ""
+    if path is not None:
+        source = str(path)
+        document = _read_file(Path(path))
+        for section, body in document.items():
+            if section not in _SECTIONS:
+                raise ConfigError(
+                    section, f"unknown section [{section}] (expected: {', '.join(_SECTIONS)})",
+                    source=source,
+                )
+            if section == "tenants":
+                values["tenants"] = _parse_tenants(body, source, "tenants")
+                origin["tenants"] = ("tenants", source)
+                continue
+            if not isinstance(body, Mapping):
+                raise ConfigError(section, f"must be a [{section}] section, not a value", source=source)
+            allowed = {k.name: k for k in _KEYS if k.section == section}
+            for name, value in body.items():
+                key = f"{section}.{name}"
+                if name not in allowed:
+                    raise ConfigError(
+                        key,
+                        f"unknown key {name!r} in [{section}] (expected: {', '.join(allowed)})",
+                        source=source,
+                    )
+                spec = allowed[name]
+                values[spec.field] = _coerce(value, spec.kind, key, source)
+                origin[spec.field] = (key, source)
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if name == "tenants":
+            values["tenants"] = _parse_tenants(value, "", "tenants")
+        elif name not in _KEY_BY_FIELD:
+            raise ConfigError(name, "unknown setting")
+        else:
+            values[name] = _coerce(value, _KEY_BY_FIELD[name].kind, name, "")
+        origin[name] = (name, "")
+
+    def fail(field_name: str, message: str) -> ConfigError:
+        if field_name in origin:
+            key, where = origin[field_name]
+        else:  # a default that another key made invalid
+            spec = _KEY_BY_FIELD.get(field_name)
+            key, where = (f"{spec.section}.{spec.name}" if spec else field_name), source
+        return ConfigError(key, message, source=where)
+
+    config = DaemonConfig(**values)  # type: ignore[arg-type]
+    for check in _CHECKS:
+        check(config, fail)
+    return config
+
+
+# --------------------------------------------------------------------- value checks
+_Fail = Callable[[str, str], ConfigError]
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]*):(?P<port>\d{1,5})$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def parse_host_port(address: str) -> tuple[str, int] | None:
+    """("127.0.0.1", 9400) from "127.0.0.1:9400" (IPv6 in brackets), or None if malformed."""
+    match = _HOST_PORT.match(address)
+    if not match or int(match["port"]) > 65535:
+        return None
+    return match["host"].strip("[]"), int(match["port"])
+
+
+def listen_kind(address: str) -> str | None:
+    """"unix" (unix: / unix-abstract:), "tcp" (host:port), or None if malformed."""
+    if address.startswith("unix-abstract:"):
+        return "unix" if len(address) > len("unix-abstract:") else None
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix://") if address.startswith("unix://") else address[5:]
+        return "unix" if path.strip("/") else None
+    return "tcp" if parse_host_port(address) else None
+
+
+def _check_model(c: DaemonConfig, fail: _Fail) -> None:
+    if not c.model:
+        raise fail("model", "required: a preset name or a path to a model's config.json")
+    from kvbudget.daemon.hf_config import read_config
+
+    try:
+        read_config(c.model)  # a known preset, or a readable config.json (or folder with one)
+    except ValueError as exc:
+        raise fail("model", str(exc)) from None
+    if c.kv_dtype != "auto" and c.kv_dtype.lower() not in KV_DTYPES:
+        raise fail("kv_dtype", f"unknown dtype {c.kv_dtype!r} (expected auto, bf16, fp16, fp8, int4, int2)")
+
+
+def _positive(*names: str) -> Callable[[DaemonConfig, _Fail], None]:
+    def check(c: DaemonConfig, fail: _Fail) -> None:
+        for name in names:
+            value = getattr(c, name)
+            if value is not None and value <= 0:
+                raise fail(name, f"must be positive, got {value}")
+
+    return check
+
+
+def _non_negative(*names: str) -> Callable[[DaemonConfig, _Fail], None]:
+    def check(c: DaemonConfig, fail: _Fail) -> None:
+        for name in names:
+            value = getattr(c, name)
+            if value is not None and value < 0:
+                raise fail(name, f"must be zero or more, got {value}")
+
+    return check
+
+
+def _check_pool(c: DaemonConfig, fail: _Fail) -> None:
+    if c.block_size > 65536:
+        raise fail("block_size", f"must be at most 65536 tokens, got {c.block_size}")
+    if not _DEVICE.match(c.device):
+        raise fail("device", f"must be auto, cpu, cuda or cuda:N, got {c.device!r}")
+    if c.memory_mode not in MEMORY_MODES:
+        raise fail("memory_mode", f"must be one of {', '.join(MEMORY_MODES)}, got {c.memory_mode!r}")
+    if not 0.0 < c.gpu_memory_utilization <= 1.0:
+        raise fail("gpu_memory_utilization", f"must be in (0, 1], got {c.gpu_memory_utilization}")
+    if c.kv_cache_memory_bytes is not None and c.num_gpu_blocks is not None:
+        raise fail("num_gpu_blocks", "set either kv_cache_memory_bytes or num_gpu_blocks, not both")
+
+
+def _check_admission(c: DaemonConfig, fail: _Fail) -> None:
+    if c.policy not in POLICIES:
+        raise fail("policy", f"unknown policy {c.policy!r} (expected one of {', '.join(POLICIES)})")
+    if not 0.0 <= c.watermark < 1.0:
+        raise fail("watermark", f"must be in [0, 1), got {c.watermark}")
+    for name, quota in c.tenants.items():
+        key = f"tenants.{name}"
+        if not name:
+            raise fail("tenants", "a tenant name must not be empty")
+        if quota.max_share is not None and not 0.0 < quota.max_share <= 1.0:
+            raise ConfigError(f"{key}.max_share", f"must be in (0, 1], got {quota.max_share}",
+                              source=_source_of(fail, "tenants"))
+        if quota.weight <= 0:
+            raise ConfigError(f"{key}.weight", f"must be positive, got {quota.weight}",
+                              source=_source_of(fail, "tenants"))
+
+
+def _source_of(fail: _Fail, field_name: str) -> str:
+    return fail(field_name, "").source
+
+
+def _check_server(c: DaemonConfig, fail: _Fail) -> None:
+    if not c.listen:
+        raise fail("listen", "needs at least one address (e.g. unix:///run/kvbudget/kvbudget.sock)")
+    if len(set(c.listen)) != len(c.listen):
+        raise fail("listen", "lists the same address twice")
+    for address in c.listen:
+        kind = listen_kind(address)
+        if kind is None:
+            raise fail("listen", f"bad address {address!r} (expected unix:///PATH or HOST:PORT)")
+        if kind == "tcp" and not (c.tokens_file or c.tls_cert_file or c.allow_insecure_tcp):
+            raise fail("listen", f"TCP address {address!r} needs tokens_file or TLS "
+                       "(or allow_insecure_tcp = true on a trusted loopback)")
+    if bool(c.tls_cert_file) != bool(c.tls_key_file):
+        missing = "tls_key_file" if c.tls_cert_file else "tls_cert_file"
+        present = "tls_cert_file" if c.tls_cert_file else "tls_key_file"
+        raise fail(missing, f"{present} is set but {missing} is not: TLS needs both")
+    for name in ("tls_cert_file", "tls_key_file"):
+        path = getattr(c, name)
+        if path and not _readable_file(path):
+            raise fail(name, f"cannot read {path}")
+    if c.tokens_file:
+        try:
+            load_tokens(c.tokens_file)
+        except ConfigError as exc:
+            raise fail("tokens_file", str(exc)) from None
+
+
+def _check_metrics(c: DaemonConfig, fail: _Fail) -> None:
+    if c.metrics_address and parse_host_port(c.metrics_address) is None:
+        raise fail("metrics_address", f"bad address {c.metrics_address!r} (expected HOST:PORT, or \"\" for off)")
+    if not c.db_path:
+        raise fail("db_path", "must not be empty")
+
+
+def _readable_file(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.R_OK)
+
+
+_CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (
+    _check_model,
+    _positive("block_size", "max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes",
+              "num_gpu_blocks", "gpu_probe_interval_s", "max_head_wait_s", "lease_ttl_s",
+              "watch_max_hz"),
+    _non_negative("gpu_memory_bytes", "weights_bytes", "activation_reserve_bytes",
+                  "lookahead_tokens", "max_queue_len", "backfill_depth", "drain_timeout_s",
+                  "retention_days", "retention_max_rows"),
+    _check_pool,
+    _check_admission,
+    _check_server,
+    _check_metrics,
+)
+
+
+# --------------------------------------------------------------------- tokens
+def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
+    """token -> role from a TOML file of `engine = [...]`, `observer = [...]`, `admin = [...]`.
+
+    Keys of the error are the file's own keys (`engine`, `admin[1]`) so the operator
+    knows which line to fix; a token listed twice is refused (its role would be ambiguous).
+    """
+    source = str(path)
+    document = _read_file(Path(path), "tokens file")
+    tokens: dict[str, str] = {}
+    for role, listed in document.items():
+        if role not in ROLES:
+            raise ConfigError(role, f"unknown role {role!r} (expected: {', '.join(ROLES)})", source=source)
+        if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
+            raise ConfigError(role, "must be a list of token strings", source=source)
+        for index, token in enumerate(listed):
+            key = f"{role}[{index}]"
+            if len(token) < MIN_TOKEN_LENGTH or token != token.strip() or any(ch.isspace() for ch in token):
+                raise ConfigError(
+                    key, f"a token must be at least {MIN_TOKEN_LENGTH} characters without spaces",
+                    source=source,
+                )
+            if token in tokens:
+                raise ConfigError(key, f"token already listed for role {tokens[token]!r}", source=source)
+            tokens[token] = role
+    return tokens
+
+
+def config_keys() -> tuple[str, ...]:
+    """Every file key as "section.name" (tenants excluded), for docs and tests."""
+    return tuple(f"{k.section}.{k.name}" for k in _KEYS)
+
+
+assert {k.field for k in _KEYS} | {"tenants"} == {f.name for f in dataclasses.fields(DaemonConfig)}

@@ -1,0 +1,220 @@
+"""The pool's memory, owned by the daemon and mapped by engines.
+
+The daemon allocates the whole KV pool once, at start, as one flat byte buffer:
+  * on a GPU: one `torch.empty(uint8)` on the device, shared through a CUDA IPC handle
+    (`cudaIpcMemHandle_t` bytes + the offset of the buffer inside the allocation the handle
+    names). Any process on the host can map it with `cudaIpcOpenMemHandle`;
+    `map_cuda_pool` does that with torch.
+  * otherwise: a POSIX shared-memory segment (`multiprocessing.shared_memory`), viewed as a
+    CPU tensor; engines map it by name (`map_shared_memory`).
+Neither path touches the pages: CUDA memory is not initialised and the shared-memory file
+is sized with ftruncate, so a large pool costs no time until it is written. (The flip side
+on CPU: tmpfs pages are committed only when written, so the size is checked against the
+free space of /dev/shm up front rather than failing with SIGBUS later.)
+
+torch is imported lazily and is optional: without it `allocate_pool_memory` returns None
+and the daemon runs in accounting-only mode.
+
+Layout inside the buffer: block-major, `[num_blocks][layers_per_group][page_size_bytes]`,
+block 0 being the null block (see `page_layout`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import secrets
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+SHM_DIR = "/dev/shm"
+CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+class PoolMemoryError(Exception):
+    """The pool cannot be allocated as asked (too big for the device or /dev/shm, bad device)."""
+
+
+def page_layout(num_blocks: int, layers_per_group: int, page_size_bytes: int) -> str:
+    """The layout string engines read: block b, layer l of the group starts at
+    `(b * layers_per_group + l) * page_size_bytes`."""
+    return (
+        f"[num_blocks={num_blocks}][layers_per_group={layers_per_group}]"
+        f"[page_size_bytes={page_size_bytes}] block-major, block 0 = null block"
+    )
+
+
+@dataclass(eq=False)
+class PoolMemory:
+    """One allocated pool. `close()` frees it (and unlinks the shared-memory name)."""
+
+    device: str  # "cuda:0" or "cpu"
+    size_bytes: int
+    shm_name: str = ""  # CPU pool
+    cuda_ipc_handle: bytes = b""  # GPU pool
+    offset_bytes: int = 0  # where the pool starts inside what the handle names
+    layout: str = ""
+    tensor: Any = None  # torch.Tensor, uint8, size_bytes long
+    torch_share: tuple[Any, ...] = ()  # torch's full _share_cuda_ tuple, for torch consumers
+    _shm: shared_memory.SharedMemory | None = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def close(self) -> None:
+        """Free the memory. Idempotent. Engines still mapping it keep their mapping."""
+        self.tensor = None  # drop our view first: the shm buffer cannot close while exported
+        shm, self._shm = self._shm, None
+        if shm is not None:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+            try:
+                shm.close()
+            except BufferError:
+                pass  # someone still holds a view; the mapping goes with the process
+
+    def __enter__(self) -> PoolMemory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def allocate_pool_memory(size_bytes: int, *, device: str = "auto", layout: str = "") -> PoolMemory | None:
+    """Allocate the pool once. None when torch is not installed (accounting-only)."""
+    if size_bytes <= 0:
+        raise ValueError(f"size_bytes must be positive, got {size_bytes}")
+    try:
+        import torch
+    except ImportError:
+        return None
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        return _allocate_cuda(torch, size_bytes, device, layout)
+    if device != "cpu":
+        raise PoolMemoryError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    return _allocate_shared_cpu(torch, size_bytes, layout)
+
+
+def _allocate_cuda(torch: Any, size_bytes: int, device: str, layout: str) -> PoolMemory:
+    if not torch.cuda.is_available():
+        raise PoolMemoryError(f"device {device!r} asked for, but torch sees no CUDA device")
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    try:
+        tensor = torch.empty(size_bytes, dtype=torch.uint8, device=f"cuda:{index}")
+    except torch.cuda.OutOfMemoryError as exc:
+        raise PoolMemoryError(f"cannot allocate a {size_bytes}-byte pool on cuda:{index}: {exc}") from None
+    share = tensor.untyped_storage()._share_cuda_()
+    # (device, handle, size_bytes, offset_bytes, ref_counter_handle, ref_counter_offset,
+    #  event_handle, event_sync_required): the handle names the caching allocator's whole
+    # segment; our buffer starts offset_bytes into it.
+    handle, offset = bytes(share[1]), int(share[3])
+    return PoolMemory(
+        device=f"cuda:{index}",
+        size_bytes=size_bytes,
+        cuda_ipc_handle=handle,
+        offset_bytes=offset,
+        layout=layout,
+        tensor=tensor,
+        torch_share=tuple(share),
+    )
+
+
+def _allocate_shared_cpu(torch: Any, size_bytes: int, layout: str) -> PoolMemory:
+    if os.path.isdir(SHM_DIR):
+        stats = os.statvfs(SHM_DIR)
+        available = stats.f_bavail * stats.f_frsize
+        if size_bytes > available:
+            raise PoolMemoryError(
+                f"a {size_bytes}-byte CPU pool does not fit in {SHM_DIR} ({available} bytes free); "
+                "lower the pool size or use memory_mode = \"accounting\""
+            )
+    name = f"kvbudget_{os.getpid()}_{secrets.token_hex(4)}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size_bytes)
+    tensor = torch.frombuffer(shm.buf, dtype=torch.uint8, count=size_bytes)
+    return PoolMemory(
+        device="cpu", size_bytes=size_bytes, shm_name=shm.name, layout=layout, tensor=tensor, _shm=shm
+    )
+
+
+# --------------------------------------------------------------------- the engine's side
+def map_shared_memory(shm_name: str) -> shared_memory.SharedMemory:
+    """Attach to a CPU pool by name (the engine's side). The daemon owns the name: attaching
+    must not register it for clean-up, or this process's exit would unlink the daemon's pool."""
+    shm = shared_memory.SharedMemory(name=shm_name, create=False)
+    try:  # Python < 3.13 registers every attach with the resource tracker
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    except Exception:
+        pass
+    return shm
+
+
+class _CudaIpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * CUDA_IPC_HANDLE_BYTES)]
+
+
+def _load_cudart() -> ctypes.CDLL:
+    candidates = ["libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
+    found = ctypes.util.find_library("cudart")
+    if found:
+        candidates.insert(0, found)
+    try:  # torch's CUDA wheels ship the runtime in nvidia/cuda_runtime/lib
+        import nvidia.cuda_runtime  # type: ignore[import-not-found]
+
+        for directory in nvidia.cuda_runtime.__path__:
+            lib_dir = os.path.join(directory, "lib")
+            if os.path.isdir(lib_dir):
+                candidates += [os.path.join(lib_dir, f) for f in sorted(os.listdir(lib_dir)) if "cudart" in f]
+    except ImportError:
+        pass
+    for candidate in candidates:
+        try:
+            return ctypes.CDLL(candidate)
+        except OSError:
+            continue
+    raise PoolMemoryError("cannot find the CUDA runtime library (libcudart)")
+
+
+def map_cuda_pool(handle: bytes, offset_bytes: int, size_bytes: int, device_index: int = 0) -> Any:
+    """Map a GPU pool from its raw IPC handle as a uint8 torch tensor (the engine's side).
+
+    Uses only what the proto carries (handle, offset, size), so a non-torch engine can do
+    the same with `cudaIpcOpenMemHandle`. Must run in another process than the daemon
+    (CUDA refuses to open a process's own handle).
+    """
+    import torch
+
+    if len(handle) != CUDA_IPC_HANDLE_BYTES:
+        raise PoolMemoryError(
+            f"expected a {CUDA_IPC_HANDLE_BYTES}-byte cudaIpcMemHandle_t, got {len(handle)} bytes "
+            "(the daemon's torch may use expandable segments; disable them for IPC)"
+        )
+    torch.cuda.set_device(device_index)
+    torch.cuda.init()
+    cudart = _load_cudart()
+    base = ctypes.c_void_p()
+    raw = _CudaIpcHandle()
+    ctypes.memmove(ctypes.addressof(raw), handle, CUDA_IPC_HANDLE_BYTES)
+    cuda_ipc_mem_lazy_enable_peer_access = 1
+    status = cudart.cudaIpcOpenMemHandle(ctypes.byref(base), raw, cuda_ipc_mem_lazy_enable_peer_access)
+    if status != 0:
+        raise PoolMemoryError(f"cudaIpcOpenMemHandle failed with CUDA error {status}")
+
+    class _Mapped:  # __cuda_array_interface__ lets torch wrap the pointer without a copy
+        __cuda_array_interface__ = {
+            "shape": (size_bytes,),
+            "typestr": "|u1",
+            "data": (base.value + offset_bytes, False),
+            "version": 2,
+        }
+
+    return torch.as_tensor(_Mapped(), device=f"cuda:{device_index}")

@@ -1,0 +1,71 @@
+"""systemd's sd_notify protocol in a few lines of socket code (no libsystemd dependency).
+
+Under `Type=notify` systemd sets NOTIFY_SOCKET to a unix datagram socket; the service sends
+newline-separated `KEY=VALUE` assignments to it: READY=1 once it serves, STATUS=... for
+`systemctl status`, WATCHDOG=1 at least every WATCHDOG_USEC, STOPPING=1 on shutdown.
+Without NOTIFY_SOCKET every call is a no-op returning False, so the daemon calls these
+unconditionally. A name starting with '@' is a Linux abstract socket.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def notify(message: str) -> bool:
+    """Send `message` to NOTIFY_SOCKET. True if sent; False without a socket or on error."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address or not (address.startswith("/") or address.startswith("@")):
+        return False  # unset, or a transport we don't speak (vsock:)
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode("utf-8"))
+    except OSError:
+        return False  # systemd gone or socket not writable: nothing a daemon can do about it
+    return True
+
+
+def ready(status_text: str | None = None) -> bool:
+    return notify("READY=1" + (f"\nSTATUS={_one_line(status_text)}" if status_text else ""))
+
+
+def stopping(status_text: str | None = None) -> bool:
+    return notify("STOPPING=1" + (f"\nSTATUS={_one_line(status_text)}" if status_text else ""))
+
+
+def status(text: str) -> bool:
+    return notify(f"STATUS={_one_line(text)}")
+
+
+def watchdog() -> bool:
+    return notify("WATCHDOG=1")
+
+
+def extend_timeout(seconds: float) -> bool:
+    """Ask systemd for more start/stop time (e.g. while a large pool is allocated)."""
+    return notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
+
+
+def watchdog_interval_s() -> float | None:
+    """WATCHDOG_USEC in seconds when the watchdog is on for this process, else None.
+
+    Ping at half this interval, as sd_watchdog_enabled(3) advises.
+    """
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    pid = os.environ.get("WATCHDOG_PID", "")
+    if pid and pid != str(os.getpid()):
+        return None  # meant for another process (e.g. our parent)
+    try:
+        value = int(usec)
+    except ValueError:
+        return None
+    return value / 1_000_000 if value > 0 else None
+
+
+def _one_line(text: str) -> str:
+    # A newline would start a new assignment; keep STATUS one line.
+    return " ".join(text.splitlines())

@@ -1,0 +1,177 @@
+"""`kvbudget log` as a user runs it: a subprocess on a real decision log."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbudget.cmd_log import parse_time
+from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.errors import CLIError
+
+
+def kvbudget(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "220", "TZ": "UTC"}
+    return subprocess.run(
+        [sys.executable, "-m", "kvbudget", "log", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("log") / "decisions.db"
+    decisions = [
+        Decision(seq=1, time_s=1.0, kind=DecisionKind.ADMIT, reason=Reason.FITS, request_id="req-a",
+                 engine_id="vllm-0", tenant="chat", prompt_tokens=300, max_new_tokens=200,
+                 blocks_held=(19, 4), new_block_ids=((1, 2), (3,))),
+        Decision(seq=2, time_s=2.0, kind=DecisionKind.QUEUE, reason=Reason.POOL_FULL, request_id="req-b",
+                 engine_id="vllm-1", tenant="batch", prompt_tokens=9000, detail="needs 563 blocks"),
+        Decision(seq=3, time_s=3.0, kind=DecisionKind.PREEMPT, reason=Reason.GROWTH, request_id="req-a",
+                 engine_id="vllm-0", tenant="chat", freed_blocks=23),
+        Decision(seq=4, time_s=4.0, kind=DecisionKind.RELEASE, reason=Reason.FINISHED, request_id="req-c",
+                 engine_id="vllm-1", tenant="batch"),
+    ]
+    with DecisionLog(path) as log:
+        log.append(decisions).result()
+    # Known wall-clock times for the time filters: 2026-01-01T00:00:00Z = 1767225600.
+    conn = sqlite3.connect(path)
+    conn.executemany(
+        "UPDATE decisions SET logged_at = ? WHERE seq = ?",
+        [(1767225600.0 + 60 * (seq - 1), seq) for seq in (1, 2, 3, 4)],
+    )
+    conn.commit()
+    conn.close()
+    return path
+
+
+def seqs_of_json(out: str) -> list[int]:
+    return [json.loads(line)["seq"] for line in out.splitlines()]
+
+
+def test_table_default(db: Path) -> None:
+    result = kvbudget("--db", str(db))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "kind" in lines[0] and "reason" in lines[0] and "request" in lines[0]
+    body = [line for line in lines if "req-" in line]
+    assert [line.split("│")[4].strip() for line in body] == ["req-a", "req-b", "req-a", "req-c"]  # oldest first
+    assert "2026-01-01 00:00:00.000" in body[0]  # TZ=UTC
+    assert "needs 563 blocks" in body[1]
+    assert "4 decision(s)" in result.stdout
+
+
+def test_json_lines_carry_every_column(db: Path) -> None:
+    result = kvbudget("--db", str(db), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["seq"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["new_block_ids"] == [[1, 2], [3]]
+    assert rows[0]["blocks_held"] == [19, 4]
+    assert rows[2]["kind"] == "preempt" and rows[2]["reason"] == "growth" and rows[2]["freed_blocks"] == 23
+
+
+def test_csv(db: Path) -> None:
+    result = kvbudget("--db", str(db), "--csv", "--kind", "queue")
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) == 1
+    assert rows[0]["request_id"] == "req-b"
+    assert rows[0]["prompt_tokens"] == "9000"
+    assert rows[0]["reason"] == "pool_full"
+    assert json.loads(rows[0]["new_block_ids"]) == []
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected_seqs"),
+    [
+        (["--request", "req-a"], [1, 3]),
+        (["--engine", "vllm-1"], [2, 4]),
+        (["--tenant", "chat", "--kind", "preempt"], [3]),
+        (["--limit", "2"], [3, 4]),  # the newest two, shown oldest first
+        (["--limit", "0"], [1, 2, 3, 4]),
+        # seq n was logged at 1767225600 + 60 (n - 1): since inclusive, until exclusive.
+        (["--since", "1767225660"], [2, 3, 4]),
+        (["--since", "2026-01-01T00:01:00Z", "--until", "2026-01-01T00:03:00+00:00"], [2, 3]),
+        (["--until", "1767225660.5"], [1, 2]),
+        (["--request", "nobody"], []),
+    ],
+)
+def test_filters(db: Path, filters: list[str], expected_seqs: list[int]) -> None:
+    result = kvbudget("--db", str(db), "--json", *filters)
+    assert result.returncode == 0, result.stderr
+    assert seqs_of_json(result.stdout) == expected_seqs
+
+
+def test_relative_since_covers_recent_rows(db: Path) -> None:
+    # The rows were logged in 2026-01; "100000d" ago reaches before that, "1s" does not.
+    assert seqs_of_json(kvbudget("--db", str(db), "--json", "--since", "100000d").stdout) == [1, 2, 3, 4]
+    assert seqs_of_json(kvbudget("--db", str(db), "--json", "--since", "1s").stdout) == []
+
+
+def test_parse_time_forms() -> None:
+    now = 10_000.0
+    assert parse_time("10m", option="--since", now=now) == 10_000.0 - 600.0
+    assert parse_time("1.5h", option="--since", now=now) == 10_000.0 - 5400.0
+    assert parse_time("2d", option="--since", now=now) == 10_000.0 - 172_800.0
+    assert parse_time("30s", option="--since", now=now) == 9_970.0
+    assert parse_time("now", option="--since", now=now) == now
+    assert parse_time("1767225600", option="--since") == 1767225600.0
+    assert parse_time("2026-01-01T00:00:00Z", option="--since") == 1767225600.0
+    assert parse_time("2026-01-01T01:00:00+01:00", option="--since") == 1767225600.0
+    with pytest.raises(CLIError, match="--until: cannot read 'soon'"):
+        parse_time("soon", option="--until")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "yesterday"], "--since: cannot read 'yesterday' as a time"),
+        (["--kind", "admitted"], "--kind: unknown kind 'admitted'"),
+        (["--limit", "-1"], "--limit: must be 0 (all) or more"),
+        (["--limit", "ten"], "--limit: expected a whole number"),
+        (["--since", "2026-01-02T00:00:00Z", "--until", "2026-01-01T00:00:00Z"], "--since must be earlier"),
+    ],
+)
+def test_bad_options_are_one_line_errors(db: Path, args: list[str], message: str) -> None:
+    result = kvbudget("--db", str(db), *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert message in result.stderr
+
+
+def test_bad_databases_are_one_line_errors(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not sqlite at all " * 200)
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    unreadable = tmp_path / "unreadable.db"
+    with DecisionLog(unreadable):
+        pass
+    unreadable.chmod(0)
+    cases = [
+        (tmp_path / "missing.db", "no decision log at"),
+        (junk, "is not a readable SQLite database"),
+        (foreign, "is not a KVBudget decision log"),
+        (tmp_path, "is a directory"),
+    ]
+    if os.geteuid() != 0:  # root reads anything
+        cases.append((unreadable, "permission denied"))
+    for path, message in cases:
+        result = kvbudget("--db", str(path))
+        assert result.returncode == 2, (path, result.stdout)
+        assert result.stderr.startswith("kvbudget log: error: ")
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert message in result.stderr, result.stderr

@@ -1,0 +1,279 @@
+"""The daemon's TOML config: the shipped example loads, and every mistake names its key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvbudget.daemon.admission import POLICIES
+from kvbudget.daemon.config import (
+    DEFAULT_DB_PATH,
+    DEFAULT_LISTEN,
+    ConfigError,
+    DaemonConfig,
+    TenantQuota,
+    config_keys,
+    listen_kind,
+    load_config,
+    load_tokens,
+    parse_host_port,
+)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "kvbudget.toml"
+GOOD_TOKEN = "0123456789abcdef"
+
+
+def write(tmp_path: Path, text: str, name: str = "kvbudget.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ----------------------------------------------------------------------- the example
+def test_example_file_loads_with_its_documented_values() -> None:
+    config = load_config(EXAMPLE)
+    assert config.model == "llama-3.1-8b"
+    assert config.block_size == 16
+    assert config.policy == "optimistic"
+    assert config.listen == (DEFAULT_LISTEN,)
+    assert config.db_path == DEFAULT_DB_PATH
+    assert config.metrics_address == "127.0.0.1:9400"
+    assert config.tenants == {
+        "interactive": TenantQuota(max_share=0.6, weight=2.0),
+        "batch": TenantQuota(max_share=0.4, weight=1.0),
+    }
+    assert config.retention_s == 30 * 86400.0  # retention_days = 30
+
+
+def test_example_documents_every_key() -> None:
+    text = EXAMPLE.read_text()
+    section = ""
+    documented: set[str] = set()
+    for line in text.splitlines():
+        header = re.match(r"^\[([a-z_.]+)\]", line)
+        if header:
+            section = header[1]
+            continue
+        key = re.match(r"^#? ?([a-z_]+) = ", line)
+        if key and not section.startswith("tenants"):
+            documented.add(f"{section}.{key[1]}")
+    assert documented == set(config_keys())
+
+
+def test_every_commented_out_key_in_the_example_is_accepted(tmp_path: Path) -> None:
+    lines = EXAMPLE.read_text().splitlines()
+    commented = [i for i, line in enumerate(lines) if re.match(r"^# [a-z_]+ = ", line)]
+    assert len(commented) >= 6  # max_model_len and the five optional [pool] sizes
+    for index in commented:
+        variant = list(lines)
+        variant[index] = variant[index][2:]
+        load_config(write(tmp_path, "\n".join(variant)))  # raises if the key were unknown
+
+
+# ----------------------------------------------------------------------- errors name keys
+MODEL = '[model]\nname = "llama-3.1-8b"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        (MODEL + "[pool]\nfoo = 1\n", "pool.foo", "unknown key 'foo' in [pool]"),
+        (MODEL + "[poool]\ndevice = 'cpu'\n", "poool", "unknown section [poool]"),
+        (MODEL + "block_size = '16'\n", "model.block_size", "must be an integer"),
+        (MODEL + "block_size = true\n", "model.block_size", "must be an integer"),
+        (MODEL + "block_size = 0\n", "model.block_size", "must be positive"),
+        (MODEL + "max_model_len = -5\n", "model.max_model_len", "must be positive"),
+        (MODEL + "kv_dtype = 'fp6'\n", "model.kv_dtype", "unknown dtype 'fp6'"),
+        ("[model]\nkv_dtype = 'fp8'\n", "model.name", "required"),
+        ('[model]\nname = "missing/config.json"\n', "model.name", "no such config.json"),
+        ('[model]\nname = "llama-9"\n', "model.name", "unknown model 'llama-9': not a preset"),
+        (MODEL + "[pool]\ngpu_memory_utilization = 1.5\n", "pool.gpu_memory_utilization", "must be in (0, 1]"),
+        (MODEL + "[pool]\ngpu_memory_utilization = 0\n", "pool.gpu_memory_utilization", "must be in (0, 1]"),
+        (MODEL + "[pool]\ngpu_memory_utilization = 'high'\n", "pool.gpu_memory_utilization", "must be a number"),
+        (MODEL + "[pool]\ndevice = 'tpu'\n", "pool.device", "must be auto, cpu, cuda or cuda:N"),
+        (MODEL + "[pool]\nmemory_mode = 'shared'\n", "pool.memory_mode", "must be one of owned, accounting"),
+        (MODEL + "[pool]\nkv_cache_memory_bytes = 1000000\nnum_gpu_blocks = 100\n", "pool.num_gpu_blocks",
+         "not both"),
+        (MODEL + "[pool]\nweights_bytes = -1\n", "pool.weights_bytes", "must be zero or more"),
+        (MODEL + "[admission]\npolicy = 'greedy'\n", "admission.policy", "unknown policy 'greedy'"),
+        (MODEL + "[admission]\nwatermark = 1.0\n", "admission.watermark", "must be in [0, 1)"),
+        (MODEL + "[admission]\nenable_prefix_caching = 'yes'\n", "admission.enable_prefix_caching",
+         "must be true or false"),
+        (MODEL + "[tenants.chat]\nmax_share = 1.5\n", "tenants.chat.max_share", "must be in (0, 1]"),
+        (MODEL + "[tenants.chat]\nweight = 0\n", "tenants.chat.weight", "must be positive"),
+        (MODEL + "[tenants.chat]\nshare = 0.5\n", "tenants.chat.share", "unknown key 'share' in [tenants.chat]"),
+        (MODEL + "[server]\nlisten = []\n", "server.listen", "needs at least one address"),
+        (MODEL + "[server]\nlisten = ['tcp://0.0.0.0']\n", "server.listen", "bad address 'tcp://0.0.0.0'"),
+        (MODEL + "[server]\nlisten = ['127.0.0.1:99999']\n", "server.listen", "bad address"),
+        (MODEL + "[server]\nlisten = ['unix://']\n", "server.listen", "bad address"),
+        (MODEL + "[server]\nlisten = ['0.0.0.0:50051']\n", "server.listen", "needs tokens_file or TLS"),
+        (MODEL + "[server]\nlisten = ['unix:///a.sock', 'unix:///a.sock']\n", "server.listen", "twice"),
+        (MODEL + "[server]\nlisten = [1]\n", "server.listen", "must be a list of strings"),
+        (MODEL + "[server]\ntokens_file = '/nonexistent/tokens.toml'\n", "server.tokens_file", "no tokens file at"),
+        (MODEL + "[server]\nlease_ttl_s = 0\n", "server.lease_ttl_s", "must be positive"),
+        (MODEL + "[server]\nwatch_max_hz = -1\n", "server.watch_max_hz", "must be positive"),
+        (MODEL + "[log]\nretention_days = -1\n", "log.retention_days", "must be zero or more"),
+        (MODEL + "[log]\ndb_path = ''\n", "log.db_path", "must not be empty"),
+        (MODEL + "[metrics]\naddress = '9400'\n", "metrics.address", "bad address '9400'"),
+        (MODEL + "[metrics]\nport = 9400\n", "metrics.port", "unknown key 'port' in [metrics]"),
+        (MODEL + "pool = 3\n", "model.pool", "unknown key 'pool' in [model]"),
+        ("device = 'cpu'\n", "device", "unknown section [device]"),
+        (MODEL + "[pool\n", "config", "is not valid TOML"),
+    ],
+)
+def test_every_error_names_its_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.key == key
+    assert fragment in str(caught.value)
+    if key != "config":  # the file, the key, the problem
+        assert str(caught.value).startswith(f"{path}: {key}: ")
+    else:  # the file itself is the problem
+        assert str(caught.value).startswith(f"config file {path} is not valid TOML")
+
+
+def test_tls_half_configured_names_the_missing_key(tmp_path: Path) -> None:
+    cert = write(tmp_path, "CERT", "cert.pem")
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, MODEL + f"[server]\ntls_cert_file = '{cert}'\n"))
+    assert caught.value.key == "server.tls_key_file"
+    assert "tls_cert_file is set but tls_key_file is not" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, MODEL + f"[server]\ntls_key_file = '{cert}'\n"))
+    assert caught.value.key == "server.tls_cert_file"
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, MODEL + f"[server]\ntls_cert_file = '{cert}'\ntls_key_file = '{tmp_path}/no.pem'\n"))
+    assert caught.value.key == "server.tls_key_file" and "cannot read" in str(caught.value)
+
+
+def test_tcp_is_accepted_with_tokens_tls_or_an_explicit_opt_in(tmp_path: Path) -> None:
+    tokens = write(tmp_path, f'engine = ["{GOOD_TOKEN}"]\n', "tokens.toml")
+    pem = write(tmp_path, "PEM", "x.pem")
+    for extra in (f"tokens_file = '{tokens}'", f"tls_cert_file = '{pem}'\ntls_key_file = '{pem}'",
+                  "allow_insecure_tcp = true"):
+        config = load_config(write(tmp_path, MODEL + f"[server]\nlisten = ['127.0.0.1:0', '[::1]:50051']\n{extra}\n"))
+        assert config.listen == ("127.0.0.1:0", "[::1]:50051")
+
+
+def test_a_bad_tokens_file_is_reported_under_tokens_file(tmp_path: Path) -> None:
+    tokens = write(tmp_path, 'engine = ["short"]\n', "tokens.toml")
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, MODEL + f"[server]\ntokens_file = '{tokens}'\n"))
+    assert caught.value.key == "server.tokens_file"
+    assert "engine[0]" in str(caught.value) and "at least 8 characters" in str(caught.value)
+
+
+# ----------------------------------------------------------------------- overrides
+def test_overrides_win_and_none_is_ignored(tmp_path: Path) -> None:
+    path = write(tmp_path, MODEL + "block_size = 32\n[admission]\npolicy = 'guaranteed'\n")
+    config = load_config(path, {"policy": "naive", "block_size": None, "listen": "unix:///x/k.sock"})
+    assert config.policy == "naive"
+    assert config.block_size == 32  # None override ignored: the file's value stays
+    assert config.listen == ("unix:///x/k.sock",)  # one address as a string
+
+
+def test_override_errors_name_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {"model": "llama-3.1-8b", "gpu_memory_utilization": 2.0})
+    assert caught.value.key == "gpu_memory_utilization"
+    assert str(caught.value) == "gpu_memory_utilization: must be in (0, 1], got 2.0"
+    with pytest.raises(ConfigError, match="^colour: unknown setting$"):
+        load_config(None, {"model": "llama-3.1-8b", "colour": "blue"})
+    with pytest.raises(ConfigError, match="^block_size: must be an integer"):
+        load_config(None, {"model": "llama-3.1-8b", "block_size": "16"})
+    # A value the file set, made invalid by an override elsewhere, names the file's key.
+    path = write(tmp_path, MODEL + "[pool]\nkv_cache_memory_bytes = 1000\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {"num_gpu_blocks": 10})
+    assert caught.value.key == "num_gpu_blocks"
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_config(None, {"model": "llama-3.1-8b"})
+    assert config == DaemonConfig(model="llama-3.1-8b")
+    assert config.lease_ttl_s == 10.0
+    assert config.memory_mode == "owned" and config.device == "auto"
+    assert config.retention_rows is None  # retention_max_rows = 0: no cap
+
+
+def test_admission_config_follows_the_file(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MODEL + "max_num_batched_tokens = 2048\n[admission]\n"
+                               "policy = 'predictive'\nwatermark = 0.05\nmax_queue_len = 64\n"))
+    admission = config.admission_config(max_model_len=8192)
+    assert admission.max_model_len == 8192  # not set in the file: the model's
+    assert admission.max_num_batched_tokens == 2048
+    assert (admission.policy, admission.watermark, admission.max_queue_len) == ("predictive", 0.05, 64)
+    assert load_config(None, {"model": "llama-3.1-8b", "max_model_len": 4096}).admission_config(8192).max_model_len == 4096
+    assert set(POLICIES) >= {"optimistic", "guaranteed", "predictive", "naive"}
+
+
+def test_missing_or_unreadable_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^no config file at"):
+        load_config(tmp_path / "none.toml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+
+
+# ----------------------------------------------------------------------- tokens
+def test_load_tokens_maps_token_to_role(tmp_path: Path) -> None:
+    path = write(tmp_path, 'engine = ["engine-token-1", "engine-token-2"]\nobserver = ["observer-tok"]\n'
+                 'admin = ["admin-token-x"]\n', "tokens.toml")
+    assert load_tokens(path) == {
+        "engine-token-1": "engine",
+        "engine-token-2": "engine",
+        "observer-tok": "observer",
+        "admin-token-x": "admin",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        (f'root = ["{GOOD_TOKEN}"]\n', "root", "unknown role 'root'"),
+        (f'engine = "{GOOD_TOKEN}"\n', "engine", "must be a list of token strings"),
+        ('engine = ["abc"]\n', "engine[0]", "at least 8 characters"),
+        ('observer = ["has a space in it"]\n', "observer[0]", "without spaces"),
+        (f'engine = ["{GOOD_TOKEN}"]\nadmin = ["x{GOOD_TOKEN}", "{GOOD_TOKEN}"]\n', "admin[1]",
+         "already listed for role 'engine'"),
+        ("engine = [\n", "config", "not valid TOML"),
+    ],
+)
+def test_load_tokens_errors(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_tokens(write(tmp_path, text, "tokens.toml"))
+    assert caught.value.key == key
+    assert fragment in str(caught.value)
+
+
+def test_unreadable_tokens_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^no tokens file at"):
+        load_tokens(tmp_path / "absent.toml")
+
+
+# ----------------------------------------------------------------------- address helpers
+def test_address_parsing() -> None:
+    assert parse_host_port("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_host_port("[::1]:0") == ("::1", 0)
+    assert parse_host_port("localhost:65535") == ("localhost", 65535)
+    assert parse_host_port("localhost:65536") is None
+    assert parse_host_port("localhost") is None
+    assert listen_kind("unix:///run/kvbudget/kvbudget.sock") == "unix"
+    assert listen_kind("unix:relative.sock") == "unix"
+    assert listen_kind("unix-abstract:kvbudget") == "unix"
+    assert listen_kind("0.0.0.0:50051") == "tcp"
+    assert listen_kind("unix:") is None
+
+
+def test_model_may_be_a_config_json_or_a_folder_holding_one(tmp_path: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    assert load_config(None, {"model": str(folder)}).model == str(folder)
+    assert load_config(None, {"model": str(folder / "config.json")}).model == str(folder / "config.json")
+    (folder / "config.json").write_text("[1, 2")
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {"model": str(folder)})
+    assert caught.value.key == "model" and "not valid JSON" in str(caught.value)

@@ -1,0 +1,402 @@
+"""The SQLite decision log: schema, durability ordering (group commit), retention, queries,
+and that the file is readable by other tools while the daemon writes it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvbudget.daemon.decision_log import (
+    COLUMNS,
+    INDEXED_COLUMNS,
+    SCHEMA_VERSION,
+    DecisionLog,
+    DecisionLogError,
+    decision_from_row,
+    query_decisions,
+)
+from kvbudget.daemon.records import Decision, DecisionKind, Reason
+
+
+def make_decision(seq: int, **fields: object) -> Decision:
+    values: dict[str, object] = dict(
+        seq=seq,
+        time_s=1000.0 + seq,
+        kind=DecisionKind.ADMIT,
+        reason=Reason.FITS,
+        request_id=f"req-{seq}",
+        engine_id="engine-a",
+        tenant="t1",
+        policy="optimistic",
+        prompt_tokens=100,
+        max_new_tokens=50,
+        num_tokens=100,
+        blocks_reserved=(7, 3),
+        blocks_held=(7, 3),
+        new_block_ids=((1, 2, 3, 4, 5, 6, 7), (8, 9, 10)),
+        num_free_blocks=90,
+        num_running=1,
+    )
+    values.update(fields)
+    return Decision(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "decisions.db"
+
+
+@pytest.fixture
+def log(db_path: Path):
+    decision_log = DecisionLog(db_path)
+    decision_log.start()
+    yield decision_log
+    decision_log.close()
+
+
+def count_rows(path: Path, where: str = "1") -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"SELECT count(*) FROM decisions WHERE {where}").fetchone()[0]
+    finally:
+        conn.close()
+
+
+# ----------------------------------------------------------------------- schema
+def test_schema_has_one_column_per_decision_field_meta_and_indexes(log: DecisionLog, db_path: Path) -> None:
+    conn = sqlite3.connect(db_path)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(decisions)")]
+    assert columns == ["id", *COLUMNS]
+    assert COLUMNS[1:] == tuple(Decision.__dataclass_fields__)  # every Decision field, in order
+    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    assert meta["app"] == "kvbudget"
+    assert meta["schema_version"] == str(SCHEMA_VERSION)
+    indexes = {row[1]: row for row in conn.execute("PRAGMA index_list(decisions)")}
+    for column in INDEXED_COLUMNS:
+        index_name = f"idx_decisions_{column}"
+        assert index_name in indexes
+        assert [r[2] for r in conn.execute(f"PRAGMA index_info({index_name})")] == [column]
+    assert {"logged_at", "request_id", "kind", "engine_id", "tenant"} <= set(INDEXED_COLUMNS)
+    # WAL is a property of the file: a second connection sees it.
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    assert log._db is not None
+    assert log._db.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # 1 = NORMAL
+
+
+def test_reopening_an_existing_log_keeps_rows(db_path: Path) -> None:
+    with DecisionLog(db_path) as first:
+        first.append([make_decision(1)]).result()
+    with DecisionLog(db_path) as second:
+        second.append([make_decision(2)]).result()
+    assert count_rows(db_path) == 2
+
+
+def test_refuses_a_foreign_or_newer_database(tmp_path: Path) -> None:
+    foreign = tmp_path / "other.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE customers (id INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(DecisionLogError, match="not a KVBudget decision log"):
+        DecisionLog(foreign).start()
+    with pytest.raises(DecisionLogError, match="not a KVBudget decision log"):
+        query_decisions(foreign)
+
+    newer = tmp_path / "newer.db"
+    with DecisionLog(newer):
+        pass
+    conn = sqlite3.connect(newer)
+    conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(DecisionLogError, match="schema version 999"):
+        DecisionLog(newer).start()
+
+
+def test_not_sqlite_at_all(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, just some text " * 100)
+    with pytest.raises(DecisionLogError, match="junk.db"):
+        DecisionLog(junk).start()
+    with pytest.raises(DecisionLogError, match="not a readable SQLite database"):
+        query_decisions(junk)
+    with pytest.raises(DecisionLogError, match="no decision log at"):
+        query_decisions(tmp_path / "missing.db")
+
+
+# ----------------------------------------------------------------------- round trip
+decision_strategy = st.builds(
+    Decision,
+    seq=st.integers(0, 2**62),
+    time_s=st.floats(0, 2e9, allow_nan=False),
+    kind=st.sampled_from(DecisionKind),
+    reason=st.sampled_from(Reason),
+    request_id=st.text(max_size=20),
+    engine_id=st.text(max_size=8),
+    tenant=st.text(max_size=8),
+    policy=st.sampled_from(["optimistic", "guaranteed", ""]),
+    prompt_tokens=st.integers(0, 10**6),
+    max_new_tokens=st.integers(0, 10**6),
+    num_tokens=st.integers(0, 10**6),
+    num_computed=st.integers(0, 10**6),
+    blocks_reserved=st.lists(st.integers(0, 10**6), max_size=4).map(tuple),
+    blocks_held=st.lists(st.integers(0, 10**6), max_size=4).map(tuple),
+    new_block_ids=st.lists(st.lists(st.integers(0, 10**6), max_size=6).map(tuple), max_size=4).map(tuple),
+    freed_blocks=st.integers(0, 10**6),
+    cached_hit_blocks=st.integers(0, 10**6),
+    num_free_blocks=st.integers(0, 10**6),
+    num_waiting=st.integers(0, 10**4),
+    num_running=st.integers(0, 10**4),
+    detail=st.text(max_size=30),
+)
+
+
+@given(decisions=st.lists(decision_strategy, min_size=1, max_size=5))
+def test_every_decision_reads_back_equal(tmp_path_factory: pytest.TempPathFactory, decisions: list[Decision]) -> None:
+    path = tmp_path_factory.mktemp("roundtrip") / "d.db"
+    with DecisionLog(path) as log:
+        log.append(decisions).result()
+    rows = query_decisions(path, limit=None, newest_first=False)
+    assert [decision_from_row(row) for row in rows] == decisions
+    # Tuples are stored as JSON text that other tools can parse.
+    conn = sqlite3.connect(path)
+    stored = conn.execute("SELECT new_block_ids FROM decisions ORDER BY id").fetchall()
+    conn.close()
+    assert [json.loads(s) for (s,) in stored] == [[list(g) for g in d.new_block_ids] for d in decisions]
+
+
+# ----------------------------------------------------------------------- group commit
+def test_future_resolves_only_after_commit(log: DecisionLog, db_path: Path) -> None:
+    seen_at_resolution: list[int] = []
+
+    def on_done(request_id: str) -> None:
+        # Runs in the writer thread as the future resolves: a second connection must
+        # already see the row, i.e. the commit happened before the resolution.
+        seen_at_resolution.append(count_rows(db_path, f"request_id = '{request_id}'"))
+
+    futures = []
+    for seq in range(20):
+        future = log.append([make_decision(seq)])
+        future.add_done_callback(lambda _f, rid=f"req-{seq}": on_done(rid))
+        futures.append(future)
+    # result() may return before the writer ran the callbacks; the writer runs them in
+    # order before taking the next batch, so a flush after them has seen them all.
+    log.flush()
+    assert seen_at_resolution == [1] * 20
+
+
+def test_appends_queued_while_the_writer_waits_share_one_transaction(log: DecisionLog, db_path: Path) -> None:
+    # Another connection holds the write lock, so the writer cannot commit anything.
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    futures = [log.append([make_decision(seq)]) for seq in range(10)]
+    # Nothing can be committed while the lock is held, so no future can be done.
+    assert not any(f.done() for f in futures)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    for future in futures:
+        future.result()
+    assert count_rows(db_path) == 10
+    # The writer may have taken the first append before it met the lock; everything
+    # queued behind it went in one transaction: 10 appends, at most 2 commits.
+    assert log.batches_committed <= 2
+    assert log.rows_written == 10
+
+
+def test_max_batch_bounds_a_transaction(db_path: Path) -> None:
+    with DecisionLog(db_path, max_batch=3) as log:
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        futures = [log.append([make_decision(2 * i), make_decision(2 * i + 1)]) for i in range(5)]
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        for future in futures:
+            future.result()
+        # 2 + 2 > 3: every append is its own transaction, in order.
+        assert log.batches_committed == 5
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == list(range(10))
+
+
+def test_write_failure_reaches_every_caller_and_the_writer_goes_on(log: DecisionLog, db_path: Path) -> None:
+    log.append([make_decision(1)]).result()
+    other = sqlite3.connect(db_path)
+    other.execute("ALTER TABLE decisions RENAME TO decisions_moved")
+    other.commit()
+    failed = log.append([make_decision(2)])
+    with pytest.raises(DecisionLogError, match="write failed"):
+        failed.result()
+    other.execute("ALTER TABLE decisions_moved RENAME TO decisions")
+    other.commit()
+    other.close()
+    log.append([make_decision(3)]).result()
+    assert count_rows(db_path) == 2
+
+
+def test_close_flushes_and_is_idempotent(db_path: Path) -> None:
+    log = DecisionLog(db_path)
+    log.start()
+    futures = [log.append([make_decision(seq)]) for seq in range(50)]
+    log.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert count_rows(db_path) == 50
+    log.close()
+    with pytest.raises(RuntimeError, match="not running"):
+        log.append([make_decision(99)])
+
+
+def test_flush_waits_for_everything_appended_before(log: DecisionLog, db_path: Path) -> None:
+    appenders = [
+        threading.Thread(target=lambda base=base: [log.append([make_decision(base + i)]) for i in range(25)])
+        for base in (0, 100, 200, 300)
+    ]
+    for thread in appenders:
+        thread.start()
+    for thread in appenders:
+        thread.join()
+    log.flush()
+    assert count_rows(db_path) == 100  # 4 threads x 25 appends of one decision
+    assert log.rows_written == 100
+
+
+# ----------------------------------------------------------------------- retention
+def test_retention_by_rows_keeps_the_newest(db_path: Path) -> None:
+    with DecisionLog(db_path, max_rows=10, retention_interval_s=0.0) as log:
+        log.append([make_decision(seq) for seq in range(25)]).result()
+        log.flush()  # the pass after the 25-row batch has run before the flush batch
+        # ids 1..25; keep the newest 10 -> ids 16..25 (25 - 10 + 1 = 16), seqs 15..24.
+        assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == list(range(15, 25))
+        assert log.rows_deleted == 15
+
+
+def test_retention_by_age_in_chunks(db_path: Path) -> None:
+    with DecisionLog(db_path) as log:
+        log.append([make_decision(seq) for seq in range(10)]).result()
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("UPDATE decisions SET logged_at = 1000.0 WHERE id <= 5")
+    conn.execute("UPDATE decisions SET logged_at = 2000.0 WHERE id > 5")
+    purger = DecisionLog(db_path, retention_s=100.0, retention_chunk_rows=3)
+    # now = 2050, keep 100 s -> keep logged_at >= 1950 -> ids 6..10 survive.
+    assert purger.apply_retention(conn, now=2050.0) is True  # chunk of 3: ids 1..3 gone, more due
+    assert purger.apply_retention(conn, now=2050.0) is False  # ids 4, 5 gone, done
+    assert purger.apply_retention(conn, now=2050.0) is False  # nothing left to do
+    assert [r[0] for r in conn.execute("SELECT id FROM decisions ORDER BY id")] == [6, 7, 8, 9, 10]
+    assert purger.rows_deleted == 5
+    # Everything older than the window: all 5 rows go, in chunks of 3 then 2.
+    assert purger.apply_retention(conn, now=10_000.0) is True
+    assert purger.apply_retention(conn, now=10_000.0) is False
+    assert count_rows(db_path) == 0
+    conn.close()
+
+
+def test_retention_limits_must_be_positive(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="retention_s"):
+        DecisionLog(db_path, retention_s=0)
+    with pytest.raises(ValueError, match="max_rows"):
+        DecisionLog(db_path, max_rows=-1)
+
+
+# ----------------------------------------------------------------------- queries
+def test_query_filters(log: DecisionLog, db_path: Path) -> None:
+    log.append(
+        [
+            make_decision(1, request_id="a", engine_id="e1", tenant="t1"),
+            make_decision(2, request_id="b", engine_id="e2", tenant="t2", kind=DecisionKind.QUEUE,
+                          reason=Reason.POOL_FULL),
+            make_decision(3, request_id="a", engine_id="e1", tenant="t1", kind=DecisionKind.RELEASE,
+                          reason=Reason.FINISHED),
+        ]
+    ).result()
+    assert [r["seq"] for r in query_decisions(db_path, request_id="a")] == [3, 1]  # newest first
+    assert [r["seq"] for r in query_decisions(db_path, request_id="a", newest_first=False)] == [1, 3]
+    assert [r["seq"] for r in query_decisions(db_path, engine_id="e2")] == [2]
+    assert [r["seq"] for r in query_decisions(db_path, tenant="t1", kind="release")] == [3]
+    assert [r["seq"] for r in query_decisions(db_path, kind=DecisionKind.QUEUE)] == [2]
+    assert query_decisions(db_path, kind="queue")[0]["reason"] == "pool_full"
+    assert [r["seq"] for r in query_decisions(db_path, limit=2)] == [3, 2]
+    # Time filters on logged_at: since inclusive, until exclusive.
+    conn = sqlite3.connect(db_path)
+    conn.executemany("UPDATE decisions SET logged_at = ? WHERE seq = ?", [(100.0, 1), (200.0, 2), (300.0, 3)])
+    conn.commit()
+    conn.close()
+    assert [r["seq"] for r in query_decisions(db_path, since_s=200.0)] == [3, 2]
+    assert [r["seq"] for r in query_decisions(db_path, until_s=200.0)] == [1]
+    assert [r["seq"] for r in query_decisions(db_path, since_s=150.0, until_s=300.0)] == [2]
+
+
+def test_query_opens_read_only(log: DecisionLog, db_path: Path) -> None:
+    log.append([make_decision(1)]).result()
+    # query_decisions and open_read_only use mode=ro: they can read but never write.
+    rows = query_decisions(db_path)
+    assert rows[0]["request_id"] == "req-1"
+    from kvbudget.daemon.decision_log import open_read_only
+
+    conn = open_read_only(db_path)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        conn.execute("DELETE FROM decisions")
+    conn.close()
+
+
+# ----------------------------------------------------------------------- other readers
+def test_readable_by_sqlite_utils_and_sqlite3_while_the_writer_runs(log: DecisionLog, db_path: Path) -> None:
+    log.append([make_decision(seq) for seq in range(5)]).result()
+    # The writer is still running (connection open, WAL not checkpointed).
+    sqlite_utils_cli = Path(sys.executable).parent / "sqlite-utils"
+    out = subprocess.run(
+        [str(sqlite_utils_cli), "query", str(db_path), "select count(*) as n from decisions where kind = 'admit'"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    assert json.loads(out) == [{"n": 5}]
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT count(*) FROM decisions").fetchone()[0] == 5
+    conn.close()
+    # More writes while a reader holds a read transaction: neither blocks the other.
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM decisions").fetchone()[0] == 5
+    log.append([make_decision(5)]).result()
+    assert reader.execute("SELECT count(*) FROM decisions").fetchone()[0] == 5  # its snapshot
+    reader.execute("COMMIT")
+    assert reader.execute("SELECT count(*) FROM decisions").fetchone()[0] == 6
+    reader.close()
+    sqlite3_cli = shutil.which("sqlite3")
+    if sqlite3_cli:
+        out = subprocess.run([sqlite3_cli, str(db_path), "select count(*) from decisions"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        assert out.strip() == "6"
+
+
+def test_checkpoints_run_off_the_commit_path(db_path: Path) -> None:
+    with DecisionLog(db_path, checkpoint_interval_s=0.05) as log:
+        assert log._db is not None
+        # The writer's connection never checkpoints inside a commit...
+        assert log._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        log.append([make_decision(seq) for seq in range(2000)]).result()
+        # ...the checkpoint thread copies the WAL into the main file. Wait (bounded) until
+        # a fresh connection that ignores the WAL sees the rows in the file itself.
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            probe = sqlite3.connect(f"file:{db_path}?immutable=1", uri=True)  # reads the file only
+            try:
+                in_file = probe.execute("SELECT count(*) FROM decisions").fetchone()[0]
+            except sqlite3.OperationalError:  # not even the schema checkpointed yet
+                in_file = 0
+            finally:
+                probe.close()
+            if in_file == 2000:
+                break
+            time.sleep(0.05)
+        assert in_file == 2000
+    with DecisionLog(db_path, checkpoint_interval_s=None) as log:
+        assert log._db is not None
+        assert log._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's default

@@ -1,0 +1,179 @@
+"""Prometheus metrics: vLLM-aligned names, values from decisions and snapshots, /metrics over HTTP."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+
+from kvbudget.daemon.metrics import Metrics
+from kvbudget.daemon.records import Decision, DecisionKind, GroupSnapshot, Reason, Snapshot, TenantSnapshot
+
+
+def decision(seq: int, kind: DecisionKind, reason: Reason) -> Decision:
+    return Decision(seq=seq, time_s=float(seq), kind=kind, reason=reason, request_id=f"r{seq}")
+
+
+def snapshot(**fields: object) -> Snapshot:
+    values: dict[str, object] = dict(
+        time_s=1.0,
+        policy="optimistic",
+        num_blocks=1000,
+        num_free_blocks=700,  # 600 never cached + 100 evictable
+        num_held_blocks=300,
+        num_reserved_blocks=50,
+        num_evictable_blocks=100,
+        num_running=4,
+        num_waiting=2,
+        num_preemptions=1,
+        groups=(
+            GroupSnapshot("full_attention", "full_attention", 16, blocks_held=200, blocks_reserved=30,
+                          blocks_reclaimed=0),
+            GroupSnapshot("sliding_window", "sliding_window W=4096", 16, blocks_held=100, blocks_reserved=20,
+                          blocks_reclaimed=40),
+        ),
+        tenants=(TenantSnapshot("chat", 250, 40, 600, 2.0, 3, 1), TenantSnapshot("batch", 50, 10, None, 1.0, 1, 1)),
+        prefix_hit_blocks=4,
+        prefix_query_blocks=10,
+    )
+    values.update(fields)
+    return Snapshot(**values)  # type: ignore[arg-type]
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+EXPECTED_NAMES = (
+    "kvbudget_kv_cache_usage_perc",
+    "kvbudget_num_requests_waiting",
+    "kvbudget_num_requests_running",
+    "kvbudget_num_preemptions_total",
+    "kvbudget_blocks",
+    "kvbudget_group_blocks",
+    "kvbudget_decisions_total",
+    "kvbudget_decision_latency_seconds",
+)
+
+
+def test_names_are_vllm_aligned_and_exposed() -> None:
+    metrics = Metrics()
+    metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
+    metrics.update(snapshot())
+    text = metrics.render().decode()
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    for name in EXPECTED_NAMES:
+        assert any(line.startswith((name + " ", name + "{", name + "_bucket")) for line in samples), name
+    assert 'kvbudget_num_preemptions_total{reason="growth"} 1.0' in text
+
+
+def test_decisions_count_by_kind_and_reason_and_preemptions_by_reason() -> None:
+    metrics = Metrics()
+    metrics.record(
+        [
+            decision(1, DecisionKind.ADMIT, Reason.FITS),
+            decision(2, DecisionKind.ADMIT, Reason.FITS),
+            decision(3, DecisionKind.QUEUE, Reason.POOL_FULL),
+            decision(4, DecisionKind.PREEMPT, Reason.GROWTH),
+        ],
+        latency_s=0.0004,
+    )
+    metrics.record([decision(5, DecisionKind.PREEMPT, Reason.PRIORITY)], latency_s=0.002)
+    assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="fits") == 2.0
+    assert value(metrics, "kvbudget_decisions_total", kind="queue", reason="pool_full") == 1.0
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="growth") == 1.0
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="priority") == 1.0
+    # One observation per record() call, not per decision.
+    assert value(metrics, "kvbudget_decision_latency_seconds_count") == 2.0
+    assert value(metrics, "kvbudget_decision_latency_seconds_sum") == pytest.approx(0.0024)
+    # 0.0004 s falls in le=0.0005; 0.002 s first in le=0.0025.
+    assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="0.00025") == 0.0
+    assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="0.0005") == 1.0
+    assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="0.0025") == 2.0
+
+
+def test_snapshot_gauges() -> None:
+    metrics = Metrics()
+    metrics.update(snapshot())
+    assert value(metrics, "kvbudget_kv_cache_usage_perc") == 0.3  # 300 held / 1000 blocks
+    assert value(metrics, "kvbudget_num_requests_running") == 4.0
+    assert value(metrics, "kvbudget_num_requests_waiting") == 2.0
+    assert value(metrics, "kvbudget_num_blocks") == 1000.0
+    assert value(metrics, "kvbudget_blocks", state="free") == 600.0  # 700 free+evictable - 100 evictable
+    assert value(metrics, "kvbudget_blocks", state="evictable") == 100.0
+    assert value(metrics, "kvbudget_blocks", state="held") == 300.0
+    assert value(metrics, "kvbudget_blocks", state="reserved") == 50.0
+    assert value(metrics, "kvbudget_group_blocks", layer_type="sliding_window", group="1", state="held") == 100.0
+    assert value(metrics, "kvbudget_group_blocks", layer_type="full_attention", group="0", state="reserved") == 30.0
+    assert value(metrics, "kvbudget_group_blocks_reclaimed_total", layer_type="sliding_window", group="1") == 40.0
+    assert value(metrics, "kvbudget_tenant_blocks", tenant="chat", state="held") == 250.0
+    assert value(metrics, "kvbudget_tenant_requests", tenant="batch", state="waiting") == 1.0
+    assert value(metrics, "kvbudget_policy", policy="optimistic") == 1.0
+
+
+def test_cumulative_snapshot_figures_become_counters() -> None:
+    metrics = Metrics()
+    metrics.update(snapshot(prefix_query_blocks=10, prefix_hit_blocks=4))
+    metrics.update(snapshot(prefix_query_blocks=25, prefix_hit_blocks=9))
+    assert value(metrics, "kvbudget_prefix_cache_queries_total") == 25.0
+    assert value(metrics, "kvbudget_prefix_cache_hits_total") == 9.0
+    # The core restarted: its figure went back to 3, which is all new.
+    metrics.update(snapshot(prefix_query_blocks=3, prefix_hit_blocks=1))
+    assert value(metrics, "kvbudget_prefix_cache_queries_total") == 28.0  # 25 + 3
+    assert value(metrics, "kvbudget_prefix_cache_hits_total") == 10.0  # 9 + 1
+
+
+def test_series_that_disappear_are_removed_not_frozen() -> None:
+    metrics = Metrics()
+    metrics.update(snapshot())
+    metrics.update(snapshot(policy="guaranteed", tenants=(TenantSnapshot("chat", 1, 0, None, 1.0, 1, 0),)))
+    assert value(metrics, "kvbudget_policy", policy="optimistic") is None
+    assert value(metrics, "kvbudget_policy", policy="guaranteed") == 1.0
+    assert value(metrics, "kvbudget_tenant_blocks", tenant="batch", state="held") is None
+    assert value(metrics, "kvbudget_tenant_blocks", tenant="chat", state="held") == 1.0
+
+
+@dataclass
+class FakeGpu:
+    present: bool = True
+    total_bytes: int = 80 * 2**30
+    used_bytes: int = 70 * 2**30
+    free_bytes: int = 10 * 2**30
+
+
+def test_gpu_memory() -> None:
+    metrics = Metrics()
+    metrics.update(snapshot(), FakeGpu())
+    assert value(metrics, "kvbudget_gpu_present") == 1.0
+    assert value(metrics, "kvbudget_gpu_memory_bytes", state="used") == 70 * 2**30
+    metrics.update(snapshot(), FakeGpu(present=False))
+    assert value(metrics, "kvbudget_gpu_present") == 0.0
+
+
+def test_each_instance_has_its_own_registry() -> None:
+    first, second = Metrics(), Metrics()
+    first.record([decision(1, DecisionKind.ADMIT, Reason.FITS)])
+    assert value(first, "kvbudget_decisions_total", kind="admit", reason="fits") == 1.0
+    assert value(second, "kvbudget_decisions_total", kind="admit", reason="fits") is None
+
+
+def test_http_endpoint_on_an_ephemeral_loopback_port() -> None:
+    metrics = Metrics()
+    metrics.update(snapshot())
+    port = metrics.start_http("127.0.0.1", 0)
+    try:
+        assert port > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+            body = response.read().decode()
+        assert "kvbudget_kv_cache_usage_perc 0.3" in body
+        with pytest.raises(RuntimeError, match="already started"):
+            metrics.start_http("127.0.0.1", 0)
+    finally:
+        metrics.stop()
+    metrics.stop()  # idempotent
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
