@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "estimate": ("kvbudget.cmd_estimate", "pool size and max concurrency for a model"),
     "log": ("kvbudget.cmd_log", "query the decision log"),
     "doctor": ("kvbudget.cmd_doctor", "diagnose a running daemon: pool full or budget full?"),
+    "admin": ("kvbudget.cmd_admin", "operator actions: policy, tenant quotas, drain"),
 }
 
 
