@@ -118,7 +118,7 @@ class KVCacheGroup(_message.Message):
     def __init__(self, group_index: _Optional[int] = ..., layer_type: _Optional[str] = ..., description: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., sliding_window_tokens: _Optional[int] = ..., attention_chunk_tokens: _Optional[int] = ..., token_cap: _Optional[int] = ...) -> None: ...
 
 class PoolPlan(_message.Message):
-    __slots__ = ("model", "block_size_tokens", "num_blocks", "page_size_bytes", "layers_per_group", "bytes_per_block", "groups", "max_model_len_tokens", "max_num_batched_tokens", "kv_tokens", "memory")
+    __slots__ = ("model", "block_size_tokens", "num_blocks", "page_size_bytes", "layers_per_group", "bytes_per_block", "groups", "max_model_len_tokens", "max_num_batched_tokens", "kv_tokens", "memory", "model_fingerprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class PoolPlan(_message.Message):
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     block_size_tokens: int
     num_blocks: int
@@ -141,7 +142,8 @@ class PoolPlan(_message.Message):
     max_num_batched_tokens: int
     kv_tokens: int
     memory: MemoryHandle
-    def __init__(self, model: _Optional[str] = ..., block_size_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., page_size_bytes: _Optional[int] = ..., layers_per_group: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[KVCacheGroup, _Mapping]]] = ..., max_model_len_tokens: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., memory: _Optional[_Union[MemoryHandle, _Mapping]] = ...) -> None: ...
+    model_fingerprint: str
+    def __init__(self, model: _Optional[str] = ..., block_size_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., page_size_bytes: _Optional[int] = ..., layers_per_group: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[KVCacheGroup, _Mapping]]] = ..., max_model_len_tokens: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., memory: _Optional[_Union[MemoryHandle, _Mapping]] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
 
 class MemoryHandle(_message.Message):
     __slots__ = ("device", "shm_name", "cuda_ipc_handle", "size_bytes", "offset_bytes", "layout")

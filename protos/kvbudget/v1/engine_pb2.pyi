@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("engine_id", "model_fingerprint", "lease_ttl_s")
+    __slots__ = ("engine_id", "model_fingerprint", "lease_ttl_s", "replace_existing")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_EXISTING_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     model_fingerprint: str
     lease_ttl_s: int
-    def __init__(self, engine_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., lease_ttl_s: _Optional[int] = ...) -> None: ...
+    replace_existing: bool
+    def __init__(self, engine_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., lease_ttl_s: _Optional[int] = ..., replace_existing: _Optional[bool] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "plan", "lease_ttl_s")

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class EngineServiceStub:
-    """Engines ask before each request enters and report per scheduler step.
+    """Engines ask before each request enters and report per scheduler step. Needs the engine
+    role over TCP (bearer token); the unix socket is trusted.
     """
 
     def __init__(self, channel):
@@ -63,7 +64,8 @@ class EngineServiceStub:
 
 
 class EngineServiceServicer:
-    """Engines ask before each request enters and report per scheduler step.
+    """Engines ask before each request enters and report per scheduler step. Needs the engine
+    role over TCP (bearer token); the unix socket is trusted.
     """
 
     def OpenSession(self, request, context):
@@ -74,6 +76,8 @@ class EngineServiceServicer:
 
     def Step(self, request, context):
         """One call per engine scheduler step: that step's submits, grows, progress, finishes, aborts.
+        Applied in the order finishes, aborts, progress, grows, submits. A step that fails
+        validation changes nothing. While the daemon drains, a step with submits gets UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,7 +140,8 @@ def add_EngineServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EngineService:
-    """Engines ask before each request enters and report per scheduler step.
+    """Engines ask before each request enters and report per scheduler step. Needs the engine
+    role over TCP (bearer token); the unix socket is trusted.
     """
 
     @staticmethod

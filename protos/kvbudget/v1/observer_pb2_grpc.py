@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class ObserverServiceStub:
-    """Read-only views for dashboards, doctor and operators.
+    """Read-only views for dashboards, doctor and operators. Any role may read.
     """
 
     def __init__(self, channel):
@@ -63,7 +63,7 @@ class ObserverServiceStub:
 
 
 class ObserverServiceServicer:
-    """Read-only views for dashboards, doctor and operators.
+    """Read-only views for dashboards, doctor and operators. Any role may read.
     """
 
     def Watch(self, request, context):
@@ -92,7 +92,7 @@ class ObserverServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportReplay(self, request, context):
-        """Replayers report progress so dashboards can show it.
+        """Replayers report progress so dashboards can show it. Needs the engine role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,7 +135,7 @@ def add_ObserverServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ObserverService:
-    """Read-only views for dashboards, doctor and operators.
+    """Read-only views for dashboards, doctor and operators. Any role may read.
     """
 
     @staticmethod

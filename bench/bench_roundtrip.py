@@ -1,0 +1,162 @@
+"""Admission round trip vs a bare gRPC ping, and decisions/s with batched steps.
+
+    python bench/bench_roundtrip.py [--calls 3000] [--engines 4] [--batch 256] [--seconds 5]
+
+Starts a real `kvbudget daemon` process (unix socket, durable decision log in a temp dir)
+and drives it from this process, so every figure crosses a process boundary:
+
+1. Latency, closed loop, one call at a time, p50 / p99:
+   - ping: the standard health Check on the same grpc.aio server (no work behind it);
+   - admission: one Step carrying one submit and the finish of the previous request
+     (2 decisions, both committed to SQLite before the reply).
+   Goal (issue #4): admission p50 <= 1.2 x ping p50.
+2. Throughput: `--engines` concurrent engine sessions, each Step carrying `--batch` submits
+   and the finishes of its previous batch (2 x batch decisions per step, committed before
+   each reply). Goal: >= 50,000 decisions/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvbudget.client import EngineClient, step_message
+from kvbudget.v1 import engine_pb2
+
+
+def start_daemon(workdir: Path, num_blocks: int) -> tuple[subprocess.Popen, str]:
+    socket_path = workdir / "kvbudget.sock"
+    target = f"unix://{socket_path}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbudget", "daemon", "--model", "llama-3.1-8b",
+         "--num-gpu-blocks", str(num_blocks), "--memory-mode", "accounting", "--device", "cpu",
+         "--max-model-len", "2048", "--policy", "guaranteed", "--listen", target,
+         "--db-path", str(workdir / "decisions.db"), "--retention-days", "0", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+    )
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    break
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit("daemon did not start")
+            time.sleep(0.05)
+    return process, target
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
+
+
+async def latency(target: str, calls: int) -> dict[str, tuple[float, float]]:
+    channel = grpc.aio.insecure_channel(target)
+    health = health_pb2_grpc.HealthStub(channel)
+    ping_request = health_pb2.HealthCheckRequest()
+    engine = EngineClient(target, "latency", heartbeat=False)
+    await engine.open()
+    results: dict[str, list[float]] = {"ping": [], "admission": []}
+    previous: list[str] = []
+    # Interleave the two kinds in rounds so drift (other load, CPU frequency) hits both alike.
+    for round_start in range(0, calls + 200, 100):
+        warm = round_start < 200
+        for _ in range(100):
+            t0 = time.perf_counter()
+            await health.Check(ping_request)
+            if not warm:
+                results["ping"].append(time.perf_counter() - t0)
+        for i in range(100):
+            request_id = f"r{round_start + i}"
+            message = step_message("", submits=[engine_pb2.Submit(request_id=request_id, prompt_tokens=16,
+                                                                   max_new_tokens=16)], finishes=previous)
+            t0 = time.perf_counter()
+            response = await engine.step_raw(message)
+            if not warm:
+                results["admission"].append(time.perf_counter() - t0)
+            assert len(response.decisions) == 1 + len(previous)
+            previous = [request_id]
+    await engine.step(finishes=previous)
+    await engine.close()
+    await channel.close()
+    return {name: percentiles(samples) for name, samples in results.items()}
+
+
+async def throughput(target: str, engines: int, batch: int, seconds: float) -> tuple[int, float, int]:
+    done = 0
+    steps = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def engine_loop(index: int) -> None:
+        nonlocal done, steps
+        client = EngineClient(target, f"tp-{index}", heartbeat=False)
+        await client.open()
+        previous: list[str] = []
+        n = 0
+        while time.perf_counter() < stop_at:
+            ids = [f"e{index}-{n}-{i}" for i in range(batch)]
+            n += 1
+            message = step_message(
+                "", submits=[engine_pb2.Submit(request_id=r, prompt_tokens=16, max_new_tokens=16) for r in ids],
+                finishes=previous,
+            )
+            response = await client.step_raw(message)
+            done += len(response.decisions)
+            steps += 1
+            previous = ids
+        await client.step(finishes=previous)
+        await client.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(engine_loop(i) for i in range(engines)))
+    return done, time.perf_counter() - t0, steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    # Each in-flight request holds 1 block of 2 reserved (16 + 16 tokens); a step keeps two
+    # batches alive (this one's submits, the previous one's until finished).
+    num_blocks = max(4096, 4 * args.engines * args.batch + 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        process, target = start_daemon(Path(tmp), num_blocks)
+        try:
+            lat = asyncio.run(latency(target, args.calls))
+            done, elapsed, steps = asyncio.run(throughput(target, args.engines, args.batch, args.seconds))
+            rows = subprocess.run(["sqlite3", str(Path(tmp) / "decisions.db"), "SELECT count(*) FROM decisions"],
+                                  capture_output=True, text=True).stdout.strip() or "?"
+        finally:
+            process.terminate()
+            process.wait(60)
+    ping_p50, ping_p99 = lat["ping"]
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (figures scale with it)")
+    adm_p50, adm_p99 = lat["admission"]
+    print(f"latency, {args.calls} calls each, separate processes over a unix socket:")
+    print(f"  bare ping (health Check)        p50 {ping_p50 * 1e6:7.0f} us   p99 {ping_p99 * 1e6:7.0f} us")
+    print(f"  admission (Step submit+finish)  p50 {adm_p50 * 1e6:7.0f} us   p99 {adm_p99 * 1e6:7.0f} us")
+    print(f"  ratio p50 {adm_p50 / ping_p50:.2f}x  (goal <= 1.2x)")
+    print(f"throughput, {args.engines} engines x {args.batch} submits + {args.batch} finishes per step:")
+    print(f"  {done} decisions in {elapsed:.2f} s over {steps} steps = {done / elapsed:,.0f} decisions/s "
+          f"(goal >= 50,000/s); rows in the log: {rows}")
+
+
+if __name__ == "__main__":
+    main()

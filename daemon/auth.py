@@ -1,0 +1,97 @@
+"""Bearer tokens and roles.
+
+Calls over the unix socket are trusted: the socket's file mode (0660) is the guard, as
+for the Docker or containerd sockets. Calls over TCP must carry `authorization: Bearer
+<token>`; the token's role decides what the caller may do:
+
+  observer  read-only views (snapshot, watch, decisions, estimate)
+  engine    the engine service, plus everything an observer may do
+  admin     everything, including policy switches, quotas and drain
+
+Tokens are compared in constant time (hmac.compare_digest) against every known token,
+so the time a failed check takes says nothing about how close a guess was.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from collections.abc import Mapping
+
+import grpc
+
+
+class Role(str, enum.Enum):
+    OBSERVER = "observer"
+    ENGINE = "engine"
+    ADMIN = "admin"
+
+
+# What each role may do, by the permission a method needs.
+_GRANTS: dict[Role, frozenset[Role]] = {
+    Role.OBSERVER: frozenset({Role.OBSERVER}),
+    Role.ENGINE: frozenset({Role.OBSERVER, Role.ENGINE}),
+    Role.ADMIN: frozenset({Role.OBSERVER, Role.ENGINE, Role.ADMIN}),
+}
+
+
+class AuthError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def bearer_token(metadata: object) -> str | None:
+    """The token of an `authorization: Bearer <token>` header, or None."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def is_local_peer(peer: str) -> bool:
+    return peer.startswith("unix:") or peer.startswith("unix-abstract:")
+
+
+class Authorizer:
+    """Decides a caller's role from its peer address and metadata."""
+
+    def __init__(self, tokens: Mapping[str, str] | None, *, trust_tcp: bool = False) -> None:
+        """`trust_tcp`: TCP callers get full access without a token (TLS-only setups and
+        the explicit allow_insecure_tcp opt-in; the config refuses TCP otherwise)."""
+        self._tokens = [(token.encode(), Role(role)) for token, role in (tokens or {}).items()]
+        self._trust_tcp = trust_tcp
+
+    def role_of(self, peer: str, metadata: object) -> Role:
+        if is_local_peer(peer) or self._trust_tcp:
+            return Role.ADMIN
+        token = bearer_token(metadata)
+        if token is None:
+            raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: bearer token required")
+        found: Role | None = None
+        candidate = token.encode()
+        for known, role in self._tokens:  # no early exit: constant time over the table
+            if hmac.compare_digest(known, candidate):
+                found = role
+        if found is None:
+            raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: unknown token")
+        return found
+
+    def check(self, peer: str, metadata: object, needed: Role) -> Role:
+        role = self.role_of(peer, metadata)
+        if needed not in _GRANTS[role]:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"authorization: role {role.value!r} may not call this ({needed.value} role needed)",
+            )
+        return role
+
+    async def require(self, context: grpc.aio.ServicerContext, needed: Role) -> Role:
+        """Aborts the call with UNAUTHENTICATED / PERMISSION_DENIED when not allowed."""
+        try:
+            return self.check(context.peer(), context.invocation_metadata(), needed)
+        except AuthError as exc:
+            await context.abort(exc.code, str(exc))
+            raise  # unreachable: abort raises

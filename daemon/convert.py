@@ -1,0 +1,264 @@
+"""Records <-> proto messages, in one place.
+
+The core speaks `records` (plain dataclasses, strings for kinds and policies); the wire
+speaks `kvbudget.v1` (enums with an UNSPECIFIED zero). Nothing else converts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+
+from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot
+from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.v1 import common_pb2, engine_pb2
+
+_KIND_TO_PROTO = {kind: getattr(common_pb2, f"DECISION_KIND_{kind.name}") for kind in DecisionKind}
+_KIND_FROM_PROTO = {value: kind for kind, value in _KIND_TO_PROTO.items()}
+POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
+_POLICY_TO_PROTO = {name: getattr(common_pb2, f"POLICY_{name.upper()}") for name in POLICY_NAMES}
+_POLICY_FROM_PROTO = {value: name for name, value in _POLICY_TO_PROTO.items()}
+
+
+def kind_to_proto(kind: DecisionKind | str) -> int:
+    return _KIND_TO_PROTO.get(DecisionKind(kind), common_pb2.DECISION_KIND_UNSPECIFIED)
+
+
+def kind_from_proto(value: int) -> DecisionKind | None:
+    """None for UNSPECIFIED or a value this build does not know."""
+    return _KIND_FROM_PROTO.get(value)
+
+
+def policy_to_proto(policy: str) -> int:
+    return _POLICY_TO_PROTO.get(policy, common_pb2.POLICY_UNSPECIFIED)
+
+
+def policy_from_proto(value: int) -> str | None:
+    return _POLICY_FROM_PROTO.get(value)
+
+
+def decision_to_proto(d: Decision) -> common_pb2.Decision:
+    # Hot path (every decision of every Step reply): default-valued fields are left unset,
+    # which is the same message on the wire and a third cheaper to build.
+    kind = _KIND_TO_PROTO.get(d.kind) or kind_to_proto(d.kind)
+    m = common_pb2.Decision(
+        seq=d.seq,
+        time_unix_s=d.time_s,
+        kind=kind,
+        reason=d.reason.value if isinstance(d.reason, Reason) else Reason(d.reason).value,
+        request_id=d.request_id,
+        engine_id=d.engine_id,
+        policy=_POLICY_TO_PROTO.get(d.policy, common_pb2.POLICY_UNSPECIFIED),
+        prompt_tokens=d.prompt_tokens,
+        # A prompt past max_model_len is rejected with max_len < prompt: no new tokens.
+        max_new_tokens=max(0, d.max_new_tokens),
+        num_tokens=d.num_tokens,
+        num_computed_tokens=d.num_computed,
+        blocks_reserved=d.blocks_reserved,
+        blocks_held=d.blocks_held,
+        num_free_blocks=d.num_free_blocks,
+        num_waiting=d.num_waiting,
+        num_running=d.num_running,
+    )
+    if d.tenant:
+        m.tenant = d.tenant
+    if d.detail:
+        m.detail = d.detail
+    if d.freed_blocks:
+        m.freed_blocks = d.freed_blocks
+    if d.cached_hit_blocks:
+        m.cached_hit_blocks = d.cached_hit_blocks
+    for i, ids in enumerate(d.new_block_ids):
+        if ids:
+            m.new_blocks.add(group_index=i, block_ids=ids)
+    return m
+
+
+def decision_from_proto(m: common_pb2.Decision) -> Decision:
+    """The inverse of `decision_to_proto` (clients and the replayer use it)."""
+    num_groups = max(len(m.blocks_held), len(m.blocks_reserved), 0)
+    new_ids: list[tuple[int, ...]] = [() for _ in range(num_groups)]
+    for group in m.new_blocks:
+        while len(new_ids) <= group.group_index:
+            new_ids.append(())
+        new_ids[group.group_index] = tuple(group.block_ids)
+    return Decision(
+        seq=m.seq,
+        time_s=m.time_unix_s,
+        kind=kind_from_proto(m.kind) or DecisionKind.ADMIT,
+        reason=Reason(m.reason) if m.reason in Reason._value2member_map_ else Reason.NONE,
+        request_id=m.request_id,
+        engine_id=m.engine_id,
+        tenant=m.tenant,
+        policy=policy_from_proto(m.policy) or "",
+        prompt_tokens=m.prompt_tokens,
+        max_new_tokens=m.max_new_tokens,
+        num_tokens=m.num_tokens,
+        num_computed=m.num_computed_tokens,
+        blocks_reserved=tuple(m.blocks_reserved),
+        blocks_held=tuple(m.blocks_held),
+        new_block_ids=tuple(new_ids),
+        freed_blocks=m.freed_blocks,
+        cached_hit_blocks=m.cached_hit_blocks,
+        num_free_blocks=m.num_free_blocks,
+        num_waiting=m.num_waiting,
+        num_running=m.num_running,
+        detail=m.detail,
+    )
+
+
+def submit_to_spec(submit: engine_pb2.Submit, engine_id: str, now: float) -> RequestSpec:
+    return RequestSpec(
+        request_id=submit.request_id,
+        prompt_tokens=submit.prompt_tokens,
+        max_new_tokens=submit.max_new_tokens if submit.HasField("max_new_tokens") else None,
+        prefix_hashes=tuple(submit.prefix_hashes),
+        priority=submit.priority,
+        tenant=submit.tenant,
+        engine_id=engine_id,
+        deadline_s=submit.deadline_unix_s or None,
+        arrival_s=now,
+    )
+
+
+def layout_fingerprint(layout: KVCacheLayout, num_blocks: int) -> str:
+    """Short, stable id of the model layout and pool size an engine must agree with."""
+    digest = hashlib.sha256(repr((layout.groups, layout.block_size, num_blocks)).encode())
+    name = layout.model_name or "model"
+    return f"{name}:{digest.hexdigest()[:12]}"
+
+
+def plan_to_proto(
+    layout: KVCacheLayout,
+    num_blocks: int,
+    *,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    memory: object | None = None,
+) -> common_pb2.PoolPlan:
+    """The pool plan engines receive; `memory` is a pool_memory.PoolMemory or None."""
+    groups = []
+    for i, group in enumerate(layout.groups):
+        spec = group.spec
+        groups.append(
+            common_pb2.KVCacheGroup(
+                group_index=i,
+                layer_type=spec.kind.value,
+                description=spec.describe(),
+                layer_ids=group.layer_ids,
+                sliding_window_tokens=getattr(spec, "sliding_window", 0),
+                attention_chunk_tokens=getattr(spec, "attention_chunk_size", 0),
+                token_cap=getattr(spec, "token_cap", 0),
+            )
+        )
+    plan = common_pb2.PoolPlan(
+        model=layout.model_name,
+        block_size_tokens=layout.block_size,
+        num_blocks=num_blocks,
+        page_size_bytes=layout.page_size_bytes,
+        layers_per_group=layout.group_size,
+        bytes_per_block=layout.bytes_per_block,
+        groups=groups,
+        max_model_len_tokens=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_tokens=num_blocks * layout.block_size,
+        model_fingerprint=layout_fingerprint(layout, num_blocks),
+    )
+    if memory is not None:
+        plan.memory.CopyFrom(
+            common_pb2.MemoryHandle(
+                device=str(getattr(memory, "device", "")),
+                shm_name=getattr(memory, "shm_name", None) or "",
+                cuda_ipc_handle=getattr(memory, "cuda_ipc_handle", None) or b"",
+                size_bytes=int(getattr(memory, "size_bytes", 0)),
+                offset_bytes=int(getattr(memory, "offset_bytes", 0)),
+                layout=getattr(memory, "layout", "") or "",
+            )
+        )
+    return plan
+
+
+def gpu_to_proto(gpu: object | None, pool_bytes: int = 0) -> common_pb2.GpuState:
+    """A gpu.GpuInfo (duck-typed: the probe module is optional at import)."""
+    if gpu is None:
+        return common_pb2.GpuState(present=False, note="no GPU: not probed (device=cpu)", pool_bytes=pool_bytes)
+    processes = getattr(gpu, "processes", ()) or ()
+    other = 0
+    for proc in processes:
+        used = getattr(proc, "used_bytes", None)
+        if used is None and isinstance(proc, Mapping):
+            used = proc.get("used_bytes", 0)
+        other += int(used or 0)
+    return common_pb2.GpuState(
+        present=bool(getattr(gpu, "present", False)),
+        name=str(getattr(gpu, "name", "") or ""),
+        total_bytes=int(getattr(gpu, "total_bytes", 0) or 0),
+        used_bytes=int(getattr(gpu, "used_bytes", 0) or 0),
+        free_bytes=int(getattr(gpu, "free_bytes", 0) or 0),
+        pool_bytes=pool_bytes,
+        other_processes_bytes=other,
+        note=str(getattr(gpu, "note", "") or ""),
+    )
+
+
+def snapshot_to_proto(
+    s: Snapshot,
+    *,
+    engines: Iterable[common_pb2.EngineState] = (),
+    gpu: common_pb2.GpuState | None = None,
+    replays: Iterable[common_pb2.ReplayState] = (),
+    draining: bool = False,
+    plan: common_pb2.PoolPlan | None = None,
+) -> common_pb2.Snapshot:
+    msg = common_pb2.Snapshot(
+        time_unix_s=s.time_s,
+        policy=policy_to_proto(s.policy),
+        num_blocks=s.num_blocks,
+        num_free_blocks=s.num_free_blocks,
+        num_held_blocks=s.num_held_blocks,
+        num_reserved_blocks=s.num_reserved_blocks,
+        num_evictable_blocks=s.num_evictable_blocks,
+        num_running=s.num_running,
+        num_waiting=s.num_waiting,
+        num_preemptions=s.num_preemptions,
+        preemptions_by_reason=s.preemptions_by_reason,
+        rejections_by_reason=s.rejections_by_reason,
+        decisions_by_kind=s.decisions_by_kind,
+        groups=[
+            common_pb2.GroupState(
+                layer_type=g.kind,
+                description=g.description,
+                num_layers=g.num_layers,
+                blocks_held=g.blocks_held,
+                blocks_reserved=g.blocks_reserved,
+                blocks_reclaimed=g.blocks_reclaimed,
+            )
+            for g in s.groups
+        ],
+        tenants=[
+            common_pb2.TenantState(
+                tenant=t.tenant,
+                blocks_held=t.blocks_held,
+                blocks_reserved=t.blocks_reserved,
+                quota_blocks=t.quota_blocks or 0,
+                weight=t.weight,
+                running=t.running,
+                waiting=t.waiting,
+            )
+            for t in s.tenants
+        ],
+        engines=list(engines),
+        replays=list(replays),
+        prefix_hit_blocks=s.prefix_hit_blocks,
+        prefix_query_blocks=s.prefix_query_blocks,
+        draining=draining,
+    )
+    if gpu is not None:
+        msg.gpu.CopyFrom(gpu)
+    if plan is not None:
+        msg.plan.CopyFrom(plan)
+    return msg
+
+
+def decisions_to_proto(decisions: Sequence[Decision]) -> list[common_pb2.Decision]:
+    return [decision_to_proto(d) for d in decisions]

@@ -1,0 +1,292 @@
+"""The single owner of the AdmissionController inside the daemon's event loop.
+
+Every mutation runs synchronously on the loop thread (the controller is plain Python with
+no awaits), so mutations are serialized without locks. Each batch of decisions then goes:
+
+  1. into the DecisionLog; the caller awaits the commit before answering an engine
+     (the contract: a decision an engine has been told about is in the log);
+  2. after the commit, in the order the batches were made, by one dispatcher task: to the
+     owning sessions' Events streams, to the watchers, to the metrics.
+
+A ticker expires sessions whose lease lapsed and lets the controller schedule the queue
+(deadlines) even when no engine calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvbudget.daemon import convert
+from kvbudget.daemon.admission import AdmissionController, AdmissionError, UnknownRequest
+from kvbudget.daemon.records import Decision, Snapshot
+from kvbudget.daemon.requests import Status
+from kvbudget.daemon.sessions import Session, SessionTable
+from kvbudget.daemon.step_validation import RequestView
+from kvbudget.daemon.watch import WatchHub
+from kvbudget.v1 import common_pb2, engine_pb2
+
+log = logging.getLogger("kvbudget.daemon")
+
+
+@dataclass(frozen=True)
+class CoreOptions:
+    tick_s: float = 0.1  # lease expiry and queue scheduling
+    gpu_refresh_s: float = 5.0
+    metrics_refresh_s: float = 1.0
+    snapshot_cache_s: float = 0.02  # watchers at 10 Hz share one snapshot
+
+
+class StepFailed(Exception):
+    """The controller refused an op mid-step (validation should have caught it).
+
+    `decisions` are those the ops before it made: they stand and must still be logged."""
+
+    def __init__(self, error: AdmissionError, field: str, decisions: list[Decision]) -> None:
+        super().__init__(f"{field}: {error}")
+        self.field = field
+        self.decisions = decisions
+
+
+class CoreService:
+    def __init__(
+        self,
+        controller: AdmissionController,
+        decision_log: object,  # decision_log.DecisionLog
+        plan: common_pb2.PoolPlan,
+        sessions: SessionTable,
+        watch_hub: WatchHub,
+        *,
+        metrics: object | None = None,  # metrics.Metrics
+        gpu_probe: Callable[[], object] | None = None,
+        gpu: object | None = None,  # the first probe's result (gpu.GPUProbe)
+        options: CoreOptions = CoreOptions(),
+        pool_bytes: int = 0,
+    ) -> None:
+        self.controller = controller
+        self.log = decision_log
+        self.plan = plan
+        self.sessions = sessions
+        self.watch_hub = watch_hub
+        self.metrics = metrics
+        self.options = options
+        self.draining = False
+        self.replays: dict[str, common_pb2.ReplayState] = {}
+        self._gpu_probe = gpu_probe
+        self._gpu = gpu
+        self._pool_bytes = pool_bytes
+        self._dispatch: asyncio.Queue[tuple[list[Decision], asyncio.Future, str, float | None] | None] = (
+            asyncio.Queue()
+        )
+        self._tasks: list[asyncio.Task] = []
+        self._snapshot_cache: tuple[float, common_pb2.Snapshot] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._dispatcher(), name="kvbudget-dispatch"),
+            asyncio.create_task(self._ticker(), name="kvbudget-ticker"),
+        ]
+
+    async def stop(self) -> None:
+        """Ends streams, drains the dispatcher, flushes the log. Idempotent."""
+        self.watch_hub.close_all()
+        for session in self.sessions:
+            session.end_events()
+        if not self._tasks:
+            return
+        ticker = self._tasks[1]
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        await self._dispatch.put(None)
+        await asyncio.gather(self._tasks[0], return_exceptions=True)
+        self._tasks = []
+        await asyncio.to_thread(self.log.flush)
+
+    @property
+    def gpu(self) -> object | None:
+        return self._gpu
+
+    # ------------------------------------------------------------------ commit path
+    def record(
+        self, decisions: list[Decision], origin_engine: str = "", started: float | None = None
+    ) -> asyncio.Future:
+        """Registers decisions just made; the returned future resolves once committed.
+
+        Events for `origin_engine` are not streamed: they go back in that caller's reply.
+        `started` (perf_counter at the call's arrival) feeds the decision-latency histogram.
+        """
+        loop = asyncio.get_running_loop()
+        if decisions:
+            committed = asyncio.wrap_future(self.log.append(decisions), loop=loop)
+        else:
+            committed = loop.create_future()
+            committed.set_result(None)
+        self._dispatch.put_nowait((decisions, committed, origin_engine, started))
+        return committed
+
+    async def _dispatcher(self) -> None:
+        while (item := await self._dispatch.get()) is not None:
+            decisions, committed, origin_engine, started = item
+            try:
+                await asyncio.shield(committed)
+            except Exception:  # the caller reports the failure; nothing was promised
+                log.exception("decision log commit failed")
+                continue
+            for d in decisions:
+                if d.engine_id and d.engine_id != origin_engine:
+                    session = self.sessions.of_engine(d.engine_id)
+                    if session is not None:
+                        session.push_event(d)
+            self.watch_hub.publish(decisions)
+            if self.metrics is not None and decisions:
+                latency = time.perf_counter() - started if started is not None else None
+                self.metrics.record(decisions, latency)
+
+    # ------------------------------------------------------------------ engine ops
+    def lookup(self, request_id: str) -> RequestView | None:
+        """A live request as validation sees it, from the controller's own state."""
+        try:
+            r = self.controller.request(request_id)
+        except UnknownRequest:
+            return None
+        return RequestView(
+            engine_id=r.spec.engine_id,
+            running=r.status is Status.RUNNING,
+            num_tokens=r.num_tokens,
+            num_computed=r.num_computed,
+            max_len=r.max_len,
+        )
+
+    def requests_of(self, engine_id: str) -> tuple[list, list]:
+        """(running, waiting) request states of one engine."""
+        c = self.controller
+        running = [r for r in c.running_requests() if r.spec.engine_id == engine_id]
+        waiting = [r for r in c.waiting_requests() if r.spec.engine_id == engine_id]
+        return running, waiting
+
+    def apply_step(self, step: engine_pb2.StepRequest, engine_id: str) -> list[Decision]:
+        """Applies a validated step: finishes, aborts, progress, grows, submits.
+
+        Freeing first lets this step's own submits use the blocks. A request preempted by
+        an earlier op of the same step is handled by the controller (a grow of it is
+        DENY not_running, its progress is ignored, a finish ends it in the queue). A grow
+        or progress written for a request that was waiting when the step arrived is
+        skipped if a finish earlier in the step got it admitted (or its deadline rejected
+        it): the engine wrote it against the old state; the ADMIT in this reply tells it
+        the new one. A grow of one still waiting gets the controller's DENY not_running.
+        """
+        now = time.time()
+        c = self.controller
+        decisions: list[Decision] = []
+        was_waiting = {
+            op.request_id
+            for op in (*step.progress, *step.grows)
+            if (view := self.lookup(op.request_id)) is not None and not view.running
+        }
+        where = ("", 0)  # the op being applied, named only if it fails
+        try:
+            for i, op in enumerate(step.finishes):
+                where = ("finishes", i)
+                decisions += c.finish(op.request_id, now)
+            for i, op in enumerate(step.aborts):
+                where = ("aborts", i)
+                decisions += c.abort(op.request_id, now)
+            for i, op in enumerate(step.progress):
+                where = ("progress", i)
+                if op.request_id not in was_waiting:
+                    decisions += c.progress(op.request_id, op.num_computed_tokens, now)
+            for i, op in enumerate(step.grows):
+                where = ("grows", i)
+                if op.request_id in was_waiting:
+                    view = self.lookup(op.request_id)
+                    if view is None or view.running:  # rejected or admitted meanwhile
+                        continue
+                decisions += c.grow(op.request_id, op.num_tokens, now)  # waiting: DENY not_running
+            for i, op in enumerate(step.submits):
+                where = ("submits", i)
+                decisions += c.submit(convert.submit_to_spec(op, engine_id, now), now)
+        except AdmissionError as exc:
+            raise StepFailed(exc, f"{where[0]}[{where[1]}].{exc.field}", decisions) from exc
+        return decisions
+
+    def close_engine(self, session: Session, *, expire: bool) -> list[Decision]:
+        """Ends a session: its requests are expired (lease lapsed, replaced) or aborted."""
+        now = time.time()
+        if expire:
+            decisions = self.controller.expire_engine(session.engine_id, now)
+        else:
+            decisions = []
+            running, waiting = self.requests_of(session.engine_id)
+            # Queued first, so releasing the running ones cannot admit them meanwhile.
+            for r in [*waiting, *running]:
+                decisions += self.controller.abort(r.request_id, now)
+        self.sessions.remove(session)
+        return decisions
+
+    # ------------------------------------------------------------------ admin ops
+    def set_policy(self, policy: str) -> list[Decision]:
+        return self.controller.set_policy(policy, time.time())
+
+    # ------------------------------------------------------------------ views
+    def snapshot(self) -> Snapshot:
+        return self.controller.snapshot(time.time())
+
+    def snapshot_proto(self, *, fresh: bool = False) -> common_pb2.Snapshot:
+        now_mono = time.monotonic()
+        cached = self._snapshot_cache
+        if not fresh and cached and now_mono - cached[0] < self.options.snapshot_cache_s:
+            return cached[1]
+        engines = []
+        for session in self.sessions:
+            running, waiting = self.requests_of(session.engine_id)
+            engines.append(
+                common_pb2.EngineState(
+                    engine_id=session.engine_id,
+                    session_id=session.session_id[:8],  # enough to tell apart, not to use
+                    lease_remaining_s=session.lease_remaining_s(now_mono),
+                    blocks_held=sum(sum(r.held) for r in running),
+                    running=len(running),
+                    waiting=len(waiting),
+                )
+            )
+        msg = convert.snapshot_to_proto(
+            self.snapshot(),
+            engines=engines,
+            gpu=convert.gpu_to_proto(self._gpu, self._pool_bytes),
+            replays=self.replays.values(),
+            draining=self.draining,
+            plan=self.plan,
+        )
+        self._snapshot_cache = (now_mono, msg)
+        return msg
+
+    # ------------------------------------------------------------------ background
+    async def _ticker(self) -> None:
+        last_gpu = last_metrics = time.monotonic()
+        while True:
+            await asyncio.sleep(self.options.tick_s)
+            now_mono = time.monotonic()
+            try:
+                await self._tick(now_mono)
+                if self._gpu_probe is not None and now_mono - last_gpu >= self.options.gpu_refresh_s:
+                    last_gpu = now_mono
+                    self._gpu = await asyncio.to_thread(self._gpu_probe)
+                if self.metrics is not None and now_mono - last_metrics >= self.options.metrics_refresh_s:
+                    last_metrics = now_mono
+                    self.metrics.update(self.snapshot(), self._gpu)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep the daemon alive; the next tick retries
+                log.exception("background tick failed")
+
+    async def _tick(self, now_mono: float) -> None:
+        for session in self.sessions.expired(now_mono):
+            log.warning("lease of engine %r expired; taking its blocks back", session.engine_id)
+            self.record(self.close_engine(session, expire=True))
+        made = self.controller.schedule(time.time())
+        if made:
+            self.record(made)

@@ -1,0 +1,342 @@
+"""The daemon process: size the pool, open the log, serve gRPC, stop cleanly.
+
+Start order matters for the promises the daemon makes:
+  pool sized and (optionally) allocated -> controller -> decision log open -> gRPC bound
+  -> health SERVING -> sd_notify READY=1.
+So a client that sees SERVING can rely on the pool and the log.
+
+Stop (SIGTERM / SIGINT): health NOT_SERVING and STOPPING=1 first (load balancers and
+systemd learn it), then streams are ended, the server stops accepting and waits up to
+`drain_timeout_s` for in-flight calls, the core drains and the log is flushed and closed.
+Exit status 0.
+
+Listening: unix sockets by default (a stale socket file is removed; a live one means
+another daemon and is refused; mode 0660 so only the owner and group may connect).
+TCP only when the config allows it (tokens file, TLS, or an explicit insecure opt-in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from kvbudget.daemon import convert, sdnotify
+from kvbudget.daemon.admission import AdmissionController
+from kvbudget.daemon.auth import Authorizer
+from kvbudget.daemon.config import DaemonConfig, listen_kind, load_tokens, parse_host_port
+from kvbudget.daemon.core_service import CoreOptions, CoreService
+from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
+from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
+from kvbudget.daemon.sessions import SessionTable
+from kvbudget.daemon.watch import WatchHub
+from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
+
+log = logging.getLogger("kvbudget.daemon")
+
+SERVICE_NAMES = (
+    engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name,
+    observer_pb2.DESCRIPTOR.services_by_name["ObserverService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+MAX_MESSAGE_BYTES = 64 << 20  # a Step may batch many ops
+MAX_SESSIONS = 1024
+MAX_WATCHERS = 64
+
+
+class StartupError(Exception):
+    """One line for the operator; the CLI prints it and exits non-zero."""
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str  # as configured
+    unix_path: str | None  # filesystem socket path, if any
+
+
+def _unix_path(address: str) -> str | None:
+    if address.startswith("unix-abstract:"):
+        return None
+    if address.startswith("unix://"):
+        return address[len("unix://") :]
+    return address[len("unix:") :]
+
+
+def prepare_unix_socket(path: str) -> None:
+    """Create the parent folder; remove a stale socket; refuse a live one or a non-socket."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = target.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise StartupError(f"listen: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        target.unlink()  # nobody answers: stale, left by a killed daemon
+        log.info("removed stale socket %s", path)
+    else:
+        raise StartupError(f"listen: another process is serving on {path}")
+    finally:
+        probe.close()
+
+
+def _tls_credentials(config: DaemonConfig) -> grpc.ServerCredentials:
+    key = Path(config.tls_key_file).read_bytes()
+    cert = Path(config.tls_cert_file).read_bytes()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, *, core_options: CoreOptions | None = None) -> None:
+        self.config = config
+        self.core_options = core_options or CoreOptions()
+        self.tokens = load_tokens(config.tokens_file) if config.tokens_file else {}
+        self._stop = asyncio.Event()
+        self._listeners: list[Listener] = []
+
+    # ------------------------------------------------------------------ setup
+    def probe_gpu(self) -> object | None:
+        """NVML's view of the configured device; None with device=cpu (no probe)."""
+        if self.config.device == "cpu":
+            return None
+        from kvbudget.daemon.gpu import probe_gpu
+
+        index = int(self.config.device.split(":")[1]) if ":" in self.config.device else 0
+        return probe_gpu(index)
+
+    def _allocate_memory(self, setup: PoolSetup) -> object | None:
+        if self.config.memory_mode != "owned":
+            return None
+        from kvbudget.daemon.pool_memory import PoolMemoryError, allocate_pool_memory, page_layout
+
+        sized = setup.sizing
+        layout = page_layout(sized.num_blocks, setup.model.layout.group_size, sized.page_size_bytes)
+        try:
+            memory = allocate_pool_memory(sized.pool_bytes, device=self.config.device, layout=layout)
+        except PoolMemoryError as exc:
+            raise StartupError(f"memory_mode owned: {exc} (or use --memory-mode accounting)") from None
+        if memory is None:
+            log.warning("torch is not available: accounting-only pool (engines keep their memory)")
+        return memory
+
+    def _build_server(self, core: CoreService, health: health_aio.HealthServicer) -> grpc.aio.Server:
+        config = self.config
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        # TCP without a tokens file is trusted: only TLS-only or allow_insecure_tcp get here.
+        auth = Authorizer(self.tokens or None, trust_tcp=not self.tokens)
+        engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core, auth), server)
+        observer_pb2_grpc.add_ObserverServiceServicer_to_server(
+            ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server
+        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)),
+            server,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        for address in config.listen:
+            if listen_kind(address) == "unix":
+                try:
+                    server.add_insecure_port(address)
+                except RuntimeError as exc:
+                    raise StartupError(f"listen: cannot bind {address}: {exc}") from None
+                self._listeners.append(Listener(address, _unix_path(address)))
+                continue
+            host_port = parse_host_port(address)
+            assert host_port is not None  # the config checked it
+            try:
+                if config.tls_enabled:
+                    server.add_secure_port(address, _tls_credentials(config))
+                else:
+                    server.add_insecure_port(address)
+            except RuntimeError as exc:
+                raise StartupError(f"listen: cannot bind {address}: {exc}") from None
+            self._listeners.append(Listener(address, None))
+        return server
+
+    async def _set_health(self, health: health_aio.HealthServicer, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *SERVICE_NAMES):
+            await health.set(name, status)
+
+    # ------------------------------------------------------------------ run
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> int:
+        """Runs until SIGTERM / SIGINT; every resource acquired is released on the way out,
+        in reverse order, also when start-up fails half-way (no shared-memory segment or
+        open log is left behind)."""
+        async with contextlib.AsyncExitStack() as stack:
+            core, health, server, summary = await self._start(stack)
+            log.info("%s", summary)
+            sdnotify.ready(summary)
+            notifier = asyncio.create_task(self._notify_loop(core))
+            stack.push_async_callback(self._cancel, notifier)
+            await self._stop.wait()
+            log.info("stopping: draining in-flight calls and flushing the decision log")
+            sdnotify.stopping("stopping: flushing the decision log")
+            await self._set_health(health, False)
+            core.draining = True
+            core.watch_hub.close_all()  # long-lived streams end, so in-flight calls can finish
+            for session in core.sessions:
+                session.end_events()
+            await server.stop(self.config.drain_timeout_s)
+            await core.stop()
+        return 0
+
+    async def _start(self, stack: contextlib.AsyncExitStack):
+        from kvbudget.daemon.decision_log import DecisionLog
+
+        config = self.config
+        for address in config.listen:  # fail fast, before any expensive setup
+            path = _unix_path(address) if listen_kind(address) == "unix" else None
+            if path is not None:
+                prepare_unix_socket(path)
+        gpu = await asyncio.to_thread(self.probe_gpu)
+        if gpu is None:
+            log.info("no GPU: device=cpu, the pool lives in host memory")
+        elif not getattr(gpu, "present", False):
+            log.warning("%s", getattr(gpu, "note", "") or "no GPU")
+        try:
+            setup = setup_pool(config, gpu)
+        except Exception as exc:
+            raise StartupError(str(exc)) from None
+        memory = await asyncio.to_thread(self._allocate_memory, setup)
+        if memory is not None:
+            stack.callback(memory.close)  # unlinks the shared-memory segment
+        # Sizing counts blocks as vLLM's num_gpu_blocks does (the null block included);
+        # the controller takes the usable ones.
+        controller = AdmissionController(
+            setup.model.layout, setup.num_blocks - 1, config.admission_config(setup.model.max_model_len)
+        )
+        for tenant, quota in config.tenants.items():
+            controller.set_tenant_quota(tenant, quota.max_share, quota.weight)
+        plan = convert.plan_to_proto(
+            setup.model.layout,
+            controller.snapshot(0.0).num_blocks,
+            max_model_len=setup.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            memory=memory,
+        )
+        Path(config.db_path).parent.mkdir(parents=True, exist_ok=True)
+        decision_log = DecisionLog(config.db_path, retention_s=config.retention_s, max_rows=config.retention_rows)
+        await asyncio.to_thread(decision_log.start)
+        stack.push_async_callback(self._close_log, decision_log)
+        metrics = self._start_metrics()
+        if metrics is not None:
+            stack.callback(metrics.stop)
+        core = CoreService(
+            controller,
+            decision_log,
+            plan,
+            SessionTable(config.lease_ttl_s, max_ttl_s=3600.0, max_sessions=MAX_SESSIONS),
+            WatchHub(MAX_WATCHERS),
+            metrics=metrics,
+            gpu_probe=self.probe_gpu if config.device != "cpu" else None,
+            gpu=gpu,
+            options=CoreOptions(
+                tick_s=min(self.core_options.tick_s, config.lease_ttl_s / 4),
+                gpu_refresh_s=config.gpu_probe_interval_s,
+            ),
+            pool_bytes=setup.sizing.pool_bytes if memory is not None else 0,
+        )
+        health = health_aio.HealthServicer()
+        await self._set_health(health, False)
+        server = self._build_server(core, health)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await server.start()
+        stack.callback(self._remove_sockets)
+        stack.push_async_callback(server.stop, 0)  # no-op after the graceful stop
+        for listener in self._listeners:
+            if listener.unix_path:
+                os.chmod(listener.unix_path, 0o660)
+        await core.start()
+        stack.push_async_callback(core.stop)
+        await self._set_health(health, True)  # pool, log and core are ready
+        summary = (
+            f"serving {setup.model.name}: {plan.num_blocks} blocks of {plan.block_size_tokens} tokens "
+            f"({plan.kv_tokens} KV tokens), policy {controller.snapshot(0.0).policy}, "
+            f"on {', '.join(config.listen)}"
+        )
+        return core, health, server, summary
+
+    @staticmethod
+    async def _cancel(task: asyncio.Task) -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    @staticmethod
+    async def _close_log(decision_log) -> None:
+        await asyncio.to_thread(decision_log.close)
+        log.info("stopped; %s decisions written by this run", getattr(decision_log, "rows_written", "?"))
+
+    def _remove_sockets(self) -> None:
+        for listener in self._listeners:
+            if listener.unix_path:
+                Path(listener.unix_path).unlink(missing_ok=True)
+
+    def _start_metrics(self) -> object | None:
+        if not self.config.metrics_address:
+            return None
+        from kvbudget.daemon.metrics import Metrics
+
+        host, port = parse_host_port(self.config.metrics_address)  # type: ignore[misc]
+        metrics = Metrics()
+        try:
+            bound = metrics.start_http(host, port)
+        except OSError as exc:
+            raise StartupError(f"metrics_address: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        log.info("metrics on http://%s:%d/metrics", host, bound)
+        return metrics
+
+    async def _notify_loop(self, core: CoreService, status_every_s: float = 5.0) -> None:
+        """WATCHDOG=1 at half the watchdog interval (when systemd asks for it) and a STATUS=
+        line with the pool's state every few seconds; both no-ops without NOTIFY_SOCKET."""
+        interval = sdnotify.watchdog_interval_s()
+        tick = min(interval / 2, status_every_s) if interval else status_every_s
+        last_status = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            if interval:
+                sdnotify.watchdog()
+            if loop.time() - last_status >= status_every_s:
+                last_status = loop.time()
+                s = core.snapshot()
+                sdnotify.status(
+                    f"{s.num_running} running, {s.num_waiting} waiting, {s.num_held_blocks}/{s.num_blocks} "
+                    f"blocks held ({s.usage:.0%}), policy {s.policy}{', draining' if core.draining else ''}"
+                )
+            await asyncio.sleep(tick)
+
+
+def run_daemon(config: DaemonConfig) -> int:
+    return asyncio.run(Daemon(config).serve())

@@ -1,0 +1,289 @@
+"""The gRPC services: engine, observer, admin. Thin: check the caller, validate, call the core.
+
+Every refusal is a status with a message that names the field. Nothing here decides
+admission; that is the controller's, reached only through `CoreService`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import grpc
+
+from kvbudget.daemon import budget, convert
+from kvbudget.daemon.auth import Authorizer, Role
+from kvbudget.daemon.core_service import CoreService, StepFailed
+from kvbudget.daemon.records import DecisionKind
+from kvbudget.daemon.sessions import SessionExists, TooManySessions
+from kvbudget.daemon.step_validation import StepRejected, check_request_id, validate_step
+from kvbudget.daemon.watch import TooManyWatchers
+from kvbudget.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    engine_pb2,
+    engine_pb2_grpc,
+    observer_pb2,
+    observer_pb2_grpc,
+)
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+MAX_LEASE_TTL_S = 3600
+MAX_ESTIMATE_TOKENS = 1 << 24
+MAX_QUERY_LIMIT = 10_000
+
+
+class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+    def __init__(self, core: CoreService, auth: Authorizer) -> None:
+        self.core = core
+        self.auth = auth
+
+    async def _session(self, context, session_id: str):
+        if not session_id:
+            await context.abort(INVALID, "session_id: required")
+        session = self.core.sessions.get(session_id)
+        if session is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "session_id: unknown session (expired, closed, or the daemon restarted): open a new one",
+            )
+        session.renew(time.monotonic())
+        return session
+
+    async def _committed(self, context, committed: asyncio.Future) -> None:
+        try:
+            await committed
+        except Exception as exc:  # the log could not commit: promise nothing
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {exc}")
+
+    async def OpenSession(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        if self.core.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "daemon is draining: no new sessions")
+        try:
+            check_request_id("engine_id", request.engine_id)
+        except StepRejected as exc:
+            await context.abort(exc.code, str(exc))
+        if request.lease_ttl_s > MAX_LEASE_TTL_S:
+            await context.abort(INVALID, f"lease_ttl_s: at most {MAX_LEASE_TTL_S}, got {request.lease_ttl_s}")
+        fingerprint = self.core.plan.model_fingerprint
+        if request.model_fingerprint and request.model_fingerprint != fingerprint:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model_fingerprint: {request.model_fingerprint!r} does not match the daemon's {fingerprint!r}",
+            )
+        sessions = self.core.sessions
+        existing = sessions.of_engine(request.engine_id)
+        if existing is not None:
+            if not request.replace_existing:
+                await context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"engine_id: {request.engine_id!r} already has a live session "
+                    "(set replace_existing to end it)",
+                )
+            await self._committed(context, self.core.record(self.core.close_engine(existing, expire=True)))
+        try:
+            session = sessions.open(request.engine_id, request.lease_ttl_s, time.monotonic())
+        except SessionExists:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"engine_id: {request.engine_id!r} already has a live session")
+        except TooManySessions:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"engine_id: at most {sessions.max_sessions} sessions"
+            )
+        return engine_pb2.OpenSessionResponse(
+            session_id=session.session_id,
+            plan=self.core.plan,
+            lease_ttl_s=math.ceil(session.lease_ttl_s),
+        )
+
+    async def Step(self, request, context):
+        started = time.perf_counter()
+        await self.auth.require(context, Role.ENGINE)
+        session = await self._session(context, request.session_id)
+        if self.core.draining and request.submits:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "submits: daemon is draining, no new requests")
+        try:
+            validate_step(request, session.engine_id, self.core.lookup, self.core.plan.block_size_tokens)
+        except StepRejected as exc:
+            await context.abort(exc.code, str(exc))
+        try:
+            decisions = self.core.apply_step(request, session.engine_id)
+        except StepFailed as failed:
+            # The controller refused an op validation let through: what was applied
+            # stands, is logged and reaches the engine on its Events stream.
+            await self._committed(context, self.core.record(failed.decisions))
+            await context.abort(INVALID, str(failed))
+        committed = self.core.record(decisions, session.engine_id, started)
+        # Build the reply while the log commits (SQLite releases the GIL); send it only after.
+        mine = [d for d in decisions if d.engine_id == session.engine_id]
+        reply = engine_pb2.StepResponse(
+            decisions=convert.decisions_to_proto(mine),
+            num_free_blocks=self.core.controller.pool.num_free_blocks,  # as this step left the pool
+        )
+        await self._committed(context, committed)
+        return reply
+
+    async def Events(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        session = await self._session(context, request.session_id)
+        while True:
+            decision = await session.events.get()
+            if decision is None:
+                return
+            await context.write(engine_pb2.EventsResponse(decision=convert.decision_to_proto(decision)))
+
+    async def Heartbeat(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        session = await self._session(context, request.session_id)
+        return engine_pb2.HeartbeatResponse(lease_ttl_s=math.ceil(session.lease_ttl_s))
+
+    async def CloseSession(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        session = await self._session(context, request.session_id)
+        decisions = self.core.close_engine(session, expire=False)
+        await self._committed(context, self.core.record(decisions))
+        released = sum(1 for d in decisions if d.engine_id == session.engine_id and d.kind == DecisionKind.RELEASE)
+        return engine_pb2.CloseSessionResponse(released_requests=released)
+
+
+class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
+    def __init__(self, core: CoreService, auth: Authorizer, *, db_path: str, watch_max_hz: float) -> None:
+        self.core = core
+        self.auth = auth
+        self.db_path = db_path
+        self.min_interval_s = 1.0 / watch_max_hz if watch_max_hz > 0 else 0.0
+
+    async def Watch(self, request, context):
+        await self.auth.require(context, Role.OBSERVER)
+        interval_s = max((request.interval_ms or 100) / 1000.0, self.min_interval_s)
+        try:
+            watcher = self.core.watch_hub.add(request.max_decisions or 200)
+        except TooManyWatchers:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"watchers: at most {self.core.watch_hub.max_watchers} at a time",
+            )
+        try:
+            await context.write(observer_pb2.WatchResponse(snapshot=self.core.snapshot_proto(fresh=True)))
+            while not watcher.closed:
+                await watcher.sleep(interval_s)
+                decisions, dropped = watcher.take()
+                await context.write(
+                    observer_pb2.WatchResponse(
+                        snapshot=self.core.snapshot_proto(),
+                        decisions=convert.decisions_to_proto(decisions),
+                        dropped_decisions=dropped,
+                    )
+                )
+        finally:
+            self.core.watch_hub.remove(watcher)
+
+    async def GetSnapshot(self, request, context):
+        await self.auth.require(context, Role.OBSERVER)
+        return observer_pb2.GetSnapshotResponse(snapshot=self.core.snapshot_proto(fresh=True))
+
+    async def QueryDecisions(self, request, context):
+        from kvbudget.daemon.decision_log import decision_from_row, query_decisions
+
+        await self.auth.require(context, Role.OBSERVER)
+        kind = None
+        if request.kind != common_pb2.DECISION_KIND_UNSPECIFIED:
+            kind = convert.kind_from_proto(request.kind)
+            if kind is None:
+                await context.abort(INVALID, f"kind: unknown value {request.kind}")
+        for name in ("since_unix_s", "until_unix_s"):
+            value = getattr(request, name)
+            if not math.isfinite(value) or value < 0:
+                await context.abort(INVALID, f"{name}: must be a finite time >= 0 (0: unbounded)")
+        if request.until_unix_s and request.since_unix_s > request.until_unix_s:
+            await context.abort(INVALID, "since_unix_s: after until_unix_s")
+        if request.limit > MAX_QUERY_LIMIT:
+            await context.abort(INVALID, f"limit: at most {MAX_QUERY_LIMIT}, got {request.limit}")
+        rows = await asyncio.to_thread(
+            query_decisions,
+            self.db_path,
+            request_id=request.request_id or None,
+            engine_id=request.engine_id or None,
+            tenant=request.tenant or None,
+            kind=kind.value if kind else None,
+            since_s=request.since_unix_s or None,
+            until_s=request.until_unix_s or None,
+            limit=request.limit or 100,
+        )
+        return observer_pb2.QueryDecisionsResponse(
+            decisions=[convert.decision_to_proto(decision_from_row(row)) for row in rows]
+        )
+
+    async def Estimate(self, request, context):
+        await self.auth.require(context, Role.OBSERVER)
+        tokens = request.tokens_per_request
+        if not 1 <= tokens <= MAX_ESTIMATE_TOKENS:
+            await context.abort(INVALID, f"tokens_per_request: between 1 and {MAX_ESTIMATE_TOKENS}, got {tokens}")
+        controller = self.core.controller
+        layout, num_blocks = controller.layout, self.core.plan.num_blocks
+        batched = controller.config.max_num_batched_tokens
+        return observer_pb2.EstimateResponse(
+            max_concurrency=budget.max_concurrency(num_blocks, layout, tokens, batched),
+            naive_max_concurrency=budget.naive_max_concurrency(num_blocks, layout, tokens),
+            blocks_per_request=budget.request_worst_case(layout, tokens, batched).per_group,
+        )
+
+    async def ReportReplay(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        replay = request.replay
+        try:
+            check_request_id("replay.replay_id", replay.replay_id)
+        except StepRejected as exc:
+            await context.abort(exc.code, str(exc))
+        if replay.total and replay.position > replay.total:
+            await context.abort(INVALID, "replay.position: beyond replay.total")
+        replays = self.core.replays
+        if replay.replay_id not in replays and len(replays) >= 64:
+            for key in [k for k, r in replays.items() if r.done]:
+                del replays[key]
+            if len(replays) >= 64:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "replay.replay_id: at most 64 replays")
+        replays[replay.replay_id] = replay
+        return observer_pb2.ReportReplayResponse()
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, core: CoreService, auth: Authorizer, on_drain=None) -> None:
+        self.core = core
+        self.auth = auth
+        self.on_drain = on_drain
+
+    async def SetPolicy(self, request, context):
+        await self.auth.require(context, Role.ADMIN)
+        policy = convert.policy_from_proto(request.policy)
+        if policy is None:
+            await context.abort(INVALID, f"policy: unspecified or unknown value {request.policy}")
+        previous = self.core.snapshot().policy
+        decisions = self.core.set_policy(policy)
+        try:
+            await self.core.record(decisions)
+        except Exception as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {exc}")
+        return admin_pb2.SetPolicyResponse(previous=convert.policy_to_proto(previous))
+
+    async def SetTenantQuota(self, request, context):
+        await self.auth.require(context, Role.ADMIN)
+        if not request.tenant or len(request.tenant) > 128 or not request.tenant.isprintable():
+            await context.abort(INVALID, "tenant: required, printable, at most 128 characters")
+        if not math.isfinite(request.max_share) or not 0.0 <= request.max_share <= 1.0:
+            await context.abort(INVALID, f"max_share: between 0 and 1 (0: no quota), got {request.max_share}")
+        if not math.isfinite(request.weight) or request.weight < 0:
+            await context.abort(INVALID, f"weight: must be >= 0 (0: 1.0), got {request.weight}")
+        self.core.controller.set_tenant_quota(
+            request.tenant, request.max_share or None, request.weight or 1.0
+        )
+        return admin_pb2.SetTenantQuotaResponse()
+
+    async def Drain(self, request, context):
+        await self.auth.require(context, Role.ADMIN)
+        self.core.draining = True
+        if self.on_drain is not None:
+            await self.on_drain()
+        return admin_pb2.DrainResponse(running=self.core.snapshot().num_running)

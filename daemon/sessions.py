@@ -1,0 +1,117 @@
+"""Engine sessions and their leases.
+
+A session is one engine's connection to the daemon. It holds a lease: every call of the
+session (Step, Heartbeat, an open Events stream's creation) renews it, and a session
+silent past its TTL is expired by the core (all its requests' blocks come back).
+
+An engine id has at most one live session. A second OpenSession for the same engine id
+gets ALREADY_EXISTS: two processes believing they are one engine would free each other's
+requests. An engine that restarted before its old lease ran out may pass
+`replace_existing` to end the old session first (its requests are expired).
+
+Leases run on the monotonic clock, so a wall-clock jump neither expires nor keeps alive
+anybody; decisions still carry unix time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+
+from kvbudget.daemon.records import Decision
+
+
+class SessionExists(Exception):
+    pass
+
+
+class TooManySessions(Exception):
+    pass
+
+
+# Events waiting for a session whose engine does not read its stream are bounded: past
+# this, the oldest are dropped (the log keeps them all; the engine can query it).
+EVENTS_QUEUE_LIMIT = 10_000
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    engine_id: str
+    lease_ttl_s: float
+    expires_at: float  # monotonic
+    events: asyncio.Queue[Decision | None] = field(
+        default_factory=lambda: asyncio.Queue(EVENTS_QUEUE_LIMIT)
+    )
+    events_dropped: int = 0
+    closed: bool = False
+
+    def renew(self, now_monotonic: float) -> None:
+        self.expires_at = now_monotonic + self.lease_ttl_s
+
+    def lease_remaining_s(self, now_monotonic: float) -> float:
+        return max(0.0, self.expires_at - now_monotonic)
+
+    def push_event(self, decision: Decision) -> None:
+        """Never blocks admission: a full queue drops its oldest event."""
+        if self.closed:
+            return
+        if self.events.full():
+            self.events.get_nowait()
+            self.events_dropped += 1
+        self.events.put_nowait(decision)
+
+    def end_events(self) -> None:
+        """Wakes the Events stream so it ends (None is the end marker)."""
+        self.closed = True
+        if self.events.full():
+            self.events.get_nowait()
+        self.events.put_nowait(None)
+
+
+class SessionTable:
+    def __init__(self, default_ttl_s: float, max_ttl_s: float, max_sessions: int) -> None:
+        self.default_ttl_s = default_ttl_s
+        self.max_ttl_s = max_ttl_s
+        self.max_sessions = max_sessions
+        self._by_id: dict[str, Session] = {}
+        self._by_engine: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self):
+        return iter(list(self._by_id.values()))
+
+    def get(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id)
+
+    def of_engine(self, engine_id: str) -> Session | None:
+        return self._by_engine.get(engine_id)
+
+    def open(self, engine_id: str, ttl_s: float, now_monotonic: float) -> Session:
+        """Raises SessionExists / TooManySessions; the caller handles replacement."""
+        if engine_id in self._by_engine:
+            raise SessionExists(engine_id)
+        if len(self._by_id) >= self.max_sessions:
+            raise TooManySessions(engine_id)
+        ttl = min(ttl_s or self.default_ttl_s, self.max_ttl_s)
+        session = Session(
+            session_id=secrets.token_hex(16),
+            engine_id=engine_id,
+            lease_ttl_s=ttl,
+            expires_at=now_monotonic + ttl,
+        )
+        self._by_id[session.session_id] = session
+        self._by_engine[engine_id] = session
+        return session
+
+    def remove(self, session: Session) -> None:
+        self._by_id.pop(session.session_id, None)
+        if self._by_engine.get(session.engine_id) is session:
+            del self._by_engine[session.engine_id]
+        session.end_events()
+
+    def expired(self, now_monotonic: float) -> list[Session]:
+        return [s for s in self._by_id.values() if s.expires_at <= now_monotonic]

@@ -1,0 +1,391 @@
+"""Typed Python clients of the daemon: an engine's, and an observer's / operator's.
+
+No torch, no textual: the dashboard, doctor and replayer import this.
+
+Engine use, one Step per scheduler step:
+
+    async with EngineClient("unix:///run/kvbudget/kvbudget.sock", "engine-0") as engine:
+        plan = engine.plan
+        decisions = await engine.step(submits=[RequestSpec("r1", prompt_tokens=900)])
+        async for later in engine.events():   # queued request admitted, preempt orders
+            ...
+
+The client heartbeats its lease in the background and follows the Events stream across
+daemon restarts. When the daemon no longer knows the session (it restarted, or the lease
+lapsed), the client opens a new one and raises `SessionLost` from the call that found
+out: the engine's requests are gone on the daemon side and must be submitted again.
+If another process has taken the engine id meanwhile (`replace_existing`), the re-open is
+refused with ALREADY_EXISTS: the client never takes an engine id back by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+
+from kvbudget.daemon import convert
+from kvbudget.daemon.records import Decision, RequestSpec
+from kvbudget.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    engine_pb2,
+    engine_pb2_grpc,
+    observer_pb2,
+    observer_pb2_grpc,
+)
+
+log = logging.getLogger("kvbudget.client")
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+
+
+class SessionLost(Exception):
+    """The daemon forgot this engine's session; a new one is open, requests must be resent."""
+
+
+def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=options)
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+def submit_message(spec: RequestSpec | engine_pb2.Submit) -> engine_pb2.Submit:
+    if isinstance(spec, engine_pb2.Submit):
+        return spec
+    msg = engine_pb2.Submit(
+        request_id=spec.request_id,
+        prompt_tokens=spec.prompt_tokens,
+        prefix_hashes=spec.prefix_hashes,
+        priority=spec.priority,
+        tenant=spec.tenant,
+        deadline_unix_s=spec.deadline_s or 0.0,
+    )
+    if spec.max_new_tokens is not None:
+        msg.max_new_tokens = spec.max_new_tokens
+    return msg
+
+
+def step_message(
+    session_id: str,
+    submits: Iterable[RequestSpec | engine_pb2.Submit] = (),
+    grows: Iterable[tuple[str, int]] = (),
+    progress: Iterable[tuple[str, int]] = (),
+    finishes: Iterable[str] = (),
+    aborts: Iterable[str] = (),
+) -> engine_pb2.StepRequest:
+    return engine_pb2.StepRequest(
+        session_id=session_id,
+        submits=[submit_message(s) for s in submits],
+        grows=[engine_pb2.Grow(request_id=r, num_tokens=n) for r, n in grows],
+        progress=[engine_pb2.Progress(request_id=r, num_computed_tokens=n) for r, n in progress],
+        finishes=[engine_pb2.Finish(request_id=r) for r in finishes],
+        aborts=[engine_pb2.Abort(request_id=r) for r in aborts],
+    )
+
+
+class StepBatch:
+    """Accumulates one scheduler step's operations; `flush()` sends them as one Step."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self._client = client
+        self.clear()
+
+    def clear(self) -> None:
+        self.submits: list[RequestSpec | engine_pb2.Submit] = []
+        self.grows: list[tuple[str, int]] = []
+        self.progress: list[tuple[str, int]] = []
+        self.finishes: list[str] = []
+        self.aborts: list[str] = []
+
+    def submit(self, spec: RequestSpec | engine_pb2.Submit) -> None:
+        self.submits.append(spec)
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        self.grows.append((request_id, num_tokens))
+
+    def report_progress(self, request_id: str, num_computed_tokens: int) -> None:
+        self.progress.append((request_id, num_computed_tokens))
+
+    def finish(self, request_id: str) -> None:
+        self.finishes.append(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.aborts.append(request_id)
+
+    def __len__(self) -> int:
+        return len(self.submits) + len(self.grows) + len(self.progress) + len(self.finishes) + len(self.aborts)
+
+    async def flush(self) -> list[Decision]:
+        ops = (self.submits, self.grows, self.progress, self.finishes, self.aborts)
+        self.clear()
+        return await self._client.step(*ops)
+
+
+class EngineClient:
+    def __init__(
+        self,
+        target: str,
+        engine_id: str,
+        token: str | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        lease_ttl_s: int = 0,
+        model_fingerprint: str = "",
+        replace_existing: bool = False,
+        heartbeat: bool = True,
+        call_timeout_s: float = 30.0,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        self.target = target
+        self.engine_id = engine_id
+        self._metadata = _metadata(token)
+        self._channel = _channel(target, credentials)
+        self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
+        self._lease_ttl_s = lease_ttl_s
+        self._fingerprint = model_fingerprint
+        self._replace = replace_existing
+        self._heartbeat_enabled = heartbeat
+        self._timeout = call_timeout_s
+        self._max_backoff = max_backoff_s
+        self.session_id = ""
+        self.lease_ttl_s = 0
+        self.plan: common_pb2.PoolPlan | None = None
+        self.sessions_opened = 0
+        self._heartbeat_task: asyncio.Task | None = None
+        self._closed = False
+        self._lost: str | None = None  # a loss the heartbeat found, not yet told to the engine
+        self._reopen_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> EngineClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ session
+    async def open(self) -> common_pb2.PoolPlan:
+        """Opens the session (waiting for the daemon if it is not up yet); returns the plan."""
+        request = engine_pb2.OpenSessionRequest(
+            engine_id=self.engine_id,
+            model_fingerprint=self._fingerprint,
+            lease_ttl_s=self._lease_ttl_s,
+            replace_existing=self._replace,
+        )
+        response = await self._stub.OpenSession(
+            request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
+        )
+        self.session_id = response.session_id
+        self.lease_ttl_s = response.lease_ttl_s
+        self.plan = response.plan
+        self.sessions_opened += 1
+        # A re-open after a loss never replaces: if another session holds this engine id now,
+        # another process took over, and this one gets ALREADY_EXISTS instead of a tug of war.
+        self._replace = False
+        if self._heartbeat_enabled and self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        return response.plan
+
+    async def _reopen_once(self, used_session_id: str, error: grpc.aio.AioRpcError) -> None:
+        """Re-opens the session unless a concurrent call (step or heartbeat) already did."""
+        async with self._reopen_lock:
+            if self.session_id != used_session_id:
+                return
+            log.warning("session of %s lost (%s); opening a new one", self.engine_id, error.details())
+            self._lost = error.details()  # step() tells the engine, once
+            await self.open()
+
+    def _session_gone(self, error: grpc.aio.AioRpcError) -> bool:
+        return error.code() == grpc.StatusCode.FAILED_PRECONDITION and "session_id" in (error.details() or "")
+
+    async def close(self) -> None:
+        """Closes the session (the daemon releases what is left) and the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        if self.session_id:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._stub.CloseSession(
+                    engine_pb2.CloseSessionRequest(session_id=self.session_id),
+                    metadata=self._metadata,
+                    timeout=5.0,
+                )
+        await self._channel.close()
+
+    # ------------------------------------------------------------------ steps
+    def batch(self) -> StepBatch:
+        return StepBatch(self)
+
+    async def step(
+        self,
+        submits: Iterable[RequestSpec | engine_pb2.Submit] = (),
+        grows: Iterable[tuple[str, int]] = (),
+        progress: Iterable[tuple[str, int]] = (),
+        finishes: Iterable[str] = (),
+        aborts: Iterable[str] = (),
+    ) -> list[Decision]:
+        """One scheduler step in one call; returns this engine's decisions, in order."""
+        response = await self.step_raw(step_message(self.session_id, submits, grows, progress, finishes, aborts))
+        return [convert.decision_from_proto(d) for d in response.decisions]
+
+    async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
+        if self._lost is not None:  # the heartbeat re-opened the session meanwhile
+            reason, self._lost = self._lost, None
+            raise SessionLost(reason)
+        request.session_id = used = self.session_id
+        try:
+            return await self._stub.Step(request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True)
+        except grpc.aio.AioRpcError as error:
+            if self._session_gone(error):
+                await self._reopen_once(used, error)
+                self._lost = None
+                raise SessionLost(error.details()) from error
+            raise
+
+    # ------------------------------------------------------------------ background
+    async def _heartbeat_loop(self) -> None:
+        backoff = 0.05
+        while not self._closed:
+            await asyncio.sleep(max(0.05, self.lease_ttl_s / 3))
+            used = self.session_id
+            try:
+                await self._stub.Heartbeat(
+                    engine_pb2.HeartbeatRequest(session_id=used),
+                    metadata=self._metadata,
+                    timeout=max(1.0, self.lease_ttl_s / 2),
+                )
+                backoff = 0.05
+            except grpc.aio.AioRpcError as error:
+                if self._session_gone(error):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await self._reopen_once(used, error)
+                else:
+                    await asyncio.sleep(backoff)
+                    backoff = min(self._max_backoff, backoff * 2)
+
+    async def events(self) -> AsyncIterator[Decision]:
+        """Decisions taken later for this engine's requests, across reconnects, until close()."""
+        backoff = 0.05
+        while not self._closed:
+            call = self._stub.Events(
+                engine_pb2.EventsRequest(session_id=self.session_id), metadata=self._metadata, wait_for_ready=True
+            )
+            try:
+                async for message in call:
+                    backoff = 0.05
+                    yield convert.decision_from_proto(message.decision)
+            except grpc.aio.AioRpcError as error:
+                if self._closed:
+                    return
+                if not (self._session_gone(error) or error.code() in _RETRYABLE):
+                    raise
+            finally:
+                call.cancel()
+            # The stream ended (daemon stopping or restarting): follow it after a pause.
+            await asyncio.sleep(backoff * (1 + random.random()))
+            backoff = min(self._max_backoff, backoff * 2)
+
+
+class ObserverClient:
+    """Read-only views, plus the admin calls (which need an admin token over TCP)."""
+
+    def __init__(
+        self, target: str, token: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
+        self._metadata = _metadata(token)
+        self._channel = _channel(target, credentials)
+        self._observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+
+    async def __aenter__(self) -> ObserverClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def snapshot(self, *, timeout: float = 10.0) -> common_pb2.Snapshot:
+        response = await self._observer.GetSnapshot(
+            observer_pb2.GetSnapshotRequest(), metadata=self._metadata, timeout=timeout, wait_for_ready=True
+        )
+        return response.snapshot
+
+    async def watch(self, interval_ms: int = 100, max_decisions: int = 200) -> AsyncIterator[observer_pb2.WatchResponse]:
+        call = self._observer.Watch(
+            observer_pb2.WatchRequest(interval_ms=interval_ms, max_decisions=max_decisions),
+            metadata=self._metadata,
+            wait_for_ready=True,
+        )
+        try:
+            async for message in call:
+                yield message
+        finally:
+            call.cancel()
+
+    async def query_decisions(
+        self,
+        *,
+        request_id: str = "",
+        engine_id: str = "",
+        tenant: str = "",
+        kind: str | None = None,
+        since_unix_s: float = 0.0,
+        until_unix_s: float = 0.0,
+        limit: int = 100,
+    ) -> list[Decision]:
+        request = observer_pb2.QueryDecisionsRequest(
+            request_id=request_id,
+            engine_id=engine_id,
+            tenant=tenant,
+            kind=convert.kind_to_proto(kind) if kind else common_pb2.DECISION_KIND_UNSPECIFIED,
+            since_unix_s=since_unix_s,
+            until_unix_s=until_unix_s,
+            limit=limit,
+        )
+        response = await self._observer.QueryDecisions(request, metadata=self._metadata, timeout=30.0)
+        return [convert.decision_from_proto(d) for d in response.decisions]
+
+    async def estimate(self, tokens_per_request: int) -> observer_pb2.EstimateResponse:
+        return await self._observer.Estimate(
+            observer_pb2.EstimateRequest(tokens_per_request=tokens_per_request), metadata=self._metadata, timeout=10.0
+        )
+
+    async def report_replay(self, replay: common_pb2.ReplayState) -> None:
+        await self._observer.ReportReplay(
+            observer_pb2.ReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
+        )
+
+    async def set_policy(self, policy: str) -> str:
+        """Switches the admission policy; returns the previous one."""
+        response = await self._admin.SetPolicy(
+            admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)), metadata=self._metadata, timeout=10.0
+        )
+        return convert.policy_from_proto(response.previous) or ""
+
+    async def set_tenant_quota(self, tenant: str, max_share: float = 0.0, weight: float = 0.0) -> None:
+        await self._admin.SetTenantQuota(
+            admin_pb2.SetTenantQuotaRequest(tenant=tenant, max_share=max_share, weight=weight),
+            metadata=self._metadata,
+            timeout=10.0,
+        )
+
+    async def drain(self) -> int:
+        response = await self._admin.Drain(admin_pb2.DrainRequest(), metadata=self._metadata, timeout=10.0)
+        return response.running
+

@@ -1,0 +1,301 @@
+"""`kvbudget admin`: operator actions on a running daemon: policy, tenant quotas, drain, status.
+
+    kvbudget admin status                              # one screen: policy, blocks, requests, tenants
+    kvbudget admin set-policy guaranteed               # prints "policy: optimistic -> guaranteed"
+    kvbudget admin set-quota team-a --max-share 0.25 --weight 2
+    kvbudget admin set-quota team-a --max-share 0      # clears team-a's quota
+    kvbudget admin drain --wait --timeout 120          # stop admitting, wait for running requests
+    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --json set-policy naive
+
+Over the unix socket every caller may do everything (the socket's file mode is the guard);
+over TCP the token must have the admin role (`status` only needs an observer token).
+A drain cannot be undone: restart the daemon to admit again.
+
+Exit status: 0 done; 1 `drain --wait` timed out with requests still running; 2 bad
+arguments, or the daemon could not be reached or refused the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Any
+
+from kvbudget.cmd_doctor import DEFAULT_TARGET
+from kvbudget.cmd_tui import check_target
+from kvbudget.errors import CLIError
+
+# The daemon's own names (kvbudget.daemon.convert.POLICY_NAMES); spelled out here so that
+# `--help` imports neither grpc nor the daemon package. A test keeps the two equal.
+POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
+CALL_TIMEOUT_S = 10.0
+DRAIN_POLL_S = 0.2
+
+
+def _share(text: str) -> float:
+    """A pool share for --max-share: 0 (no quota) up to 1 (the whole pool)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (0 clears the quota), got {text}")
+    return value
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0.0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0.0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more seconds, got {text}")
+    return value
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """--target, --token, --tls-ca, --json. Accepted before and after the action: the action's
+    copies default to SUPPRESS so they never overwrite what was given before it."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--target",
+        default=default(os.environ.get("KVBUDGET_TARGET", DEFAULT_TARGET)),
+        help=f"daemon address: unix:///PATH or HOST:PORT (default $KVBUDGET_TARGET or {DEFAULT_TARGET})",
+    )
+    parser.add_argument(
+        "--token",
+        default=default(os.environ.get("KVBUDGET_TOKEN")),
+        help="bearer token for TCP, admin role (status: any role; default $KVBUDGET_TOKEN)",
+    )
+    parser.add_argument(
+        "--tls-ca", metavar="FILE", default=default(None), help="CA certificate: talk TLS to a TCP target"
+    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="print the result as JSON")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "\n".join((__doc__ or "").splitlines()[2:])  # the examples above
+    _connection_options(parser, defaults=True)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    status = actions.add_parser("status", help="policy, blocks, requests, tenants, draining")
+    _connection_options(status, defaults=False)
+
+    policy = actions.add_parser("set-policy", help="switch the admission policy for new requests")
+    policy.add_argument("policy", choices=POLICY_NAMES, help="the new policy")
+    _connection_options(policy, defaults=False)
+
+    quota = actions.add_parser("set-quota", help="a tenant's maximum pool share and fair-share weight")
+    quota.add_argument("tenant", help="tenant name, as engines send it")
+    quota.add_argument(
+        "--max-share", type=_share, required=True, metavar="F", help="share of the pool, 0-1 (0: no quota)"
+    )
+    quota.add_argument(
+        "--weight", type=_weight, default=1.0, metavar="W", help="fair-share weight, > 0 (default %(default)s)"
+    )
+    _connection_options(quota, defaults=False)
+
+    drain = actions.add_parser("drain", help="stop admitting; running requests finish (cannot be undone)")
+    drain.add_argument("--wait", action="store_true", help="wait until no request is running")
+    drain.add_argument(
+        "--timeout", type=_seconds, default=0.0, metavar="S", help="with --wait: give up after S seconds (0: never)"
+    )
+    _connection_options(drain, defaults=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    target = check_target(args.target)
+    with AdminConnection(target, args.token, args.tls_ca) as daemon:
+        if args.action == "status":
+            result, text, code = _status(daemon)
+        elif args.action == "set-policy":
+            result, text, code = _set_policy(daemon, args.policy)
+        elif args.action == "set-quota":
+            result, text, code = _set_quota(daemon, args.tenant, args.max_share, args.weight)
+        else:
+            result, text, code = _drain(daemon, args.wait, args.timeout)
+    if args.json:
+        print(json.dumps({"target": target, "action": args.action, **result}, indent=2))
+    else:
+        print(text)
+    return code
+
+
+class AdminConnection:
+    """One channel to the daemon; each call returns the response or raises a one-line CLIError."""
+
+    def __init__(self, target: str, token: str | None, tls_ca: str | None) -> None:
+        import grpc
+
+        from kvbudget.v1 import admin_pb2_grpc, observer_pb2_grpc
+
+        self.target = target
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        if tls_ca:
+            try:
+                with open(tls_ca, "rb") as f:
+                    credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            except OSError as exc:
+                raise CLIError(f"--tls-ca: cannot read {tls_ca}: {exc.strerror}") from None
+            self._channel = grpc.secure_channel(target, credentials)
+        else:
+            self._channel = grpc.insecure_channel(target)
+        self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self.observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
+
+    def __enter__(self) -> AdminConnection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._channel.close()
+
+    def call(self, method: Any, request: Any) -> Any:
+        import grpc
+
+        try:
+            return method(request, metadata=self._metadata, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            details = " ".join((exc.details() or "").split())[:300]  # type: ignore[attr-defined]
+            raise CLIError(f"{self.target}: {code.name}: {details or code.name}") from None
+
+    def snapshot(self) -> Any:
+        from kvbudget.v1 import observer_pb2
+
+        return self.call(self.observer.GetSnapshot, observer_pb2.GetSnapshotRequest()).snapshot
+
+
+# Each action returns (JSON fields, text for a person, exit status).
+Outcome = tuple[dict[str, Any], str, int]
+
+
+def _set_policy(daemon: AdminConnection, policy: str) -> Outcome:
+    from kvbudget.daemon import convert
+    from kvbudget.v1 import admin_pb2
+
+    response = daemon.call(daemon.admin.SetPolicy, admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)))
+    previous = convert.policy_from_proto(response.previous) or "unknown"
+    return {"previous": previous, "policy": policy}, f"policy: {previous} -> {policy}", 0
+
+
+def _set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: float) -> Outcome:
+    from kvbudget.v1 import admin_pb2
+
+    request = admin_pb2.SetTenantQuotaRequest(tenant=tenant, max_share=max_share, weight=weight)
+    daemon.call(daemon.admin.SetTenantQuota, request)
+    # Read it back: the snapshot says what the daemon now enforces, in blocks.
+    snapshot = daemon.snapshot()
+    state = next((t for t in snapshot.tenants if t.tenant == tenant), None)
+    quota_blocks = state.quota_blocks if state is not None else 0
+    result = {"tenant": tenant, "max_share": max_share, "weight": weight, "quota_blocks": quota_blocks}
+    if max_share:
+        text = (
+            f"tenant {tenant}: max share {max_share:g} "
+            f"({quota_blocks} of {snapshot.num_blocks} blocks), weight {weight:g}"
+        )
+    else:
+        text = f"tenant {tenant}: no quota, weight {weight:g}"
+    return result, text, 0
+
+
+def _drain(daemon: AdminConnection, wait: bool, timeout_s: float) -> Outcome:
+    from kvbudget.v1 import admin_pb2
+
+    running = daemon.call(daemon.admin.Drain, admin_pb2.DrainRequest()).running
+    if wait:
+        deadline = time.monotonic() + timeout_s if timeout_s else math.inf
+        while running and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+            running = daemon.snapshot().num_running
+    result = {"draining": True, "running": running}
+    if not running:
+        return result, "draining: no request running", 0
+    text = f"draining: {running} request{'s' if running != 1 else ''} still running"
+    if wait:
+        return result, f"{text} after {timeout_s:g} s", 1
+    return result, text, 0
+
+
+def _status(daemon: AdminConnection) -> Outcome:
+    s = daemon.snapshot()
+    return status_fields(s), render_status(s, daemon.target), 0
+
+
+def status_fields(s: Any) -> dict[str, Any]:
+    """The snapshot's operator-facing figures, as plain JSON values."""
+    from kvbudget.daemon import convert
+
+    return {
+        "model": s.plan.model,
+        "policy": convert.policy_from_proto(s.policy) or "unknown",
+        "draining": s.draining,
+        "blocks": {
+            "total": s.num_blocks,
+            "free": s.num_free_blocks,
+            "held": s.num_held_blocks,
+            "reserved": s.num_reserved_blocks,
+            "evictable": s.num_evictable_blocks,
+        },
+        "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions},
+        "tenants": [
+            {
+                "tenant": t.tenant,
+                "blocks_held": t.blocks_held,
+                "blocks_reserved": t.blocks_reserved,
+                "quota_blocks": t.quota_blocks,
+                "weight": t.weight,
+                "running": t.running,
+                "waiting": t.waiting,
+            }
+            for t in s.tenants
+        ],
+        "engines": [
+            {"engine_id": e.engine_id, "blocks_held": e.blocks_held, "running": e.running, "waiting": e.waiting}
+            for e in s.engines
+        ],
+    }
+
+
+def render_status(s: Any, target: str) -> str:
+    """One screen: the figures an operator checks before and after an admin action."""
+    f = status_fields(s)
+    blocks, requests = f["blocks"], f["requests"]
+    usage = blocks["held"] / blocks["total"] if blocks["total"] else 0.0
+    lines = [
+        f"kvbudget daemon at {target}: {f['model'] or 'unknown model'}",
+        f"  policy     {f['policy']}{'  (DRAINING: no new requests)' if f['draining'] else ''}",
+        # free counts evictable cached blocks too; reserved blocks are promised out of free ones
+        f"  blocks     {blocks['total']} total, {blocks['free']} free ({blocks['evictable']} evictable), "
+        f"{blocks['held']} held ({usage:.0%}), {blocks['reserved']} reserved",
+        f"  requests   {requests['running']} running, {requests['waiting']} waiting, "
+        f"{requests['preemptions']} preemptions",
+    ]
+    if f["tenants"]:
+        lines.append("  tenants    name              held  reserved  quota  weight  running  waiting")
+        for t in f["tenants"]:
+            quota = str(t["quota_blocks"]) if t["quota_blocks"] else "-"
+            lines.append(
+                f"             {t['tenant'] or '(default)':<16} {t['blocks_held']:>5} {t['blocks_reserved']:>9} "
+                f"{quota:>6} {t['weight']:>7g} {t['running']:>8} {t['waiting']:>8}"
+            )
+    engines = f["engines"]
+    names = ", ".join(e["engine_id"] for e in engines[:6]) + (", ..." if len(engines) > 6 else "")
+    lines.append(f"  engines    {len(engines)}{': ' + names if engines else ''}")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""`kvbudget daemon`: run the KV budget daemon.
+
+Every config key has a flag of the same name (`--num-gpu-blocks` for `pool.num_gpu_blocks`,
+`--db-path` for `log.db_path`, ...); flags win over the `--config` file. With neither a GPU
+nor an explicit size, pass `--num-gpu-blocks` or `--kv-cache-memory-bytes`.
+
+  kvbudget daemon --model llama-3.1-8b --num-gpu-blocks 4096 \\
+      --listen unix:///tmp/kvbudget.sock --db-path /tmp/decisions.db --memory-mode accounting
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from kvbudget.errors import CLIError
+
+# DaemonConfig fields whose flag takes another shape than "one value of the field's type".
+_SPECIAL = {"tenants", "listen"}
+
+
+def _flag_type(annotation: str):
+    base = annotation.replace(" | None", "")
+    return {"str": str, "int": int, "float": float, "bool": bool}.get(base)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvbudget.daemon.config import DaemonConfig
+
+    parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
+    parser.add_argument(
+        "--check-config", action="store_true", help="validate the config and pool sizing, then exit"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="stderr log level"
+    )
+    parser.add_argument(
+        "--listen",
+        action="append",
+        metavar="ADDRESS",
+        help="unix:///PATH or HOST:PORT (repeat for several; default unix:///run/kvbudget/kvbudget.sock)",
+    )
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        metavar="NAME=SHARE[:WEIGHT]",
+        help="tenant quota: share of the pool (0-1) and fair-share weight",
+    )
+    for f in dataclasses.fields(DaemonConfig):
+        if f.name in _SPECIAL:
+            continue
+        kind = _flag_type(str(f.type))
+        flag = "--" + f.name.replace("_", "-")
+        default_text = f"(default {f.default})" if f.default not in (None, "") else ""
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=default_text or None)
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=default_text or None)
+
+
+def _tenants(values: list[str] | None) -> dict[str, dict[str, float]] | None:
+    if not values:
+        return None
+    tenants: dict[str, dict[str, float]] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        share, _, weight = rest.partition(":")
+        try:
+            entry = {"max_share": float(share)}
+            if weight:
+                entry["weight"] = float(weight)
+        except ValueError:
+            raise CLIError(f"--tenant: expected NAME=SHARE[:WEIGHT], got {value!r}") from None
+        if not sep or not name:
+            raise CLIError(f"--tenant: expected NAME=SHARE[:WEIGHT], got {value!r}")
+        tenants[name] = entry
+    return tenants
+
+
+def load(args: argparse.Namespace):
+    from kvbudget.daemon.config import ConfigError, DaemonConfig, load_config
+
+    overrides: dict[str, object] = {
+        f.name: getattr(args, f.name, None) for f in dataclasses.fields(DaemonConfig) if f.name not in _SPECIAL
+    }
+    overrides["listen"] = tuple(args.listen) if args.listen else None
+    overrides["tenants"] = _tenants(args.tenant)
+    try:
+        return load_config(args.config, overrides)
+    except ConfigError as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"--config: {exc.strerror or exc}: {args.config}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
+    )
+    config = load(args)
+    from kvbudget.daemon.server import Daemon, StartupError
+
+    daemon = Daemon(config)
+    if args.check_config:
+        from kvbudget.daemon.pool_setup import PoolSetupError, setup_pool
+
+        try:
+            setup = setup_pool(config, daemon.probe_gpu())
+        except PoolSetupError as exc:
+            raise CLIError(str(exc)) from None
+        print(
+            f"config OK: {setup.model.name}, {setup.num_blocks} blocks of {setup.sizing.block_size} tokens "
+            f"({setup.num_blocks - 1} usable + the null block; from {setup.sizing.source}), "
+            f"listen {', '.join(config.listen)}, log {config.db_path}"
+        )
+        return 0
+    import asyncio
+
+    try:
+        return asyncio.run(daemon.serve())
+    except StartupError as exc:
+        raise CLIError(str(exc)) from None

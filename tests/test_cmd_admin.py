@@ -1,0 +1,276 @@
+"""`kvbudget admin` against real daemon processes: each action changes what the daemon
+reports, bad input is one line and a non-zero exit, and over TCP only an admin token may act.
+
+The daemon is the harness's: llama-3.1-8b, 16-token blocks, 64 usable blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvbudget import cli
+from kvbudget.client import EngineClient
+from kvbudget.daemon.records import DecisionKind, RequestSpec
+
+from daemon_harness import DaemonProcess
+
+pytestmark = pytest.mark.slow
+TOKENS = {"observer": "observer-token-123", "admin": "admin-token-123"}
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --target / --token defaults come from these; the tests name both explicitly.
+    monkeypatch.delenv("KVBUDGET_TARGET", raising=False)
+    monkeypatch.delenv("KVBUDGET_TOKEN", raising=False)
+
+
+def admin(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`kvbudget admin ARGV` in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = cli.main(["admin", *argv])
+    except SystemExit as exc:  # argparse's own exits
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def status(capsys, target: str, *extra: str) -> dict:
+    code, out, err = admin(capsys, "--target", target, *extra, "--json", "status")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    with DaemonProcess(tmp_path_factory.mktemp("admin")) as process:
+        yield process
+
+
+# ---------------------------------------------------------------- policy
+
+
+def test_set_policy_prints_the_switch_status_shows_it_and_the_log_has_it(daemon, capsys) -> None:
+    before = status(capsys, daemon.target)["policy"]
+    target = "naive" if before != "naive" else "guaranteed"
+
+    code, out, err = admin(capsys, "--target", daemon.target, "set-policy", target)
+
+    assert (code, err) == (0, "")
+    assert out == f"policy: {before} -> {target}\n"
+    assert status(capsys, daemon.target)["policy"] == target
+    # The switch is a POLICY decision in the log, readable by `kvbudget log` without the daemon.
+    # Its row is committed before the reply, so it is there now.
+    log = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "log", "--kind", "policy", "--db", str(daemon.db_path), "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    rows = [json.loads(line) for line in log.stdout.splitlines()]
+    assert rows[-1]["kind"] == DecisionKind.POLICY.value
+    assert rows[-1]["policy"] == target
+    assert rows[-1]["detail"] == f"{before} -> {target}"
+
+
+def test_set_policy_json_gives_previous_and_new(daemon, capsys) -> None:
+    admin(capsys, "--target", daemon.target, "set-policy", "optimistic")
+    # --json and --target are accepted after the action too
+    code, out, err = admin(capsys, "set-policy", "predictive", "--target", daemon.target, "--json")
+    assert code == 0, err
+    assert json.loads(out) == {
+        "target": daemon.target, "action": "set-policy", "previous": "optimistic", "policy": "predictive",
+    }
+
+
+def test_status_text_is_one_screen_with_the_pool_figures(daemon, capsys) -> None:
+    admin(capsys, "--target", daemon.target, "set-policy", "guaranteed")
+    code, out, err = admin(capsys, "--target", daemon.target, "status")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"kvbudget daemon at {daemon.target}: llama-3.1-8b"
+    assert lines[1].split() == ["policy", "guaranteed"]
+    # Nothing runs on this daemon: all 64 blocks free, none held.
+    assert lines[2].split() == ["blocks", "64", "total,", "64", "free", "(0", "evictable),", "0", "held", "(0%),",
+                                "0", "reserved"]
+    assert lines[3].split() == ["requests", "0", "running,", "0", "waiting,", "0", "preemptions"]
+    assert len(lines) <= 24
+
+
+# ---------------------------------------------------------------- quotas
+
+
+def _tenant(snapshot: dict, name: str) -> dict:
+    return next(t for t in snapshot["tenants"] if t["tenant"] == name)
+
+
+def test_set_quota_shows_in_the_snapshot_and_zero_clears_it(daemon, capsys) -> None:
+    code, out, err = admin(capsys, "--target", daemon.target, "set-quota", "team-a", "--max-share", "0.25",
+                           "--weight", "2")
+    # quota blocks = int(0.25 * 64 usable blocks) = 16
+    assert (code, err) == (0, "")
+    assert out == "tenant team-a: max share 0.25 (16 of 64 blocks), weight 2\n"
+    row = _tenant(status(capsys, daemon.target), "team-a")
+    assert (row["quota_blocks"], row["weight"]) == (16, 2.0)
+
+    code, out, err = admin(capsys, "--target", daemon.target, "--json", "set-quota", "team-a", "--max-share", "0")
+    assert code == 0, err
+    assert json.loads(out)["quota_blocks"] == 0
+    row = _tenant(status(capsys, daemon.target), "team-a")
+    assert (row["quota_blocks"], row["weight"]) == (0, 1.0)  # cleared; weight back to the default 1
+
+
+@pytest.mark.parametrize("share", ["-0.1", "1.5", "nan", "half"])
+def test_a_share_outside_zero_to_one_is_an_argument_error(daemon, capsys, share) -> None:
+    code, out, err = admin(capsys, "--target", daemon.target, "set-quota", "team-a", "--max-share", share)
+    assert code == 2
+    assert out == ""
+    assert err.splitlines()[-1].startswith("kvbudget admin set-quota: error: argument --max-share:")
+    assert "Traceback" not in err
+
+
+def test_an_unknown_policy_is_an_argument_error(daemon, capsys) -> None:
+    before = status(capsys, daemon.target)["policy"]
+    code, out, err = admin(capsys, "--target", daemon.target, "set-policy", "greedy")
+    assert code == 2
+    assert "argument policy: invalid choice: 'greedy'" in err.splitlines()[-1]
+    assert status(capsys, daemon.target)["policy"] == before
+
+
+def test_the_daemons_refusal_is_one_line_with_the_status_code(daemon, capsys) -> None:
+    # 129 characters: the CLI passes it on, the daemon refuses it (at most 128).
+    code, out, err = admin(capsys, "--target", daemon.target, "set-quota", "t" * 129, "--max-share", "0.5")
+    assert code == 2
+    assert out == ""
+    assert err == (
+        f"kvbudget admin: error: {daemon.target}: "
+        "INVALID_ARGUMENT: tenant: required, printable, at most 128 characters\n"
+    )
+
+
+def test_an_unreachable_daemon_is_one_line_and_exit_2(tmp_path) -> None:
+    # A real `kvbudget` process: nothing but one line on stderr, no traceback.
+    target = f"unix://{tmp_path}/nobody-here.sock"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "admin", "--target", target, "set-policy", "naive"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith(f"kvbudget admin: error: {target}: UNAVAILABLE: ")
+
+
+def test_a_malformed_target_is_refused_before_any_call(capsys) -> None:
+    code, out, err = admin(capsys, "--target", "localhost", "status")
+    assert code == 2
+    assert err.startswith("kvbudget admin: error: --target 'localhost':")
+
+
+def test_the_cli_lists_the_daemons_policies() -> None:
+    from kvbudget import cmd_admin
+    from kvbudget.daemon import convert
+
+    assert cmd_admin.POLICY_NAMES == convert.POLICY_NAMES
+
+
+# ---------------------------------------------------------------- drain
+
+
+def _health(target: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+
+
+async def test_drain_refuses_new_submits_lets_running_ones_finish(tmp_path, capsys) -> None:
+    with DaemonProcess(tmp_path) as process:
+        target = process.target
+
+        def run(*argv: str) -> tuple[int, str, str]:
+            return admin(capsys, "--target", target, *argv)
+
+        async with EngineClient(target, "engine-0") as engine:
+            # 100 prompt + 28 new tokens = 128 tokens = 8 blocks of 16: admitted at once.
+            [decision] = await engine.step(submits=[RequestSpec("r1", prompt_tokens=100, max_new_tokens=28)])
+            assert decision.kind == DecisionKind.ADMIT
+
+            code, out, err = await asyncio.to_thread(run, "drain")
+            assert (code, out, err) == (0, "draining: 1 request still running\n", "")
+
+            assert _health(target) == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await engine.step(submits=[RequestSpec("r2", prompt_tokens=10, max_new_tokens=10)])
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+            snapshot = await asyncio.to_thread(status, capsys, target)
+            assert snapshot["draining"] is True
+            assert snapshot["requests"]["running"] == 1
+            code, out, err = await asyncio.to_thread(run, "status")
+            assert "DRAINING" in out.splitlines()[1]
+
+            # r1 never finishes while we wait: --wait gives up and says so, exit 1.
+            code, out, err = await asyncio.to_thread(run, "drain", "--wait", "--timeout", "0.3")
+            assert (code, out) == (1, "draining: 1 request still running after 0.3 s\n")
+
+            # A running request may still finish; then the drain is complete.
+            await engine.step(finishes=["r1"])
+            code, out, err = await asyncio.to_thread(run, "--json", "drain", "--wait", "--timeout", "30")
+            assert code == 0, err
+            assert json.loads(out) == {"target": target, "action": "drain", "draining": True, "running": 0}
+
+
+# ---------------------------------------------------------------- roles over TCP
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tcp(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("admin-tcp")
+    tokens = workdir / "tokens.toml"
+    tokens.write_text("".join(f'{role} = ["{token}"]\n' for role, token in TOKENS.items()))
+    address = f"127.0.0.1:{_free_port()}"
+    with DaemonProcess(workdir, "--tokens-file", str(tokens), listen=(f"unix://{workdir}/kvbudget.sock", address)) as p:
+        yield p, address
+
+
+def test_an_observer_token_may_read_but_not_act(tcp, capsys) -> None:
+    process, address = tcp
+    before = status(capsys, process.target)["policy"]
+    other = "naive" if before != "naive" else "guaranteed"
+
+    assert status(capsys, address, "--token", TOKENS["observer"])["policy"] == before
+    code, out, err = admin(capsys, "--target", address, "--token", TOKENS["observer"], "set-policy", other)
+    assert (code, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"kvbudget admin: error: {address}: PERMISSION_DENIED: authorization: role 'observer'")
+    code, out, err = admin(capsys, "--target", address, "--token", TOKENS["observer"], "drain")
+    assert code == 2 and "PERMISSION_DENIED" in err
+    after = status(capsys, process.target)
+    assert (after["policy"], after["draining"]) == (before, False)
+
+
+def test_without_a_token_tcp_is_unauthenticated(tcp, capsys) -> None:
+    _, address = tcp
+    code, out, err = admin(capsys, "--target", address, "status")
+    assert code == 2
+    assert err == f"kvbudget admin: error: {address}: UNAUTHENTICATED: authorization: bearer token required\n"
+
+
+def test_an_admin_token_may_act(tcp, capsys) -> None:
+    process, address = tcp
+    admin(capsys, "--target", process.target, "set-policy", "optimistic")
+    code, out, err = admin(capsys, "--target", address, "--token", TOKENS["admin"], "set-policy", "naive")
+    assert (code, out, err) == (0, "policy: optimistic -> naive\n", "")
+    assert status(capsys, process.target)["policy"] == "naive"

@@ -1,0 +1,59 @@
+"""A client not written in Python reaches the daemon: `buf curl` (Go) over the unix socket.
+
+Health check, the reflection listing, and one real call described only by reflection.
+Skips, saying why, when neither `$BUF` nor `npx` can run buf (e.g. offline without a cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from daemon_harness import DaemonProcess
+
+pytestmark = pytest.mark.slow
+
+
+def _buf_command() -> list[str]:
+    if os.environ.get("BUF"):
+        return [os.environ["BUF"]]
+    if shutil.which("buf"):
+        return ["buf"]
+    if shutil.which("npx") is None:
+        pytest.skip("neither buf nor npx is installed (set BUF=/path/to/buf to run this test)")
+    command = ["npx", "--yes", "@bufbuild/buf"]
+    try:
+        probe = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.skip("npx could not fetch @bufbuild/buf within 180 s")
+    if probe.returncode != 0:
+        pytest.skip(f"npx could not run @bufbuild/buf: {probe.stderr.strip()[:200]}")
+    return command
+
+
+def _curl(buf: list[str], daemon: DaemonProcess, *args: str) -> str:
+    result = subprocess.run(
+        [*buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge", "--unix-socket", str(daemon.socket_path),
+         *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_buf_curl_health_reflection_and_a_call(tmp_path) -> None:
+    buf = _buf_command()
+    with DaemonProcess(tmp_path) as daemon:
+        health = json.loads(_curl(buf, daemon, "http://localhost/grpc.health.v1.Health/Check"))
+        assert health == {"status": "SERVING"}
+        services = _curl(buf, daemon, "--list-services", "http://localhost").split()
+        assert {"kvbudget.v1.EngineService", "kvbudget.v1.ObserverService", "kvbudget.v1.AdminService",
+                "grpc.health.v1.Health"} <= set(services)
+        # cdiv(1024, 16) = 64 blocks per request on a 64-block pool: one at a time.
+        estimate = json.loads(_curl(buf, daemon, "-d", '{"tokens_per_request": 1024}',
+                                    "http://localhost/kvbudget.v1.ObserverService/Estimate"))
+        assert estimate == {"maxConcurrency": 1, "naiveMaxConcurrency": 1, "blocksPerRequest": [64]}

@@ -1,0 +1,120 @@
+"""Processes dying: an engine SIGKILLed mid-flight, the daemon SIGKILLed under load."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import pytest
+
+from kvbudget.client import EngineClient, ObserverClient
+from kvbudget.daemon.records import RequestSpec
+
+from daemon_harness import DaemonProcess, await_until
+
+pytestmark = pytest.mark.slow
+
+ENGINE_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from kvbudget.client import EngineClient
+    from kvbudget.daemon.records import RequestSpec
+
+    async def main():
+        engine = EngineClient(sys.argv[1], "doomed")
+        await engine.open()
+        await engine.step(submits=[RequestSpec(f"d{i}", 100, 28) for i in range(3)])
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_sigkilled_engine_gets_its_blocks_taken_back(tmp_path) -> None:
+    # 3 requests x cdiv(100, 16) = 21 blocks held; lease 3 s, heartbeats every 1 s.
+    with DaemonProcess(tmp_path, "--policy", "guaranteed", lease_ttl_s=3) as daemon:
+        engine = subprocess.Popen([sys.executable, "-c", ENGINE_SCRIPT, daemon.target], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert (await asyncio.to_thread(engine.stdout.readline)).strip() == "ready"
+            async with ObserverClient(daemon.target) as observer:
+                snapshot = await observer.snapshot()
+                assert snapshot.num_held_blocks == 21
+                await asyncio.sleep(4)  # past the TTL: the heartbeats keep the lease
+                snapshot = await observer.snapshot()
+                assert [(e.engine_id, e.blocks_held) for e in snapshot.engines] == [("doomed", 21)]
+
+                engine.send_signal(signal.SIGKILL)
+                engine.wait(30)
+
+                async def pool_empty():
+                    s = await observer.snapshot()
+                    return s.num_held_blocks == 0 and not s.engines and s.num_free_blocks == 64
+
+                await await_until(pool_empty, timeout=30)
+        finally:
+            engine.kill()
+            engine.wait()
+        expired = daemon.decision_rows("kind = 'expire'")
+        assert sorted((r["request_id"], r["reason"], r["engine_id"]) for r in expired) == [
+            (f"d{i}", "lease_expired", "doomed") for i in range(3)
+        ]
+        assert sum(r["freed_blocks"] for r in expired) == 21
+
+
+async def test_every_decision_a_client_received_survives_a_daemon_sigkill(tmp_path) -> None:
+    daemon = DaemonProcess(tmp_path, "--policy", "guaranteed", lease_ttl_s=30).start()
+    received: list = []
+    killed = asyncio.Event()
+
+    async def engine_loop(name: str) -> None:
+        client = EngineClient(daemon.target, name, heartbeat=False, call_timeout_s=10)
+        await client.open()
+        previous: list[str] = []
+        step = 0
+        try:
+            while not killed.is_set():
+                ids = [f"{name}-{step}-{i}" for i in range(20)]
+                step += 1
+                try:
+                    # each request: prompt 16 + 16 new = 2 blocks reserved; 20 per step fit
+                    decisions = await client.step(submits=[RequestSpec(r, 16, 16) for r in ids], finishes=previous)
+                except grpc.aio.AioRpcError:
+                    return  # the daemon died under this call: nothing was promised
+                received.extend(decisions)
+                previous = ids
+        finally:
+            client._closed = True  # noqa: SLF001 - skip CloseSession on a dead daemon
+            await client._channel.close()  # noqa: SLF001
+
+    async def killer() -> None:
+        while len(received) < 2000:
+            await asyncio.sleep(0.01)
+        daemon.signal(signal.SIGKILL)
+        killed.set()
+
+    try:
+        await asyncio.gather(engine_loop("e1"), engine_loop("e2"), killer())
+        daemon.wait(30)
+        assert len(received) >= 2000
+        logged = {r["seq"] for r in daemon.decision_rows()}
+        missing = [d for d in received if d.seq not in logged]
+        assert missing == []
+        # It restarts on the same log file and keeps appending.
+        restarted = DaemonProcess(tmp_path, "--policy", "guaranteed").start()
+        try:
+            async with EngineClient(restarted.target, "e1") as client:
+                [admit] = await client.step(submits=[RequestSpec("after-restart", 16, 16)])
+            rows = restarted.decision_rows()
+            assert len(rows) == len(logged) + 1 + 1  # + ADMIT + the RELEASE on CloseSession
+            assert admit.seq in {r["seq"] for r in rows[len(logged):]}
+        finally:
+            restarted.stop()
+    finally:
+        daemon.stop()
