@@ -3,21 +3,69 @@
 Callers pass `now` (seconds, any monotonic origin) to every call, so the same object runs
 under the daemon, the offline replayer and the tests, deterministically.
 
-Every mutating call returns the decisions it caused, in order. The caller's own request
-comes first; then anything it triggered (a preemption to make room, queued requests
-admitted once blocks came back, ...). "Does not fit" is a decision, never an exception;
-exceptions are for misuse (unknown or duplicate ids, bad numbers) and name the field.
+Every mutating call returns the decisions it caused, in the order they happened (`seq`
+increases by one per decision across the controller). The caller's own decision comes
+first for submit, finish, abort and progress; a grow that had to preempt victims returns
+their PREEMPTs before its GROW (each decision's pool counts are the state after it).
+"Does not fit" is a decision, never an exception; exceptions are for misuse (unknown or
+duplicate ids, bad numbers) and name the field. An ADMIT carries the request's whole block
+table per group in `new_block_ids` (cached prefix blocks first, 0 for slots already outside
+a sliding window); a GROW carries the ids appended. Progress that frees nothing yields no
+decision; a grow for a request that is waiting (preempted earlier in the same engine step)
+yields DENY `not_running`.
+
+The invariant everything rests on: `pool.num_free_blocks >= Σ reserved-not-held` over all
+running requests, plus one block per extra reference on a shared sliding-window block
+(see ledger.py). Admission, growth within a reservation, reclamation and release all keep
+it, so a reservation is a promise the pool can always keep. Module map: fit.py decides
+whether a request fits, ledger.py moves blocks and keeps the totals, waiting_queue.py
+orders the queue, policies.py and predictor.py say what to reserve.
+
+Contract with the engine (vLLM's chunked prefill): a request's slots run at most F =
+`max_num_batched_tokens` tokens ahead of its computed tokens. Admission allocates the
+first chunk, `min(prompt, hits + F)` slots; the engine grows chunk by chunk. Growing to
+more than F ahead is allowed but is not covered by a guaranteed reservation. Growing past
+L (prompt + max new tokens, capped at max_model_len) is misuse: AdmissionError on
+`num_tokens`.
+
+Victims (optimistic and predictive requests only; guaranteed and naive ones are never
+preempted): the running request with the numerically largest priority value, then the
+latest arrival, first; the request that grows stops the search — if it is itself the worst,
+it is preempted (vLLM's behaviour). A preempted request frees all its blocks, waits at the
+front of its priority class, and is readmitted only when the worst case of the length it
+had reached fits (that is also what it then reserves), so its recompute cannot be
+preempted by its own growth and it cannot bounce straight back in.
+
+Queue: bounded backfill — when the head does not fit, up to `backfill_depth` requests
+behind it may be admitted past it, until the head has waited `max_head_wait_s`; from then
+on nothing passes it. Bound: with equal priorities, a request that reaches the head is
+admitted at most `max_head_wait_s` plus the time the requests running at that moment take
+to release enough blocks (nothing new is admitted ahead of it meanwhile, except preempted
+requests returning).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget.daemon import policies
+from kvbudget.daemon.budget import blocks_held
+from kvbudget.daemon.fit import FitTest, extra_for_growth
+from kvbudget.daemon.ledger import BlockLedger
 from kvbudget.daemon.pool import BlockPool
-from kvbudget.daemon.records import Decision, RequestSpec, Snapshot
+from kvbudget.daemon.predictor import OutputLengthPredictor
+from kvbudget.daemon.records import (
+    Decision,
+    DecisionKind,
+    Reason,
+    RequestSpec,
+    Snapshot,
+)
+from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.daemon.waiting_queue import WaitingQueue
 
-POLICIES = ("optimistic", "guaranteed", "predictive", "naive")
+POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive", "naive")
 
 
 class AdmissionError(Exception):
@@ -42,67 +90,482 @@ class AdmissionConfig:
     max_num_batched_tokens: int = 8192  # F in the budget formulas
     policy: str = "optimistic"
     enable_prefix_caching: bool = True
-    lookahead_tokens: int = 0  # optimistic: slots reserved beyond the prompt at admission
+    lookahead_tokens: int = 0  # optimistic: slots allocated beyond the prompt at admission
     watermark: float = 0.01  # optimistic: share of the pool kept free at admission
     max_queue_len: int = 0  # 0: unbounded
     backfill_depth: int = 16  # requests behind a blocked head that may be tried
     max_head_wait_s: float = 30.0  # aging: after this, nothing may pass the head
     reject_over_quota: bool = False  # tenant over quota: reject (True) or queue (False)
+    fair_share: bool = True  # across tenants: least charged per weight first (else arrival)
+    predictor_quantile: float = 0.9  # predictive: output-length quantile reserved for
+
+    def validate(self) -> None:
+        checks = (
+            ("max_model_len", self.max_model_len >= 1, "must be at least 1"),
+            ("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "must be at least 1"),
+            ("policy", self.policy in policies.POLICIES, f"must be one of {', '.join(POLICIES)}"),
+            ("lookahead_tokens", self.lookahead_tokens >= 0, "must not be negative"),
+            ("watermark", 0.0 <= self.watermark < 1.0, "must be in [0, 1)"),
+            ("max_queue_len", self.max_queue_len >= 0, "must not be negative"),
+            ("backfill_depth", self.backfill_depth >= 0, "must not be negative"),
+            ("max_head_wait_s", self.max_head_wait_s >= 0, "must not be negative"),
+            ("predictor_quantile", 0.0 < self.predictor_quantile <= 1.0, "must be in (0, 1]"),
+        )
+        for name, ok, message in checks:
+            if not ok:
+                raise AdmissionError(name, f"{message}, got {getattr(self, name)!r}")
 
 
 class AdmissionController:
-    """See the module docstring. Implementation lives with the admission issue."""
+    """See the module docstring."""
 
     def __init__(
         self,
         layout: KVCacheLayout,
         num_blocks: int,
         config: AdmissionConfig,
+        *,
+        predictor: OutputLengthPredictor | None = None,
     ) -> None:
-        raise NotImplementedError
+        config.validate()
+        if num_blocks < 1:
+            raise AdmissionError("num_blocks", f"must be at least 1, got {num_blocks}")
+        self.layout = layout
+        self.config = config
+        self.ledger = BlockLedger(layout, num_blocks)
+        self.pool: BlockPool = self.ledger.pool
+        self.policy = policies.POLICIES[config.policy]
+        self.predictor = predictor or OutputLengthPredictor(quantile=config.predictor_quantile)
+        self._num_groups = len(layout.groups)
+        self._fit = FitTest(
+            layout,
+            self.ledger,
+            self.predictor,
+            max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            prefix_caching=config.enable_prefix_caching,
+            lookahead_tokens=config.lookahead_tokens,
+            watermark_blocks=int(config.watermark * self.pool.capacity),
+            reject_over_quota=config.reject_over_quota,
+        )
+        self._requests: dict[str, RequestState] = {}
+        self._running: dict[str, RequestState] = {}
+        self._queue = WaitingQueue(fair_share=config.fair_share)
+        self._seq = 0
+        self._order = 0
+        self._dirty = False  # blocks or promises came back since the last queue pass
+        self._epoch = 0  # bumped when a policy or quota change may change any answer
+        # Counters keyed by enum member (a member's .value is a slow descriptor lookup).
+        self._decisions_by_kind: dict[DecisionKind, int] = {}
+        self._rejections: dict[Reason, int] = {}
+        self._preemptions: dict[Reason, int] = {}
+        self._prefix_hit_blocks = 0
+        self._prefix_query_blocks = 0
 
-    pool: BlockPool
-    layout: KVCacheLayout
-    config: AdmissionConfig
-
+    # ================================================================ public API
     def submit(self, request: RequestSpec, now: float) -> list[Decision]:
         """ADMIT (with block ids per group), QUEUE or REJECT, then anything it caused."""
-        raise NotImplementedError
+        rid = request.request_id
+        if not rid:
+            raise AdmissionError("request_id", "must not be empty")
+        if rid in self._requests:
+            raise DuplicateRequest("request_id", f"{rid!r} is already known")
+        if request.prompt_tokens < 1:
+            raise AdmissionError("prompt_tokens", f"must be at least 1, got {request.prompt_tokens}")
+        max_new = request.max_new_tokens
+        if max_new is not None and max_new < 0:
+            raise AdmissionError("max_new_tokens", f"must not be negative, got {max_new}")
+        max_model_len = self.config.max_model_len
+        self._order += 1
+        r = RequestState(
+            spec=request,
+            max_len=min(request.prompt_tokens + (max_model_len if max_new is None else max_new), max_model_len),
+            order=self._order,
+            num_groups=self._num_groups,
+        )
+        if request.prompt_tokens > max_model_len:
+            return [self._reject(r, Reason.PROMPT_TOO_LONG, now, f"max_model_len {max_model_len}")]
+        worst = sum(self._fit.worst(r.max_len))
+        if worst > self.pool.capacity:
+            return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {self.pool.capacity}")]
+        self._requests[rid] = r
+        self.ledger.tenant(request.tenant)
+        if not self._queue:
+            decision = self._try_admit(r, now)
+        else:
+            self._enqueue(r, now, preempted=False)
+            decision = None
+            for candidate in self._candidates(now):
+                if candidate is r:
+                    decision = self._try_admit(r, now)
+                    break
+            else:
+                r.wait_reason = Reason.QUEUE_AHEAD
+        if decision is None:
+            limit = self.config.max_queue_len
+            deadline = request.deadline_s
+            if deadline is not None and deadline < now:
+                decision = self._reject(r, Reason.DEADLINE, now, f"deadline {deadline} already passed")
+            elif limit and len(self._queue) - r.queued >= limit:
+                decision = self._reject(r, Reason.QUEUE_FULL, now, f"max_queue_len {limit}")
+            else:
+                if not r.queued:
+                    self._enqueue(r, now, preempted=False)
+                decision = self._decide(DecisionKind.QUEUE, r.wait_reason, r, now)
+        return [decision, *self.schedule(now, full_pass=False)]
 
     def grow(self, request_id: str, num_tokens: int, now: float) -> list[Decision]:
-        """Extend a running request to `num_tokens` slots: GROW with new ids, or DENY
-        (and, per policy, PREEMPT decisions for victims, possibly the request itself)."""
-        raise NotImplementedError
+        """Extend a running request to `num_tokens` slots: GROW with new ids, or DENY, or
+        (optimistic / predictive) PREEMPT victims first — possibly the request itself."""
+        r = self._get(request_id)
+        if r.status is not Status.RUNNING:
+            return [self._decide(DecisionKind.DENY, Reason.NOT_RUNNING, r, now, detail="waiting")]
+        if num_tokens > r.max_len:
+            raise AdmissionError(
+                "num_tokens", f"{num_tokens} is past the request's maximum length {r.max_len}"
+            )
+        if num_tokens < r.num_tokens:
+            raise AdmissionError("num_tokens", f"{num_tokens} is below the {r.num_tokens} slots held")
+        new_held = [blocks_held(s, num_tokens, r.num_computed) for s in self.ledger.specs]
+        decisions: list[Decision] = []
+        policy = policies.POLICIES[r.policy]
+        if extra_for_growth(r, new_held) > self.ledger.spare and policy.preempts:
+            decisions = self._preempt_for(r, num_tokens, new_held, now)
+            if r.status is not Status.RUNNING:
+                return decisions + self.schedule(now)
+        if extra_for_growth(r, new_held) > self.ledger.spare:
+            reason = Reason.OVER_RESERVATION if r.owed or any(r.base) else Reason.POOL_FULL
+            return [self._decide(DecisionKind.DENY, reason, r, now)]
+        new_ids = self.ledger.grow(r, num_tokens, new_held)
+        decisions.append(self._decide(DecisionKind.GROW, Reason.FITS, r, now, new_ids=new_ids))
+        if len(decisions) > 1:
+            decisions += self.schedule(now)
+        return decisions
 
     def progress(self, request_id: str, num_computed: int, now: float) -> list[Decision]:
-        """Tokens computed so far: blocks out of the window go back (RECLAIM), full prompt
-        blocks enter the prefix cache, queued requests may be admitted."""
-        raise NotImplementedError
+        """Tokens computed so far: full prompt blocks enter the prefix cache, blocks out of
+        the window go back (RECLAIM), queued requests may be admitted.
+
+        Progress that frees nothing yields no decision (decisions are about blocks)."""
+        r = self._get(request_id)
+        if r.status is not Status.RUNNING:
+            return []  # preempted earlier in this step: nothing of it is left to report
+        if num_computed < r.num_computed:
+            raise AdmissionError(
+                "num_computed", f"{num_computed} is below the {r.num_computed} already computed"
+            )
+        if num_computed > r.num_tokens:
+            raise AdmissionError("num_computed", f"{num_computed} is past the {r.num_tokens} slots held")
+        freed = self.ledger.progress(r, num_computed, r.spec.prefix_hashes, self._fit.prefix_caching)
+        if not freed:
+            return self.schedule(now, full_pass=False)
+        self._dirty = True
+        decision = self._decide(DecisionKind.RECLAIM, Reason.WINDOW, r, now, freed=freed)
+        return [decision, *self.schedule(now)]
 
     def finish(self, request_id: str, now: float) -> list[Decision]:
         """RELEASE the request's blocks (prefix blocks stay cached), then admit from queue."""
-        raise NotImplementedError
+        r = self._get(request_id)
+        if r.status is Status.RUNNING:
+            self.predictor.observe(r.tenant, max(0, r.num_tokens - r.spec.prompt_tokens))
+        return self._end(r, DecisionKind.RELEASE, Reason.FINISHED, now)
 
     def abort(self, request_id: str, now: float) -> list[Decision]:
         """Like finish for a running request; removes a queued one from the queue."""
-        raise NotImplementedError
+        return self._end(self._get(request_id), DecisionKind.RELEASE, Reason.ABORTED, now)
 
     def expire_engine(self, engine_id: str, now: float) -> list[Decision]:
         """The engine's lease lapsed: EXPIRE each of its requests, running or queued."""
-        raise NotImplementedError
+        mine = [r for r in self._requests.values() if r.spec.engine_id == engine_id]
+        decisions: list[Decision] = []
+        for r in sorted(mine, key=lambda r: r.order, reverse=True):
+            decisions += self._end(r, DecisionKind.EXPIRE, Reason.LEASE_EXPIRED, now, schedule=False)
+        return decisions + self.schedule(now)
 
-    def schedule(self, now: float) -> list[Decision]:
-        """Admit what fits from the queue; reject requests whose deadline passed."""
-        raise NotImplementedError
+    def schedule(self, now: float, *, full_pass: bool = True) -> list[Decision]:
+        """Reject waiting requests whose deadline passed; admit what fits from the queue.
+
+        `full_pass=False` skips the admission pass unless something came back since the
+        last one (nothing else can make a waiting request fit)."""
+        if not self._queue:
+            return []
+        decisions = [
+            self._reject(r, Reason.DEADLINE, now, f"deadline {r.spec.deadline_s}")
+            for r in self._queue.expired(now)
+        ]
+        if decisions or self._dirty or full_pass:
+            decisions += self._admit_from_queue(now)
+        return decisions
 
     def set_policy(self, policy: str, now: float) -> list[Decision]:
-        raise NotImplementedError
+        """Switch the policy for new admissions; running requests keep their promises."""
+        if policy not in policies.POLICIES:
+            raise AdmissionError("policy", f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        previous = self.policy.name
+        self.policy = policies.POLICIES[policy]
+        self._dirty = True
+        self._epoch += 1
+        self._seq += 1
+        decision = Decision(
+            seq=self._seq, time_s=now, kind=DecisionKind.POLICY, reason=Reason.SWITCH,
+            request_id="", policy=policy, detail=f"{previous} -> {policy}",
+            num_free_blocks=self.pool.num_free_blocks, num_waiting=len(self._queue),
+            num_running=len(self._running),
+        )
+        self._count(DecisionKind.POLICY)
+        return [decision, *self.schedule(now)]
 
     def set_tenant_quota(self, tenant: str, max_share: float | None, weight: float = 1.0) -> None:
-        raise NotImplementedError
+        """A tenant's maximum share of the pool (None or 0: no quota) and fair-share weight."""
+        if max_share is not None and not 0.0 <= max_share <= 1.0:
+            raise AdmissionError("max_share", f"must be in (0, 1], got {max_share}")
+        if not weight > 0.0:
+            raise AdmissionError("weight", f"must be positive, got {weight}")
+        account = self.ledger.tenant(tenant)
+        account.max_share = max_share or None
+        account.weight = weight
+        self._dirty = True
+        self._epoch += 1
 
     def snapshot(self, now: float) -> Snapshot:
-        raise NotImplementedError
+        ledger, pool = self.ledger, self.pool
+        capacity = pool.capacity
+        return Snapshot(
+            time_s=now,
+            policy=self.policy.name,
+            num_blocks=capacity,
+            num_free_blocks=pool.num_free_blocks,
+            num_held_blocks=pool.num_held_blocks,
+            num_reserved_blocks=ledger.owed + ledger.window_share_reserve,
+            num_evictable_blocks=pool.num_evictable_blocks,
+            num_running=len(self._running),
+            num_waiting=len(self._queue),
+            num_preemptions=sum(self._preemptions.values()),
+            preemptions_by_reason={k.value: n for k, n in self._preemptions.items()},
+            rejections_by_reason={k.value: n for k, n in self._rejections.items()},
+            decisions_by_kind={k.value: n for k, n in self._decisions_by_kind.items()},
+            groups=ledger.group_snapshots(),
+            tenants=ledger.tenant_snapshots(),
+            prefix_hit_blocks=self._prefix_hit_blocks,
+            prefix_query_blocks=self._prefix_query_blocks,
+        )
 
     def check_integrity(self) -> None:
-        raise NotImplementedError
+        """Pool, tables, budget formulas, counters and queue all agree (O(pool): tests only)."""
+        self.ledger.check_integrity(self._running)
+        waiting = list(self._queue.all())
+        assert len(waiting) == len(self._queue), "queue length counter"
+        assert len(waiting) + len(self._running) == len(self._requests), "a request is lost"
+        for r in waiting:
+            assert r.status is Status.WAITING and r.queued and not r.tables, f"{r.request_id} waiting"
+            assert self._requests.get(r.request_id) is r, f"{r.request_id} queued but unknown"
+        for r in self._running.values():
+            assert not r.queued and self._requests.get(r.request_id) is r, f"{r.request_id} running"
+        for name, account in self.ledger.tenants.items():
+            assert account.waiting == sum(1 for r in waiting if r.tenant == name), f"tenant {name!r} waiting"
+        if not self._running and self._queue:
+            raise AssertionError("deadlock: nothing runs and the queue is not empty")
+
+    # ---------------------------------------------------------------- reading
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._queue)
+
+    def request(self, request_id: str) -> RequestState:
+        """The live state of a known request (read-only by convention)."""
+        return self._get(request_id)
+
+    def running_requests(self) -> list[RequestState]:
+        return list(self._running.values())
+
+    def waiting_requests(self) -> list[RequestState]:
+        return list(self._queue.in_order(self.ledger.tenants))
+
+    # ================================================================ internals
+    def _get(self, request_id: str) -> RequestState:
+        r = self._requests.get(request_id)
+        if r is None:
+            raise UnknownRequest("request_id", f"{request_id!r} is not a known request")
+        return r
+
+    def _enqueue(self, r: RequestState, now: float, *, preempted: bool) -> None:
+        self._queue.push(r, preempted)
+        r.failed_epoch = -1
+        r.queued = True
+        r.queued_at = now
+        self.ledger.tenants[r.tenant].waiting += 1
+
+    def _dequeue(self, r: RequestState) -> None:
+        self._queue.remove(r)
+        r.queued = False
+        self.ledger.tenants[r.tenant].waiting -= 1
+
+    def _candidates(self, now: float):
+        """The head, then (unless it has waited past max_head_wait_s) up to backfill_depth more."""
+        order = self._queue.in_order(self.ledger.tenants)
+        head = next(order, None)
+        if head is None:
+            return
+        yield head
+        if now - head.queued_at > self.config.max_head_wait_s:
+            return
+        for _, r in zip(range(self.config.backfill_depth), order):
+            yield r
+
+    def _admit_from_queue(self, now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        self._dirty = False
+        changed = True
+        while changed and self._queue:
+            changed = False
+            for r in self._candidates(now):
+                if r.failed_epoch == self._epoch and self.ledger.spare <= r.failed_spare:
+                    # Lacked blocks last time and none came back since: same answer, and
+                    # a prefix lookup of a long prompt is not free. (A prefix published
+                    # meanwhile is seen on the next release; an idle pool is always
+                    # retried, its spare being the whole pool.)
+                    continue
+                decision = self._try_admit(r, now)
+                if decision is not None:  # admitted or rejected: the order changed, start over
+                    decisions.append(decision)
+                    changed = True
+                    break
+        return decisions
+
+    def _try_admit(self, r: RequestState, now: float) -> Decision | None:
+        """ADMIT or REJECT `r` now, or None (with `r.wait_reason`) if it must wait."""
+        policy = self.policy
+        plan = self._fit.plan(r, policy)
+        refusal = self._fit.refusal(r, plan, policy, bool(self._running))
+        if refusal is not None:
+            if refusal.final:
+                return self._reject(r, refusal.reason, now, refusal.detail)
+            r.wait_reason = refusal.reason
+            if refusal.reason is not Reason.TENANT_QUOTA:
+                r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
+            return None
+        if r.queued:
+            self._dequeue(r)
+        r.policy = policy.name
+        r.predicted_output = plan.predicted
+        hit = plan.hit
+        self.ledger.admit(r, hit, plan.base, plan.num_tokens, plan.held)
+        self._running[r.request_id] = r
+        self._prefix_hit_blocks += hit.num_blocks
+        self._prefix_query_blocks += hit.queried
+        reason = Reason.PREFIX_HIT if hit.num_blocks else Reason.FITS
+        new_ids = tuple(tuple(t) for t in r.tables)
+        return self._decide(DecisionKind.ADMIT, reason, r, now, new_ids=new_ids)
+
+    def _preempt_for(
+        self, r: RequestState, num_tokens: int, new_held: list[int], now: float
+    ) -> list[Decision]:
+        """Preempt victims, worst first, until `r`'s growth fits; `r` itself stops the search."""
+        victims = sorted(
+            (v for v in self._running.values() if policies.POLICIES[v.policy].preempts),
+            key=lambda v: (v.spec.priority, v.order),
+            reverse=True,
+        )
+        decisions: list[Decision] = []
+        for v in victims:
+            if extra_for_growth(r, new_held) <= self.ledger.spare:
+                break
+            if v is r:
+                detail = "preempted itself: the pool is dry and nothing running ranks below it"
+                # It comes back only when the length it asked for fits, not the one it had:
+                # else it would be readmitted at once and preempt itself again.
+                decisions.append(self._preempt(r, Reason.GROWTH, now, detail, resume_len=num_tokens))
+                break
+            reason = Reason.PRIORITY if v.spec.priority > r.spec.priority else Reason.GROWTH
+            decisions.append(self._preempt(v, reason, now, f"to let {r.request_id!r} grow"))
+        if decisions and r.policy == "predictive":
+            self.predictor.on_preemption()
+        return decisions
+
+    def _preempt(
+        self, v: RequestState, reason: Reason, now: float, detail: str, resume_len: int = 0
+    ) -> Decision:
+        v.resume_len = min(max(v.spec.prompt_tokens, v.num_tokens, resume_len), v.max_len)
+        freed = self.ledger.release(v)
+        del self._running[v.request_id]
+        self._enqueue(v, now, preempted=True)
+        self._preemptions[reason] = self._preemptions.get(reason, 0) + 1
+        self._dirty = True
+        detail = f"{detail}; resumes at {v.resume_len} tokens"
+        return self._decide(DecisionKind.PREEMPT, reason, v, now, freed=freed, detail=detail)
+
+    def _end(
+        self, r: RequestState, kind: DecisionKind, reason: Reason, now: float, *, schedule: bool = True
+    ) -> list[Decision]:
+        freed = 0
+        if r.status is Status.RUNNING:
+            freed = self.ledger.release(r)
+            del self._running[r.request_id]
+            self._dirty = True
+        elif r.queued:
+            self._dequeue(r)
+        del self._requests[r.request_id]
+        decision = self._decide(kind, reason, r, now, freed=freed)
+        self._forget_idle_tenant(r.tenant)
+        return [decision, *self.schedule(now)] if schedule else [decision]
+
+    def _forget_idle_tenant(self, tenant: str) -> None:
+        account = self.ledger.tenants.get(tenant)
+        if account and not (account.running or account.waiting or account.max_share) and account.weight == 1.0:
+            del self.ledger.tenants[tenant]
+
+    def _reject(self, r: RequestState, reason: Reason, now: float, detail: str) -> Decision:
+        if r.queued:
+            self._dequeue(r)
+        if self._requests.get(r.request_id) is r:
+            del self._requests[r.request_id]
+            self._forget_idle_tenant(r.tenant)
+        self._rejections[reason] = self._rejections.get(reason, 0) + 1
+        return self._decide(DecisionKind.REJECT, reason, r, now, detail=detail)
+
+    def _count(self, kind: DecisionKind) -> None:
+        self._decisions_by_kind[kind] = self._decisions_by_kind.get(kind, 0) + 1
+
+    def _decide(
+        self,
+        kind: DecisionKind,
+        reason: Reason,
+        r: RequestState,
+        now: float,
+        *,
+        new_ids: tuple[tuple[int, ...], ...] = (),
+        freed: int = 0,
+        detail: str = "",
+    ) -> Decision:
+        self._seq += 1
+        counts = self._decisions_by_kind
+        counts[kind] = counts.get(kind, 0) + 1
+        spec = r.spec
+        running = r.status is Status.RUNNING
+        return Decision(
+            self._seq,
+            now,
+            kind,
+            reason,
+            spec.request_id,
+            spec.engine_id,
+            spec.tenant,
+            r.policy or self.policy.name,
+            spec.prompt_tokens,
+            r.max_len - spec.prompt_tokens,
+            r.num_tokens,
+            r.num_computed,
+            r.reserved() if running else (),
+            tuple(r.held) if running else (),
+            new_ids,
+            freed,
+            r.hit_blocks if kind is DecisionKind.ADMIT else 0,
+            self.pool.num_free_blocks,
+            len(self._queue),
+            len(self._running),
+            detail,
+        )

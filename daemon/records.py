@@ -45,6 +45,7 @@ class Reason(str, enum.Enum):
     DRAINING = "draining"
     OVER_RESERVATION = "over_reservation"  # grew past what was reserved (guaranteed)
     SWITCH = "switch"
+    NOT_RUNNING = "not_running"  # grow for a request that is waiting (e.g. preempted this step)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,153 @@
+"""Does a request fit now, and with what? The admission test, free of side effects.
+
+`plan` works out what admitting a waiting request would take under a policy: its prefix
+hits, the base reservation per group, the first chunk (`min(prompt, hits + F)` slots, as
+chunked prefill allocates; + lookahead for optimistic), the blocks that chunk holds
+(`budget.blocks_held`), what its tenant is charged (`Σ max(held, base)`) and what the pool
+must find for it (`need`: the charge less hits other requests hold in full-attention
+groups). `refusal` says why it cannot be admitted now, or for good, or None.
+
+The formulas are the budget module's; the memos below only remember their answers
+(pure functions of small integers that admission asks again and again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbudget.daemon.budget import blocks_held, request_naive, request_worst_case
+from kvbudget.daemon.ledger import BlockLedger
+from kvbudget.daemon.policies import Policy
+from kvbudget.daemon.predictor import OutputLengthPredictor
+from kvbudget.daemon.prefix_hits import (
+    PrefixHit,
+    find_prefix_hit,
+    layout_supports_prefix_cache,
+    no_hit,
+)
+from kvbudget.daemon.records import Reason
+from kvbudget.daemon.requests import RequestState
+from kvbudget.daemon.spec import KVCacheLayout
+
+_MEMO_LIMIT = 65536
+
+
+@dataclass(slots=True)  # not frozen: built on every admission attempt, frozen init is slow
+class Plan:
+    hit: PrefixHit
+    base: tuple[int, ...]  # the policy's reservation per group
+    num_tokens: int  # slots of the first chunk
+    held: list[int]  # blocks per group for those slots, hits included
+    predicted: int  # predictive: output tokens reserved for
+    charge: int  # Σ max(held, base): what the tenant is charged
+    need: int  # what the pool must find: charge - hits held by others (full groups)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: Reason
+    final: bool  # True: reject for good; False: wait
+    detail: str = ""
+
+
+class FitTest:
+    def __init__(
+        self,
+        layout: KVCacheLayout,
+        ledger: BlockLedger,
+        predictor: OutputLengthPredictor,
+        *,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        prefix_caching: bool,
+        lookahead_tokens: int,
+        watermark_blocks: int,
+        reject_over_quota: bool,
+    ) -> None:
+        self.layout = layout
+        self.ledger = ledger
+        self.predictor = predictor
+        self.F = max_num_batched_tokens
+        self.prefix_caching = prefix_caching and layout_supports_prefix_cache(layout)
+        self.lookahead_tokens = lookahead_tokens
+        self.watermark_blocks = watermark_blocks
+        self.reject_over_quota = reject_over_quota
+        self.naive_base = request_naive(layout, max_model_len).per_group
+        self._no_hit = no_hit(len(layout.groups))
+        self._worst: dict[int, tuple[int, ...]] = {}
+        self._held: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    # ------------------------------------------------------------------ memos
+    def worst(self, num_tokens: int) -> tuple[int, ...]:
+        """budget.request_worst_case(...).per_group, remembered."""
+        base = self._worst.get(num_tokens)
+        if base is None:
+            if len(self._worst) > _MEMO_LIMIT:
+                self._worst.clear()
+            base = self._worst[num_tokens] = request_worst_case(self.layout, num_tokens, self.F).per_group
+        return base
+
+    def held(self, num_tokens: int, num_computed: int) -> list[int]:
+        """budget.blocks_held per group, remembered."""
+        key = (num_tokens, num_computed)
+        held = self._held.get(key)
+        if held is None:
+            if len(self._held) > _MEMO_LIMIT:
+                self._held.clear()
+            held = tuple(blocks_held(s, num_tokens, num_computed) for s in self.ledger.specs)
+            self._held[key] = held
+        return list(held)
+
+    # ------------------------------------------------------------------ the test
+    def plan(self, r: RequestState, policy: Policy) -> Plan:
+        spec = r.spec
+        prompt = spec.prompt_tokens
+        if self.prefix_caching and spec.prefix_hashes:
+            hit = find_prefix_hit(self.ledger.pool, self.layout, spec.prefix_hashes, prompt)
+        else:
+            hit = self._no_hit
+        predicted = self.predictor.predict(spec.tenant, r.max_len - prompt) if policy.uses_prediction else 0
+        if policy.charges_naive:
+            base = self.naive_base
+        else:
+            base = self.worst(policy.reserved_length(prompt, r.max_len, r.resume_len, predicted))
+        target = r.resume_len or prompt
+        if policy.uses_lookahead:
+            target = min(target + self.lookahead_tokens, r.max_len)
+        num_tokens = min(target, hit.num_tokens + self.F)
+        held = self.held(num_tokens, hit.num_tokens)
+        charge = sum(h if h > b else b for h, b in zip(held, base))
+        need = charge
+        if hit.num_blocks:  # window-group hits are not free for good: see ledger.py
+            need -= sum(hit.shared[g] for g in self.ledger.prefix_groups)
+        return Plan(hit, base, num_tokens, held, predicted, charge, need)
+
+    def refusal(self, r: RequestState, plan: Plan, policy: Policy, anything_running: bool) -> Refusal | None:
+        ledger = self.ledger
+        capacity = ledger.pool.capacity
+        charge = plan.charge
+        if charge > capacity:
+            return Refusal(Reason.NEVER_FITS, True, f"{policy.name} charges {charge} > pool {capacity}")
+        account = ledger.tenants[r.tenant]
+        quota = account.quota_blocks(capacity)
+        if quota is not None and account.charged + charge > quota:
+            detail = f"tenant {r.tenant!r} at {account.charged} + {charge} > quota {quota}"
+            return Refusal(Reason.TENANT_QUOTA, charge > quota or self.reject_over_quota, detail)
+        spare = ledger.spare
+        if plan.need > spare:
+            reason = Reason.POOL_FULL if plan.need > ledger.pool.num_free_blocks else Reason.BUDGET_FULL
+            return Refusal(reason, False)
+        # The watermark never blocks an idle pool: that would stall admission for good.
+        if policy.uses_watermark and anything_running and spare - plan.need < self.watermark_blocks:
+            return Refusal(Reason.WATERMARK, False)
+        return None
+
+
+def extra_for_growth(r: RequestState, new_held: list[int]) -> int:
+    """Blocks growing to `new_held` takes beyond what `r` was promised (may be <= 0)."""
+    delta = owed_after = 0
+    for h, nh, b in zip(r.held, new_held, r.base):
+        delta += nh - h
+        if b > nh:
+            owed_after += b - nh
+    return delta - (r.owed - owed_after)

@@ -1,0 +1,280 @@
+"""The block ledger: the pool plus running totals of who holds and who is owed what.
+
+Every change to a running request's blocks goes through here, so the totals the snapshot
+reads (held per group, reserved-not-held per group and in all, per-tenant charge) are
+kept as counters and a snapshot never walks the pool. `check_integrity` recounts them all
+from scratch and checks them against the pool and the budget formulas.
+
+Shared blocks in sliding-window / chunked groups. A prefix hit on a block another request
+holds costs nothing *now*, but in a window group the hit leaves the window later; whichever
+holder drops its reference first gets no block back (the other still holds it) yet owes
+one more block to its window. So each extra reference on a window-group block keeps one
+block in `window_share_reserve`, and what may be promised anew is
+`free - owed - window_share_reserve` (`spare`). Full-attention hits stay in the table
+until the request ends, so they need no such reserve.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvbudget.daemon.budget import block_slots, blocks_held
+from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.prefix_hits import PrefixHit
+from kvbudget.daemon.records import GroupSnapshot, TenantSnapshot
+from kvbudget.daemon.requests import (
+    RequestState,
+    Status,
+    grow_table,
+    publish_prompt_blocks,
+    release_out_of_window,
+    release_table,
+)
+from kvbudget.daemon.spec import KVCacheLayout, LayerKind
+from kvbudget.daemon.waiting_queue import TenantAccount
+
+_WINDOW_KINDS = (LayerKind.SLIDING, LayerKind.CHUNKED)
+
+
+class BlockLedger:
+    def __init__(self, layout: KVCacheLayout, num_blocks: int) -> None:
+        self.layout = layout
+        self.pool = BlockPool(num_blocks + 1)  # + the null block
+        self.specs = tuple(g.spec for g in layout.groups)
+        self.num_groups = len(self.specs)
+        self.window_groups = tuple(i for i, s in enumerate(self.specs) if s.kind in _WINDOW_KINDS)
+        self.prefix_groups = tuple(i for i in range(self.num_groups) if i not in self.window_groups)
+        self.held_per_group = [0] * self.num_groups  # distinct pool blocks
+        self.owed_per_group = [0] * self.num_groups
+        self.reclaimed_per_group = [0] * self.num_groups
+        self.owed = 0  # Σ reserved-not-held over running requests
+        # Σ over window-group blocks of (references - 1): see the module docstring.
+        self.window_share_reserve = 0
+        self.share_reserve_per_group = [0] * self.num_groups
+        self.tenants: dict[str, TenantAccount] = {}
+
+    @property
+    def spare(self) -> int:
+        """Free blocks nobody has been promised: what a new promise may take."""
+        return self.pool.num_free_blocks - self.owed - self.window_share_reserve
+
+    def _dropped_shared(self, g: int, refs_dropped: int, blocks_freed: int) -> None:
+        """References dropped on blocks others still hold release their share reserve."""
+        if g in self.window_groups:
+            shared = refs_dropped - blocks_freed
+            self.window_share_reserve -= shared
+            self.share_reserve_per_group[g] -= shared
+
+    def tenant(self, name: str) -> TenantAccount:
+        account = self.tenants.get(name)
+        if account is None:
+            account = self.tenants[name] = TenantAccount(name)
+        return account
+
+    # ------------------------------------------------------------ totals
+    def _tally(self, r: RequestState, sign: int) -> None:
+        self.owed += sign * r.owed
+        if r.owed:
+            per_group = self.owed_per_group
+            for g, (h, b) in enumerate(zip(r.held, r.base)):
+                if b > h:
+                    per_group[g] += sign * (b - h)
+        account = self.tenants[r.tenant]
+        account.charged += sign * r.charged
+        account.held += sign * sum(r.held)
+
+    # ------------------------------------------------------------ changes
+    def admit(
+        self, r: RequestState, hit: PrefixHit, base: tuple[int, ...], num_tokens: int, held: list[int]
+    ) -> None:
+        """Take the hits, allocate the first chunk; the caller checked that it fits and
+        passes `held` = budget.blocks_held per group for (num_tokens, hit tokens)."""
+        pool = self.pool
+        r.num_tokens = num_tokens
+        r.num_computed = hit.num_tokens
+        r.hit_blocks = r.cached_upto = hit.num_blocks
+        r.base = list(base)
+        tables = [list(t) for t in hit.tables]
+        if hit.num_blocks:
+            # Take every group's hits before allocating anything: an allocation evicts LRU
+            # blocks and must not evict a hit another group is about to use.
+            for g, table in enumerate(tables):
+                before = pool.num_held_blocks
+                pool.touch([b for b in table if b != NULL_BLOCK])
+                self.held_per_group[g] += pool.num_held_blocks - before
+                if g in self.window_groups:
+                    self.window_share_reserve += hit.shared[g]
+                    self.share_reserve_per_group[g] += hit.shared[g]
+        for g, spec in enumerate(self.specs):
+            table = tables[g]
+            before = pool.num_held_blocks
+            grow_table(pool, spec, table, num_tokens)
+            self.held_per_group[g] += pool.num_held_blocks - before
+        r.tables = tables
+        r.held = held
+        r.recount()
+        r.status = Status.RUNNING
+        self._tally(r, +1)
+        self.tenants[r.tenant].running += 1
+
+    def grow(self, r: RequestState, num_tokens: int, new_held: list[int]) -> tuple[tuple[int, ...], ...]:
+        """Extend to `num_tokens` slots (the caller checked it fits); returns new ids per group."""
+        pool = self.pool
+        self._tally(r, -1)
+        new_ids = []
+        for g, spec in enumerate(self.specs):
+            before = pool.num_held_blocks
+            new_ids.append(tuple(grow_table(pool, spec, r.tables[g], num_tokens)))
+            self.held_per_group[g] += pool.num_held_blocks - before
+        r.num_tokens = num_tokens
+        r.held = new_held
+        r.recount()
+        self._tally(r, +1)
+        return tuple(new_ids)
+
+    def progress(self, r: RequestState, num_computed: int, hashes: tuple[int, ...], caching: bool) -> int:
+        """Record computed tokens: publish full prompt blocks, free what left the window."""
+        pool = self.pool
+        r.num_computed = num_computed
+        if caching and hashes:
+            full = min(num_computed, r.spec.prompt_tokens) // self.layout.block_size
+            if full > r.cached_upto:
+                for g, table in enumerate(r.tables):
+                    publish_prompt_blocks(pool, g, table, hashes, r.cached_upto, full)
+                r.cached_upto = full
+        if not self.window_groups:
+            return 0
+        freed_total = 0
+        self._tally(r, -1)
+        for g in self.window_groups:
+            spec = self.specs[g]
+            before = pool.num_held_blocks
+            freed = release_out_of_window(pool, spec, r.tables[g], num_computed)
+            if freed:
+                returned = before - pool.num_held_blocks
+                self.held_per_group[g] -= returned
+                self.reclaimed_per_group[g] += returned
+                self._dropped_shared(g, freed, returned)
+                r.held[g] = blocks_held(spec, r.num_tokens, num_computed)
+                freed_total += freed
+        r.recount()
+        self._tally(r, +1)
+        return freed_total
+
+    def release(self, r: RequestState) -> int:
+        """Drop every block the request holds; returns how many references went back."""
+        pool = self.pool
+        self._tally(r, -1)
+        freed = 0
+        for g, table in enumerate(r.tables):
+            before = pool.num_held_blocks
+            dropped = release_table(pool, table)
+            returned = before - pool.num_held_blocks
+            self.held_per_group[g] -= returned
+            self._dropped_shared(g, dropped, returned)
+            freed += dropped
+        self.tenants[r.tenant].running -= 1
+        r.tables = []
+        r.held = [0] * self.num_groups
+        r.base = [0] * self.num_groups
+        r.charged = r.owed = 0
+        r.num_tokens = r.num_computed = 0
+        r.status = Status.WAITING
+        return freed
+
+    # ------------------------------------------------------------ reading
+    def group_snapshots(self) -> tuple[GroupSnapshot, ...]:
+        return tuple(
+            GroupSnapshot(
+                kind=g.kind.value,
+                description=g.spec.describe(),
+                num_layers=len(g.layer_ids),
+                blocks_held=self.held_per_group[i],
+                blocks_reserved=self.owed_per_group[i] + self.share_reserve_per_group[i],
+                blocks_reclaimed=self.reclaimed_per_group[i],
+            )
+            for i, g in enumerate(self.layout.groups)
+        )
+
+    def tenant_snapshots(self) -> tuple[TenantSnapshot, ...]:
+        capacity = self.pool.capacity
+        return tuple(
+            TenantSnapshot(
+                tenant=a.name,
+                blocks_held=a.held,
+                blocks_reserved=a.charged - a.held,
+                quota_blocks=a.quota_blocks(capacity),
+                weight=a.weight,
+                running=a.running,
+                waiting=a.waiting,
+            )
+            for a in self.tenants.values()
+        )
+
+    # ------------------------------------------------------------ integrity
+    def check_integrity(self, running: dict[str, RequestState]) -> None:
+        pool = self.pool
+        pool.check_integrity()
+        refs: Counter[int] = Counter()
+        held_per_group = [set() for _ in self.specs]  # type: list[set[int]]
+        owed = 0
+        owed_per_group = [0] * self.num_groups
+        charged: Counter[str] = Counter()
+        tenant_held: Counter[str] = Counter()
+        tenant_running: Counter[str] = Counter()
+        for r in running.values():
+            assert r.status is Status.RUNNING, f"{r.request_id} listed running but {r.status}"
+            assert 0 <= r.num_computed <= r.num_tokens <= r.max_len, f"{r.request_id}: token numbers"
+            for g, spec in enumerate(self.specs):
+                table = r.tables[g]
+                expect = blocks_held(spec, r.num_tokens, r.num_computed)
+                real = sum(1 for b in table if b != NULL_BLOCK)
+                assert len(table) == block_slots(spec, r.num_tokens), f"{r.request_id} g{g}: slots"
+                assert real == r.held[g] == expect, (
+                    f"{r.request_id} g{g}: holds {real}, says {r.held[g]}, budget says {expect}"
+                )
+                nulls = len(table) - real
+                assert all(b == NULL_BLOCK for b in table[:nulls]), f"{r.request_id} g{g}: null not leading"
+                for slot, b in enumerate(table):
+                    if b != NULL_BLOCK:
+                        refs[b] += 1
+                        held_per_group[g].add(b)
+                if r.base[g] > r.held[g]:
+                    owed += r.base[g] - r.held[g]
+                    owed_per_group[g] += r.base[g] - r.held[g]
+            reserved = r.reserved()
+            assert all(res >= h for res, h in zip(reserved, r.held)), "reservation below held"
+            charged[r.tenant] += sum(reserved)
+            tenant_held[r.tenant] += sum(r.held)
+            tenant_running[r.tenant] += 1
+        for b, count in refs.items():
+            assert pool.ref_count(b) == count, f"block {b}: ref {pool.ref_count(b)}, tables {count}"
+        assert len(refs) == pool.num_held_blocks, f"tables hold {len(refs)}, pool {pool.num_held_blocks}"
+        assert [len(s) for s in held_per_group] == self.held_per_group, "held per group counter"
+        assert sum(len(s) for s in held_per_group) == pool.num_held_blocks, "a block in two groups"
+        assert owed == self.owed and owed_per_group == self.owed_per_group, "owed counters"
+        extra_refs = [0] * self.num_groups
+        for g in self.window_groups:
+            extra_refs[g] = sum(refs[b] - 1 for b in held_per_group[g])
+        assert extra_refs == self.share_reserve_per_group, "window share reserve per group"
+        assert sum(extra_refs) == self.window_share_reserve, "window share reserve"
+        assert pool.num_free_blocks >= self.owed + self.window_share_reserve, (
+            f"promised {self.owed} + {self.window_share_reserve} blocks,"
+            f" only {pool.num_free_blocks} free"
+        )
+        for name, account in self.tenants.items():
+            assert account.charged == charged[name], f"tenant {name!r} charge"
+            assert account.held == tenant_held[name], f"tenant {name!r} held"
+            assert account.running == tenant_running[name], f"tenant {name!r} running"
+        self._check_sharing(running, refs)
+
+    def _check_sharing(self, running: dict[str, RequestState], refs: Counter[int]) -> None:
+        """A block in more than one table must be the cached block of that prompt position."""
+        for r in running.values():
+            hashes = r.spec.prefix_hashes
+            for g, table in enumerate(r.tables):
+                for slot, b in enumerate(table):
+                    if b != NULL_BLOCK and refs[b] > 1:
+                        assert slot < len(hashes) and self.pool.lookup((g, hashes[slot])) == b, (
+                            f"block {b} shared by {refs[b]} tables but not a cached prefix block"
+                        )

@@ -1,0 +1,85 @@
+"""Predicted output length for the predictive policy, learned online from finished requests.
+
+Choice: a high quantile (default p90) of the output lengths of recently finished requests,
+per tenant once the tenant has `min_samples` of them, else over all tenants, else (cold
+start) the request's own max new tokens — i.e. guaranteed until there is evidence.
+
+Why a quantile rather than SGLang's single `new_token_ratio` × max_new_tokens: the share of
+requests that outgrow their reservation — the ones that may cause a preemption — is about
+1 − q by construction, whatever max_new_tokens clients send (often a loose 4k or 32k cap,
+which makes a ratio of it meaningless). From SGLang we keep the feedback loop: each
+preemption moves the quantile halfway to 1 (p90 → p95 → p97.5 ...), and every finish
+without one decays it back toward the base by `decay`, so the reservation follows the load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class _Window:
+    __slots__ = ("values", "_sorted")
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[int] = deque(maxlen=size)
+        self._sorted: list[int] | None = None
+
+    def add(self, value: int) -> None:
+        self.values.append(value)
+        self._sorted = None
+
+    def quantile(self, q: float) -> int:
+        if self._sorted is None:
+            self._sorted = sorted(self.values)
+        values = self._sorted
+        # nearest-rank quantile: the smallest value with at least q of the samples at or below it
+        rank = max(1, math.ceil(q * len(values)))
+        return values[rank - 1]
+
+
+class OutputLengthPredictor:
+    def __init__(
+        self,
+        quantile: float = 0.9,
+        window: int = 256,
+        min_samples: int = 16,
+        decay: float = 0.002,
+    ) -> None:
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        self.base_quantile = quantile
+        self.quantile = quantile  # current, raised by preemptions
+        self.window = window
+        self.min_samples = min_samples
+        self.decay = decay
+        self._all = _Window(window)
+        self._by_tenant: dict[str, _Window] = {}
+
+    def observe(self, tenant: str, output_tokens: int) -> None:
+        """A request finished after `output_tokens` new tokens."""
+        self._all.add(output_tokens)
+        window = self._by_tenant.get(tenant)
+        if window is None:
+            window = self._by_tenant[tenant] = _Window(self.window)
+        window.add(output_tokens)
+        self.quantile = max(self.base_quantile, self.quantile - self.decay)
+
+    def on_preemption(self) -> None:
+        """A predicted request ran out: reserve more for the ones admitted next."""
+        self.quantile = (self.quantile + 1.0) / 2.0
+
+    def predict(self, tenant: str, max_new_tokens: int) -> int:
+        """Output tokens to reserve for a new request (never above its own maximum)."""
+        window = self._by_tenant.get(tenant)
+        if window is None or len(window.values) < self.min_samples:
+            window = self._all
+        if len(window.values) < self.min_samples:
+            return max_new_tokens
+        return min(max_new_tokens, window.quantile(self.quantile))
+
+    def num_samples(self, tenant: str | None = None) -> int:
+        if tenant is None:
+            return len(self._all.values)
+        window = self._by_tenant.get(tenant)
+        return len(window.values) if window else 0
