@@ -1,0 +1,8 @@
+"""The Textual dashboard (`kvbudget tui`): a pure gRPC client of the daemon.
+
+Entry points: `kvbudget.tui.app.KVBudgetApp(target, token)` and
+`kvbudget.tui.app.run_dashboard(target, token)`. This package imports neither torch, NVML
+nor the daemon; importing it (this file) pulls in nothing at all.
+"""
+
+DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"

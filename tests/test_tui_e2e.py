@@ -1,0 +1,97 @@
+"""End to end: a real `kvbudget daemon` process, a short load, the dashboard headless.
+
+The dashboard must show the free-block and preemption counts the daemon itself reports
+(GetSnapshot), and must come back by itself when the daemon restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from daemon_harness import DaemonProcess
+from tui_helpers import screen_text, wait_until
+
+from kvbudget.client import EngineClient, ObserverClient
+from kvbudget.daemon.records import RequestSpec
+from kvbudget.tui.app import KVBudgetApp
+from kvbudget.tui.state import Link, kind_name
+
+pytestmark = pytest.mark.slow
+
+
+class NoLauncher:
+    def stop_all(self) -> None:
+        pass
+
+    def reap(self) -> list:
+        return []
+
+
+async def shown(pilot, text: str, what: str) -> None:
+    await wait_until(pilot, lambda: text in screen_text(pilot.app), what)
+
+
+async def test_dashboard_shows_what_the_daemon_reports(tmp_path: Path):
+    # The harness's daemon: llama-3.1-8b, 16-token blocks, 64 usable blocks, optimistic.
+    daemon = DaemonProcess(tmp_path)
+    await asyncio.to_thread(daemon.start)
+    try:
+        async with EngineClient(daemon.target, "e2e-engine") as engine, \
+                ObserverClient(daemon.target) as observer:
+            # a and b: 480 tokens = 30 blocks each, 64 - 60 = 4 free. a grows to 560 tokens
+            # = 35 blocks: 5 more, only 4 free, so b is preempted (growth) and its 30 come
+            # back: 34 free, minus a's 5 = 29.
+            await engine.step(submits=[RequestSpec("a", prompt_tokens=480, max_new_tokens=200),
+                                       RequestSpec("b", prompt_tokens=480, max_new_tokens=200)])
+            await engine.step(grows=[("a", 560)])
+            reported = await observer.snapshot()
+            assert (reported.num_free_blocks, reported.num_preemptions) == (29, 1)
+
+            app = KVBudgetApp(daemon.target, launcher=NoLauncher())
+            async with app.run_test(size=(120, 40)) as pilot:
+                await wait_until(pilot, lambda: app.state.snapshot is not None, "first snapshot")
+                await shown(pilot, "free+cached 29", "the daemon's free blocks")
+                text = screen_text(app)
+                assert "preempted 1" in text
+                assert "preempt growth 1" in text
+                assert "running 1  waiting 1" in text
+                assert "e2e-engine" in text and "live" in text  # the session and its lease
+                assert "llama-3.1-8b" in text and "● connected" in text
+
+                # a finishes: its 35 blocks go back and b, waiting since its preemption, is
+                # admitted again with its 30: 64 - 30 = 34 free. The dashboard sees the
+                # decisions live, as they happen.
+                await engine.step(finishes=["a"])
+                await wait_until(pilot, lambda: any(d.request_id == "a" and kind_name(d.kind) == "release"
+                                                    for d in app.state.decisions), "release of a")
+                reported = await observer.snapshot()
+                assert reported.num_free_blocks == 34
+                await shown(pilot, "free+cached 34", "free blocks after the release")
+                await shown(pilot, "release", "the release in the decisions table")
+    finally:
+        daemon.stop()
+
+
+async def test_dashboard_follows_the_daemon_restarting(tmp_path: Path):
+    daemon = DaemonProcess(tmp_path)
+    await asyncio.to_thread(daemon.start)
+    try:
+        app = KVBudgetApp(daemon.target, launcher=NoLauncher())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: app.state.connection.link is Link.CONNECTED, "up")
+            await asyncio.to_thread(daemon.stop)
+            await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED,
+                             "noticed the daemon went away")
+            await shown(pilot, "disconnected, retrying", "the retry notice")
+
+            daemon = DaemonProcess(tmp_path)  # the same socket path, a new process
+            await asyncio.to_thread(daemon.start)
+            await wait_until(pilot, lambda: app.state.connection.link is Link.CONNECTED,
+                             "reconnected", limit=1200)
+            await shown(pilot, "● connected", "connected again")
+            assert app.state.connection.reconnects >= 1
+            assert "free+cached 64" in screen_text(app)  # a fresh pool: 64 usable, all free
+    finally:
+        daemon.stop()

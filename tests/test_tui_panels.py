@@ -1,0 +1,460 @@
+"""The dashboard's panels as pure functions of a DashboardState, tested without the app.
+
+Each expected screen is written out in full; the arithmetic behind every figure is in the
+comment above it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tui_helpers import GIB, snapshot, state_of, text_of
+
+from kvbudget.tui import decisions, drawing, panels
+from kvbudget.tui.state import DashboardState, DecisionRow, Limits, Link
+from kvbudget.tui.verdict import Bound, verdict
+from kvbudget.v1 import common_pb2, observer_pb2
+
+
+def held_at(held: int, t: float, **fields) -> common_pb2.Snapshot:
+    """100 blocks, `held` of them held, 10 reserved, 20 evictable (0 once 80 are held)."""
+    base = dict(
+        time_unix_s=t,
+        num_held_blocks=held,
+        num_free_blocks=100 - held,
+        num_reserved_blocks=10,
+        num_evictable_blocks=0 if held >= 80 else 20,
+    )
+    base.update(fields)
+    return snapshot(**base)
+
+
+def test_nothing_yet_every_panel_says_it_waits():
+    state = DashboardState.initial("unix:///test.sock")
+    for panel in (panels.pool_panel, panels.queue_panel, panels.layers_panel,
+                  panels.physical_panel, panels.engines_panel, panels.replays_panel):
+        assert text_of(panel(state)) == "waiting for the first snapshot…"
+
+
+def test_pool_panel_bar_numbers_and_history():
+    state = state_of(held_at(0, 1000.0), held_at(40, 1001.0), held_at(80, 1002.0))
+    # Now: held 80, reserved 10, cached 0, free 100 - 80 - 10 - 0 = 10.
+    # Bar, 36 cells, cumulative rounding: 80 -> round(28.8) = 29 █; 90 -> round(32.4) = 32,
+    # so 3 ▓; cached adds none; 100 -> 36, so 4 ░.
+    # usage 80/100 = 80.0%; with reserved (80+10)/100 = 90.0%.
+    # free plot, scale 0..100 blocks, 8 levels (0..7): 100 -> 7 █, 60 -> 4.2 -> 4 ▅,
+    # 20 -> 1.4 -> 1 ▂. usage plot, scale 0..1: 0 -> ▁, 0.4*7 = 2.8 -> 3 ▄, 0.8*7 = 5.6 -> 6 ▇.
+    # Plot rows: label 5 cells, gap, the spark (36 - 5 - 1 - 1 - 2 = 27 cells), gap, value.
+    assert text_of(panels.pool_panel(state)) == "\n".join([
+        "█" * 29 + "▓" * 3 + "░" * 4,
+        "held 80  reserved 10",
+        "cached 0  free 10 /100",
+        "usage 80.0%  +reserved 90.0%",
+        "free+cached 20  prefix hits 0%",
+        "free  █▅▂" + " " * 25 + "20",
+        "usage ▁▄▇" + " " * 24 + "80%",
+    ])
+    # The 80x24 variant drops the prefix line and the usage plot.
+    assert text_of(panels.pool_panel(state, compact=True)).splitlines() == (
+        text_of(panels.pool_panel(state)).splitlines()[:4] + ["free  █▅▂" + " " * 25 + "20"]
+    )
+
+
+def test_stacked_bar_segments_at_a_known_width():
+    # 100 blocks on 20 cells: 40 held -> 8; 50 -> 10 (2 reserved); 70 -> 14 (4 cached);
+    # 100 -> 20 (6 free).
+    bar = drawing.StackedBar(((40, "█", ""), (10, "▓", ""), (20, "▒", ""), (30, "░", "")), 100)
+    assert text_of(bar, width=20) == "████████▓▓▒▒▒▒░░░░░░"
+
+
+@given(
+    counts=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=5),
+    width=st.integers(min_value=1, max_value=200),
+)
+def test_stacked_bar_fills_exactly_the_width(counts, width):
+    total = sum(counts)
+    bar = drawing.StackedBar(tuple((c, "x", "") for c in counts), total)
+    line = text_of(bar, width=width)
+    # Every cell drawn once when the segments add up to the total; blank cells only when
+    # the total is 0 (drawn as dots).
+    assert len(line) == width or (total == 0 and line == "·" * width)
+    if total:
+        assert line == "x" * width
+
+
+def test_spark_text_scales_to_the_maximum_or_a_ceiling():
+    # max 8: 0 -> 0 ▁, 4 -> 3.5 -> round-half-even 4 ▅, 8 -> 7 █
+    assert drawing.spark_text([0, 4, 8], width=10) == "▁▅█"
+    # ceiling 16: 8 -> 3.5 -> 4 ▅; only the newest `width` values are drawn
+    assert drawing.spark_text([16, 0, 8], width=2, ceiling=16) == "▁▅"
+    assert drawing.spark_text([0, 0], width=5) == "▁▁"
+    assert drawing.spark_text([], width=5) == ""
+
+
+def test_queue_panel_counts_rate_and_reasons():
+    # Preemptions 0 at t=1000 and 20 at t=1010: 20 / 10 s = 2.0/s.
+    # Decisions by kind sum to 0 then 50: 50 / 10 s = 5/s.
+    first = held_at(40, 1000.0, num_waiting=0)
+    now = held_at(
+        40, 1010.0, num_waiting=3, num_running=7, num_preemptions=20,
+        preemptions_by_reason={"growth": 15, "priority": 5},
+        rejections_by_reason={"never_fits": 2, "tenant_quota": 5},
+        decisions_by_kind={"admit": 30, "preempt": 20},
+    )
+    state = state_of(first, now)
+    assert state.preempt_rate() == 2.0
+    assert text_of(panels.queue_panel(state), width=40) == "\n".join([
+        "running 7  waiting 3",
+        "preempted 20  rate 2.0/s",
+        "preempt growth 15 · priority 5",
+        "rejected tenant_quota 5 · never_fits 2",
+        "policy optimistic  decisions 5/s",
+        # waiting 0 -> 3 (scale 0..3: ▁ █); running 4 -> 7 (4/7*7 = 4 ▅, 7 -> █).
+        # The spark gets 40 - 5 - 1 - 1 - 1 = 32 cells: 2 drawn, 30 blank, then the gap.
+        "wait  ▁█" + " " * 31 + "3",
+        "run   ▅█" + " " * 31 + "7",
+    ])
+
+
+def test_preempt_rate_uses_only_the_window_and_survives_a_restart():
+    limits = Limits(sample_period_s=0.0, rate_window_s=10.0)
+    # t=0: 0, t=5: 100, t=20: 130. The window at t=20 starts at t>=10: only the t=20 point
+    # itself, so no rate can be measured yet.
+    state = state_of(
+        held_at(0, 0.0), held_at(0, 5.0, num_preemptions=100),
+        held_at(0, 20.0, num_preemptions=130), limits=limits,
+    )
+    assert state.preempt_rate() == 0.0
+    # t=25: 140 -> (140 - 130) / (25 - 20) = 2.0/s
+    state = state.with_response(
+        observer_pb2.WatchResponse(snapshot=held_at(0, 25.0, num_preemptions=140))
+    )
+    assert state.preempt_rate() == 2.0
+    # The daemon restarts: its counter starts over at 0. The history starts over with it,
+    # so the rate is not negative and no plot joins the two runs.
+    state = state.with_response(
+        observer_pb2.WatchResponse(snapshot=held_at(0, 26.0, num_preemptions=0))
+    )
+    assert len(state.history) == 1
+    assert state.preempt_rate() == 0.0
+
+
+def test_layers_panel_one_row_per_group():
+    groups = [
+        common_pb2.GroupState(layer_type="full_attention", description="full_attention",
+                              num_layers=6, blocks_held=120, blocks_reserved=30,
+                              blocks_reclaimed=0),
+        common_pb2.GroupState(layer_type="sliding_window", description="sliding_window W=4096",
+                              num_layers=28, blocks_held=1500, blocks_reserved=12,
+                              blocks_reclaimed=12345),
+        common_pb2.GroupState(layer_type="mamba", description="mamba", num_layers=4,
+                              blocks_held=8, blocks_reserved=0, blocks_reclaimed=0),
+    ]
+    state = state_of(snapshot(groups=groups))
+    # Columns as wide as their widest cell ("layers" 6, "resv" 4, "held" 5, "reclm" 6),
+    # one space apart; the type column takes the rest: 36 - 21 - 4 = 11.
+    assert text_of(panels.layers_panel(state)) == "\n".join([
+        "type        layers resv  held  reclm",
+        "full             6   30   120      0",
+        "swa 4096        28   12 1,500 12,345",
+        "mamba            4    0     8      0",
+        "resv: promised · reclm: left window",
+    ])
+
+
+def test_groups_of_one_spec_share_a_row():
+    # Six sliding-window groups of 10 layers holding 50 blocks each and one full group:
+    # 6 x 10 = 60 layers, 6 x 50 = 300 held, 6 x 7 = 42 reclaimed.
+    swa = dict(layer_type="sliding_window", description="sliding_window W=1024", num_layers=10,
+               blocks_held=50, blocks_reserved=2, blocks_reclaimed=7)
+    groups = [common_pb2.GroupState(**swa) for _ in range(6)] + [
+        common_pb2.GroupState(layer_type="full_attention", description="full_attention",
+                              num_layers=10, blocks_held=60, blocks_reserved=3)
+    ]
+    state = state_of(snapshot(groups=groups))
+    # layers 6 + resv 4 + held 4 + reclm 5 + 4 gaps = 23: the label gets 36 - 23 = 13.
+    assert text_of(panels.layers_panel(state, compact=True)) == "\n".join([
+        "type          layers resv held reclm",
+        "swa 1024 ×6       60   12  300    42",
+        "full              10    3   60     0",
+    ])
+
+
+def test_layer_labels_keep_the_parameters():
+    assert panels.layer_label("sliding_window", "sliding_window W=4096") == "swa 4096"
+    assert panels.layer_label("chunked_local", "chunked_local C=8192") == "chunk 8192"
+    assert panels.layer_label("mla", "mla") == "mla"
+    assert panels.layer_label("", "capped L=2048") == "capped 2048"
+
+
+def gpu(used_gib: float, pool_gib: float = 80.0, total_gib: float = 141.0) -> common_pb2.GpuState:
+    return common_pb2.GpuState(
+        present=True, name="NVIDIA H200", total_bytes=int(total_gib * GIB),
+        used_bytes=int(used_gib * GIB), pool_bytes=int(pool_gib * GIB),
+    )
+
+
+def test_physical_panel_without_a_gpu_says_so_plainly():
+    state = state_of(snapshot(gpu=common_pb2.GpuState(present=False, note="NVML not available")))
+    assert text_of(panels.physical_panel(state), width=50) == "\n".join([
+        "GPU   no GPU (NVML not available)",
+        "pool  100 blocks  logical 40% held",
+        "⇒ not bound: nothing waits, no preemptions",
+    ])
+
+
+def test_physical_panel_with_a_gpu():
+    # used 100 of 141 GiB = 70.9% -> "71%"; outside the pool 100 - 80 = 20 GiB.
+    # mem plot at ceiling 141 GiB: 100/141*7 = 4.96 -> 5 ▆ (one point).
+    state = state_of(snapshot(gpu=gpu(100.0), num_waiting=2))
+    assert text_of(panels.physical_panel(state), width=60) == "\n".join([
+        "GPU   100.0 GiB of 141.0 GiB 71% NVIDIA H200",
+        "pool  80.0 GiB  logical 40% held",
+        "other 20.0 GiB outside the pool",
+        "mem   ▆",
+        # 40% held < 90%: budget-bound; reserved 10/100 = 10%
+        "⇒ budget-bound: 2 waiting with 40% held, 10% reserved, GPU",
+        "memory flat",
+    ])
+
+
+class TestVerdict:
+    def test_unknown_before_the_first_snapshot(self):
+        assert verdict(DashboardState.initial("x")).bound is Bound.UNKNOWN
+
+    def test_not_bound_when_nothing_waits_or_is_preempted(self):
+        state = state_of(held_at(99, 1000.0), held_at(99, 1001.0))
+        assert verdict(state).line == "not bound: nothing waits, no preemptions"
+
+    def test_budget_bound_when_requests_wait_below_the_usage_bar(self):
+        state = state_of(held_at(50, 1000.0, num_waiting=4))
+        assert verdict(state).line == (
+            "budget-bound: 4 waiting with 50% held, 10% reserved, no GPU"
+        )
+
+    def test_preemptions_in_the_window_count_as_pressure(self):
+        # 6 preemptions between t=1000 and t=1010, nothing waiting now.
+        state = state_of(held_at(50, 1000.0), held_at(50, 1010.0, num_preemptions=6))
+        assert verdict(state).line == (
+            "budget-bound: 6 preempted in 10 s with 50% held, 10% reserved, no GPU"
+        )
+
+    def test_preemptions_of_a_drained_run_are_history(self):
+        # 6 preemptions in the window, but nothing runs or waits any more: idle.
+        state = state_of(held_at(50, 1000.0),
+                         held_at(0, 1010.0, num_preemptions=6, num_running=0))
+        assert verdict(state).line == "not bound: idle"
+
+    def test_pool_bound_at_90_percent_held(self):
+        # 90 of 100 blocks held is exactly the bar; 89 is below it.
+        assert verdict(state_of(held_at(90, 1.0, num_waiting=1))).bound is Bound.POOL_BOUND
+        assert verdict(state_of(held_at(89, 1.0, num_waiting=1))).bound is Bound.BUDGET_BOUND
+        assert verdict(state_of(held_at(95, 1.0, num_waiting=1200))).line == (
+            "pool-bound: 1,200 waiting with 95% of blocks held"
+        )
+
+    def test_memory_growing_outside_the_pool_outranks_the_rest(self):
+        # Outside the pool: 20 GiB at t=1000, 22 GiB at t=1020: +2 GiB > max(256 MiB,
+        # 1% of 141 GiB = 1.41 GiB).
+        state = state_of(
+            held_at(95, 1000.0, gpu=gpu(100.0), num_waiting=1),
+            held_at(95, 1020.0, gpu=gpu(102.0), num_waiting=1),
+        )
+        assert verdict(state).line == "memory growing outside the pool: +2.0 GiB in 20 s"
+
+    def test_small_growth_outside_the_pool_is_noise(self):
+        # +1 GiB < 1.41 GiB (1% of 141 GiB): not a verdict of its own.
+        state = state_of(
+            held_at(50, 1000.0, gpu=gpu(100.0), num_waiting=1),
+            held_at(50, 1020.0, gpu=gpu(101.0), num_waiting=1),
+        )
+        assert verdict(state).bound is Bound.BUDGET_BOUND
+        assert verdict(state).why.endswith("GPU memory flat")
+
+    def test_growth_older_than_the_window_is_forgotten(self):
+        # +2 GiB between t=1000 and t=1010, then flat until t=1050: the 30 s window at
+        # t=1050 starts at t=1020 and sees no growth.
+        state = state_of(
+            held_at(50, 1000.0, gpu=gpu(100.0)),
+            held_at(50, 1010.0, gpu=gpu(102.0)),
+            held_at(50, 1030.0, gpu=gpu(102.0)),
+            held_at(50, 1050.0, gpu=gpu(102.0)),
+        )
+        assert verdict(state).bound is Bound.NOT_BOUND
+
+
+def test_engines_panel_leases_and_tenant_quotas():
+    state = state_of(snapshot(
+        engines=[
+            common_pb2.EngineState(engine_id="vllm-0", session_id="s1", lease_remaining_s=8.4,
+                                   blocks_held=1200, running=10, waiting=2),
+            common_pb2.EngineState(engine_id="sglang-1", session_id="s2", lease_remaining_s=0.0,
+                                   blocks_held=0),
+        ],
+        tenants=[
+            # (300 held + 100 reserved) / 500 quota = 80%
+            common_pb2.TenantState(tenant="acme", blocks_held=300, blocks_reserved=100,
+                                   quota_blocks=500, running=3, waiting=1),
+            common_pb2.TenantState(tenant="", blocks_held=900, running=7),
+        ],
+    ))
+    # Engines: "lease" as wide as "live 8s" (7, left-aligned), "held" 5, "run" 3, "wait" 4;
+    # with 4 one-space gaps that is 23, leaving 36 - 23 = 13 for the name.
+    # Tenants: 4 + 5 + 3 + 3 + 4 = 19 and 5 gaps: 24, name 12. Use = (held + reserved) / quota.
+    assert text_of(panels.engines_panel(state)) == "\n".join([
+        "engine        lease    held run wait",
+        "vllm-0        live 8s 1,200  10    2",
+        "sglang-1      lapsed      0   0    0",
+        "tenant       held quota use run wait",
+        "acme          300   500 80%   3    1",
+        "(default)     900     —   —   7    0",
+    ])
+    # Compact: no headers; "quota 500" 9 + 5 + 4 and 3 gaps = 21, name 15.
+    assert text_of(panels.engines_panel(state, compact=True)) == "\n".join([
+        "vllm-0          live 8s   1,200 held",
+        "sglang-1        lapsed        0 held",
+        "acme            quota 500   300  80%",
+        "(default)       quota —     900    —",
+    ])
+
+
+def test_replays_panel_progress_and_the_way_to_start_one():
+    assert text_of(panels.replays_panel(state_of(snapshot()))) == "\n".join([
+        "no replay running",
+        "r: start a replay",
+    ])
+    replay = common_pb2.ReplayState(replay_id="r1", trace="azure_conv.csv", position=250,
+                                    total=1000, speed=10.0, policy="guaranteed")
+    # 250/1000 = 25%: the bar (36 - 1 - len("250/1,000 10×") = 22 cells) is 5.5 -> 6 █
+    # (round half to even gives 6) then 16 ░.
+    assert text_of(panels.replays_panel(state_of(snapshot(replays=[replay])))) == "\n".join([
+        "azure_conv.csv",
+        "█" * 6 + "░" * 16 + " 250/1,000 10×",
+        "25% running  policy guaranteed",
+        "r: start a replay",
+    ])
+
+
+def test_a_replay_that_stops_moving_is_marked_stalled():
+    def at(t: float, position: int) -> common_pb2.Snapshot:
+        replay = common_pb2.ReplayState(replay_id="r1", trace="t.csv", position=position,
+                                        total=100, speed=1.0, policy="naive")
+        return snapshot(time_unix_s=t, replays=[replay])
+
+    # Position 10 at t=0, 20 at t=5, then still until t=34: 29 s still, running; at t=35,
+    # 30 s still: stalled.
+    state = state_of(at(0.0, 10), at(5.0, 20), at(34.0, 20))
+    assert state.replay_still_s("r1") == 29.0
+    assert "20% running" in text_of(panels.replays_panel(state))
+    state = state.with_response(observer_pb2.WatchResponse(snapshot=at(35.0, 20)))
+    assert "20% stalled 30s  policy naive" in text_of(panels.replays_panel(state))
+
+
+def decision(seq: int, kind: int, reason: str, request: str, tenant: str = "acme",
+             held=(3, 1), reserved=(4, 1)) -> common_pb2.Decision:
+    return common_pb2.Decision(
+        seq=seq, time_unix_s=1000.0 + seq, kind=kind, reason=reason, request_id=request,
+        engine_id="vllm-0", tenant=tenant, policy=common_pb2.POLICY_GUARANTEED,
+        prompt_tokens=40, max_new_tokens=16, blocks_held=held, blocks_reserved=reserved,
+        new_blocks=[common_pb2.GroupBlocks(group_index=0, block_ids=[7, 8, 9])],
+    )
+
+
+def test_decisions_newest_first_filtered_and_limited():
+    made = [
+        decision(1, common_pb2.DECISION_KIND_ADMIT, "fits", "req-a"),
+        decision(2, common_pb2.DECISION_KIND_QUEUE, "budget_full", "req-b", tenant="globex"),
+        decision(3, common_pb2.DECISION_KIND_PREEMPT, "growth", "req-a"),
+        decision(4, common_pb2.DECISION_KIND_ADMIT, "fits", "req-c", tenant="globex"),
+    ]
+    state = state_of(snapshot(), decisions=made)
+    seqs = lambda rows: [r.seq for r in rows]  # noqa: E731
+    assert seqs(decisions.visible_decisions(state, "", 10)) == [4, 3, 2, 1]
+    assert seqs(decisions.visible_decisions(state, "", 2)) == [4, 3]
+    assert seqs(decisions.visible_decisions(state, "req-a", 10)) == [3, 1]
+    # every word must match: admit AND globex
+    assert seqs(decisions.visible_decisions(state, "ADMIT globex", 10)) == [4]
+    assert seqs(decisions.visible_decisions(state, "nothing-like-this", 10)) == []
+
+
+def test_decision_cells_and_blocks_per_group():
+    row = DecisionRow.from_proto(
+        decision(9, common_pb2.DECISION_KIND_GROW, "fits", "req-z", held=(12, 4), reserved=(16, 4))
+    )
+    assert [c.plain for c in decisions.decision_cells(row)] == [
+        "9", "grow", "fits", "req-z", "vllm-0", "acme", "12/16 4/4",
+    ]
+    # nothing reserved: just what is held
+    bare = DecisionRow.from_proto(decision(1, 1, "fits", "r", held=(3,), reserved=()))
+    assert decisions.blocks_per_group(bare) == "3"
+    # Gemma 3 27B: six equal sliding-window groups, then the full group
+    gemma = DecisionRow.from_proto(
+        decision(2, 1, "fits", "r", held=(48,) * 6 + (44,), reserved=(48,) * 6 + (50,))
+    )
+    assert decisions.blocks_per_group(gemma) == "48/48×6 44/50"
+
+
+def test_decision_detail_shows_the_whole_record():
+    row = DecisionRow.from_proto(decision(5, common_pb2.DECISION_KIND_ADMIT, "fits", "req-q"))
+    text = text_of(decisions.decision_detail(row), width=80)
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines()}
+    # one line per field of the record, none left out
+    assert list(lines) == [f for f in DecisionRow.__dataclass_fields__]
+    assert lines["time_s"] == "1970-01-01 00:16:45.000000 UTC"  # 1000 + 5 = 1005 s
+    assert lines["kind"] == "admit"
+    assert lines["policy"] == "guaranteed"
+    assert lines["blocks_held"] == "3 1"
+    assert lines["new_blocks"] == "group 0: [7, 8, 9]"
+    assert lines["detail"] == "—"
+
+
+def test_status_line_says_connected_or_retrying():
+    state = state_of(snapshot(plan=common_pb2.PoolPlan(model="m")))
+    state = state.with_link(Link.CONNECTED)
+    assert text_of(panels.status_line(state), width=80) == (
+        " kvbudget  unix:///test.sock ● connected  m  optimistic"
+    )
+    down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: connection refused", 2.0)
+    assert text_of(panels.status_line(down, paused=True, query="req-1"), width=120) == (
+        " kvbudget  unix:///test.sock ● disconnected, retrying in 2.0s "
+        "(UNAVAILABLE: connection refused)  ⏸ PAUSED  filter: req-1"
+    )
+    assert down.connection.reconnects == 1
+
+
+def test_history_is_sampled_and_bounded():
+    limits = Limits(history_len=3, sample_period_s=1.0, max_decisions=2)
+    state = DashboardState.initial("x", limits)
+    # Updates every 0.5 s for 5 s: a sample at t=0, 1, 2, 3, 4 (the 0.5 s ones skipped),
+    # of which the newest 3 are kept.
+    for step in range(10):
+        response = observer_pb2.WatchResponse(
+            snapshot=held_at(0, step * 0.5),
+            decisions=[decision(step * 2 + k, 1, "fits", f"r{step}") for k in (1, 2)],
+        )
+        state = state.with_response(response)
+    assert [s.time_s for s in state.history] == [2.0, 3.0, 4.0]
+    assert [d.seq for d in state.decisions] == [19, 20]
+    assert state.decisions_received == 20
+
+
+def test_dropped_decisions_are_counted():
+    state = DashboardState.initial("x")
+    for dropped in (3, 0, 4):
+        state = state.with_response(
+            observer_pb2.WatchResponse(snapshot=snapshot(), dropped_decisions=dropped)
+        )
+    assert state.decisions_dropped == 7
+
+
+def test_limits_refuse_nonsense():
+    with pytest.raises(ValueError, match="history_len"):
+        Limits(history_len=1)
+    with pytest.raises(ValueError, match="max_decisions"):
+        Limits(max_decisions=0)
+
+
+def test_unknown_enum_values_show_as_numbers():
+    row = DecisionRow.from_proto(common_pb2.Decision(seq=1, kind=99, policy=42))
+    assert (row.kind, row.policy) == ("99", "42")

@@ -1,0 +1,63 @@
+"""Screenshots of the dashboard's main screens from the recorded stream (pytest-textual-snapshot).
+
+The SVGs live in tests/__snapshots__/test_tui_snapshots/. After an intended change of the
+look, regenerate them with `pytest tests/test_tui_snapshots.py --snapshot-update` and
+review the diff. They depend on the Textual version (see pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_tui_app import played, recorded_app
+from tui_helpers import wait_until
+
+from kvbudget.tui.screens import ReplayScreen
+
+TRACES = [Path("azure_llm_2023_conv.csv"), Path("mooncake_fast25_conversation_trace.jsonl")]
+
+
+def test_main_screen_120x40(snap_compare):
+    assert snap_compare(recorded_app(), terminal_size=(120, 40), run_before=played)
+
+
+def test_main_screen_80x24(snap_compare):
+    assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=played)
+
+
+def test_filtered_and_paused(snap_compare):
+    async def filter_then_pause(pilot):
+        await played(pilot)
+        await pilot.press("slash", *"preempt", "enter", "space")
+        await pilot.pause(0.2)
+
+    assert snap_compare(recorded_app(), terminal_size=(120, 40), run_before=filter_then_pause)
+
+
+def test_decision_detail(snap_compare):
+    async def select_newest(pilot):
+        await played(pilot)
+        await pilot.press("space", "enter")
+        await pilot.pause(0.1)
+
+    assert snap_compare(recorded_app(), terminal_size=(120, 40), run_before=select_newest)
+
+
+def test_key_help(snap_compare):
+    async def help_(pilot):
+        await played(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+
+    assert snap_compare(recorded_app(), terminal_size=(120, 40), run_before=help_)
+
+
+def test_start_replay_modal(snap_compare):
+    async def open_modal(pilot):
+        await played(pilot)
+        await pilot.press("r")
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, ReplayScreen), "modal")
+        await pilot.pause(0.3)
+
+    app = recorded_app(traces=TRACES)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=open_modal)

@@ -1,0 +1,78 @@
+"""Helpers shared by the dashboard tests: hand-built snapshots and text rendering."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, RenderableType
+
+from kvbudget.tui.state import DashboardState, Limits
+from kvbudget.v1 import common_pb2, observer_pb2
+
+GIB = 2**30
+
+
+def text_of(renderable: RenderableType, width: int = 36) -> str:
+    """What a terminal `width` columns wide shows, trailing spaces stripped."""
+    console = Console(
+        width=width, color_system=None, record=True, file=io.StringIO(), legacy_windows=False
+    )
+    console.print(renderable)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())
+
+
+def snapshot(**fields) -> common_pb2.Snapshot:
+    """A 100-block pool, 40 held, 10 reserved, 20 evictable; override any field."""
+    base = dict(
+        time_unix_s=1000.0,
+        policy=common_pb2.POLICY_OPTIMISTIC,
+        num_blocks=100,
+        num_free_blocks=60,
+        num_held_blocks=40,
+        num_reserved_blocks=10,
+        num_evictable_blocks=20,
+        num_running=4,
+        num_waiting=0,
+        num_preemptions=0,
+        gpu=common_pb2.GpuState(present=False, note="NVML not available"),
+    )
+    base.update(fields)
+    return common_pb2.Snapshot(**base)
+
+
+def state_of(*snapshots: common_pb2.Snapshot, limits: Limits | None = None, decisions=()):
+    """The state after one Watch update per snapshot (decisions ride on the last one)."""
+    state = DashboardState.initial("unix:///test.sock", limits or Limits(sample_period_s=0.0))
+    for index, snap in enumerate(snapshots):
+        last = index == len(snapshots) - 1
+        response = observer_pb2.WatchResponse(snapshot=snap, decisions=decisions if last else ())
+        state = state.with_response(response)
+    return state
+
+
+def screen_text(app) -> str:
+    """The characters on the app's screen now, as a terminal would show them.
+
+    Done the way `App.export_screenshot` does it, exporting text instead of SVG.
+    """
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(
+        width=width, height=height, file=io.StringIO(), force_terminal=True,
+        color_system=None, record=True, legacy_windows=False, safe_box=False,
+    )
+    update = app.screen._compositor.render_update(
+        full=True, screen_stack=app._background_screens
+    )
+    console.print(update)
+    return console.export_text()
+
+
+async def wait_until(pilot, condition, what: str, limit: int = 400) -> None:
+    """Let the app run until `condition()` holds (at most `limit` short pauses)."""
+    for _ in range(limit):
+        if condition():
+            return
+        await pilot.pause(0.025)
+    raise AssertionError(f"never happened: {what}")

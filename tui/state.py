@@ -1,0 +1,294 @@
+"""The dashboard's view model: one immutable value built from the Watch stream.
+
+Every panel is a pure function of a `DashboardState`, so the state holds exactly what the
+panels need and nothing about widgets: the latest snapshot, bounded histories for the plots,
+the newest decisions and the connection status. Folding a `WatchResponse` in returns a new
+state; the old one is untouched, which is what lets the app render at its own steady rate
+while updates arrive at theirs.
+
+The latest `Snapshot` and the buffered `Decision`s are kept as the proto messages themselves
+(the contract is the proto, and converting every field of thousands of decisions a second
+would only copy them); they are never mutated after they arrive.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from kvbudget.v1 import common_pb2, observer_pb2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much the dashboard remembers; bounded so hours of load cost constant memory."""
+
+    history_len: int = 480  # samples kept for the plots
+    sample_period_s: float = 0.5  # at most one sample per period (daemon clock): 480 = 4 min
+    max_decisions: int = 500  # newest decisions kept for the table
+    rate_window_s: float = 10.0  # preempt and decision rates are measured over this window
+
+    def __post_init__(self) -> None:
+        if self.history_len < 2:
+            raise ValueError(f"history_len must be at least 2, got {self.history_len}")
+        if self.max_decisions < 1:
+            raise ValueError(f"max_decisions must be at least 1, got {self.max_decisions}")
+        if self.sample_period_s < 0 or self.rate_window_s <= 0:
+            raise ValueError("sample_period_s must be >= 0 and rate_window_s > 0")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One point of the history plots, on the daemon's clock."""
+
+    time_s: float
+    free_blocks: int
+    usage: float  # held / capacity
+    waiting: int
+    running: int
+    preemptions: int  # cumulative
+    decisions: int  # cumulative, all kinds
+    gpu_used_bytes: int  # 0 without a GPU
+    outside_pool_bytes: int  # GPU memory used by everything but the pool
+
+
+def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
+    capacity = snapshot.num_blocks
+    gpu = snapshot.gpu
+    outside = max(0, gpu.used_bytes - gpu.pool_bytes) if gpu.present else 0
+    return Sample(
+        time_s=snapshot.time_unix_s,
+        free_blocks=snapshot.num_free_blocks,
+        usage=snapshot.num_held_blocks / capacity if capacity else 0.0,
+        waiting=snapshot.num_waiting,
+        running=snapshot.num_running,
+        preemptions=snapshot.num_preemptions,
+        decisions=sum(snapshot.decisions_by_kind.values()),
+        gpu_used_bytes=gpu.used_bytes if gpu.present else 0,
+        outside_pool_bytes=outside,
+    )
+
+
+def _enum_suffix(enum_type, value: int, prefix: str) -> str:
+    """DECISION_KIND_ADMIT -> "admit"; a value this build does not know -> its number."""
+    try:
+        return enum_type.Name(value).removeprefix(prefix).lower()
+    except ValueError:
+        return str(value)
+
+
+def kind_name(value: int) -> str:
+    return _enum_suffix(common_pb2.DecisionKind, value, "DECISION_KIND_")
+
+
+def policy_name(value: int) -> str:
+    return _enum_suffix(common_pb2.Policy, value, "POLICY_")
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """One decision as the table and the detail view show it (every field of the record)."""
+
+    seq: int
+    time_s: float
+    kind: str
+    reason: str
+    request_id: str
+    engine_id: str
+    tenant: str
+    policy: str
+    prompt_tokens: int
+    max_new_tokens: int
+    num_tokens: int
+    num_computed_tokens: int
+    blocks_reserved: tuple[int, ...]
+    blocks_held: tuple[int, ...]
+    new_blocks: tuple[tuple[int, tuple[int, ...]], ...]  # (group index, block ids)
+    freed_blocks: int
+    cached_hit_blocks: int
+    num_free_blocks: int
+    num_waiting: int
+    num_running: int
+    detail: str
+
+    @classmethod
+    def from_proto(cls, m: common_pb2.Decision) -> DecisionRow:
+        return cls(
+            seq=m.seq,
+            time_s=m.time_unix_s,
+            kind=kind_name(m.kind),
+            reason=m.reason,
+            request_id=m.request_id,
+            engine_id=m.engine_id,
+            tenant=m.tenant,
+            policy=policy_name(m.policy),
+            prompt_tokens=m.prompt_tokens,
+            max_new_tokens=m.max_new_tokens,
+            num_tokens=m.num_tokens,
+            num_computed_tokens=m.num_computed_tokens,
+            blocks_reserved=tuple(m.blocks_reserved),
+            blocks_held=tuple(m.blocks_held),
+            new_blocks=tuple((g.group_index, tuple(g.block_ids)) for g in m.new_blocks),
+            freed_blocks=m.freed_blocks,
+            cached_hit_blocks=m.cached_hit_blocks,
+            num_free_blocks=m.num_free_blocks,
+            num_waiting=m.num_waiting,
+            num_running=m.num_running,
+            detail=m.detail,
+        )
+
+
+
+def decision_matches(m: common_pb2.Decision, query: str) -> bool:
+    """The `/` filter: every word must appear in kind, reason, request, engine or tenant."""
+    haystack = " ".join((kind_name(m.kind), m.reason, m.request_id, m.engine_id, m.tenant))
+    haystack = haystack.lower()
+    return all(word in haystack for word in query.lower().split())
+
+
+def _replay_moves(
+    previous: tuple[tuple[str, int, float], ...], snapshot: common_pb2.Snapshot
+) -> tuple[tuple[str, int, float], ...]:
+    known = {replay_id: (position, moved_at) for replay_id, position, moved_at in previous}
+    moves = []
+    for replay in snapshot.replays:
+        position, moved_at = known.get(replay.replay_id, (-1, snapshot.time_unix_s))
+        if replay.position != position:
+            moved_at = snapshot.time_unix_s
+        moves.append((replay.replay_id, replay.position, moved_at))
+    return tuple(moves)
+
+
+class Link(enum.Enum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+
+
+@dataclass(frozen=True)
+class Connection:
+    target: str
+    link: Link = Link.CONNECTING
+    detail: str = ""  # why the last stream ended
+    retry_in_s: float = 0.0
+    reconnects: int = 0  # streams that ended since the dashboard started
+
+
+@dataclass(frozen=True)
+class DashboardState:
+    connection: Connection
+    limits: Limits = field(default_factory=Limits)
+    snapshot: common_pb2.Snapshot | None = None
+    history: tuple[Sample, ...] = ()  # oldest first
+    # The newest decisions as they came (oldest first). Kept as messages and turned into
+    # DecisionRows only when shown: thousands a second arrive, a screenful is displayed.
+    decisions: tuple[common_pb2.Decision, ...] = ()
+    # replay id -> (position, daemon time it last moved): a replayer that died never says
+    # "done", so the panel marks a replay whose position stands still.
+    replay_moves: tuple[tuple[str, int, float], ...] = ()
+    decisions_received: int = 0
+    decisions_dropped: int = 0  # dropped by the daemon because this watcher was slow
+    version: int = 0  # bumped by every change, so the app renders only when it moved
+
+    @classmethod
+    def initial(cls, target: str, limits: Limits | None = None) -> DashboardState:
+        return cls(connection=Connection(target=target), limits=limits or Limits())
+
+    # -- folding events in -------------------------------------------------------------
+
+    def with_response(self, response: observer_pb2.WatchResponse) -> DashboardState:
+        """Fold one Watch update in: new snapshot, one more sample, newest decisions."""
+        limits = self.limits
+        history = self.history
+        snapshot = response.snapshot if response.HasField("snapshot") else self.snapshot
+        if response.HasField("snapshot"):
+            sample = sample_of(response.snapshot)
+            last = history[-1] if history else None
+            # A daemon that restarted has a clock and counters of its own: start the plots over
+            # rather than draw a line between two different runs.
+            restarted = last is not None and (
+                sample.time_s < last.time_s or sample.preemptions < last.preemptions
+            )
+            if restarted:
+                history = (sample,)
+            elif last is None or sample.time_s - last.time_s >= limits.sample_period_s:
+                history = (history + (sample,))[-limits.history_len :]
+        replay_moves = self.replay_moves
+        if response.HasField("snapshot"):
+            replay_moves = _replay_moves(self.replay_moves, response.snapshot)
+        incoming = response.decisions
+        if incoming:
+            newest = tuple(incoming[-limits.max_decisions :])
+            decisions = (self.decisions + newest)[-limits.max_decisions :]
+        else:
+            decisions = self.decisions
+        return replace(
+            self,
+            snapshot=snapshot,
+            history=history,
+            replay_moves=replay_moves,
+            decisions=decisions,
+            decisions_received=self.decisions_received + len(incoming),
+            decisions_dropped=self.decisions_dropped + response.dropped_decisions,
+            version=self.version + 1,
+        )
+
+    def with_link(self, link: Link, detail: str = "", retry_in_s: float = 0.0) -> DashboardState:
+        previous = self.connection
+        reconnects = previous.reconnects + (
+            link is Link.DISCONNECTED and previous.link is not Link.DISCONNECTED
+        )
+        connection = replace(
+            previous, link=link, detail=detail, retry_in_s=retry_in_s, reconnects=reconnects
+        )
+        return replace(self, connection=connection, version=self.version + 1)
+
+    # -- derived figures ---------------------------------------------------------------
+
+    def _window(self) -> tuple[Sample, Sample] | None:
+        """The oldest sample inside the rate window and the current one, on the daemon clock."""
+        if self.snapshot is None or not self.history:
+            return None
+        now = sample_of(self.snapshot)
+        start = next(
+            (s for s in self.history if now.time_s - s.time_s <= self.limits.rate_window_s),
+            None,
+        )
+        if start is None or now.time_s - start.time_s <= 0:
+            return None
+        return start, now
+
+    def preempt_rate(self) -> float:
+        """Preemptions per second over the rate window (0 until two points exist)."""
+        window = self._window()
+        if window is None:
+            return 0.0
+        start, now = window
+        return max(0, now.preemptions - start.preemptions) / (now.time_s - start.time_s)
+
+    def decision_rate(self) -> float:
+        """Decisions per second the daemon made over the rate window."""
+        window = self._window()
+        if window is None:
+            return 0.0
+        start, now = window
+        return max(0, now.decisions - start.decisions) / (now.time_s - start.time_s)
+
+    def replay_still_s(self, replay_id: str) -> float:
+        """Seconds (daemon clock) since this replay's position last moved."""
+        if self.snapshot is None:
+            return 0.0
+        for known_id, _, moved_at in self.replay_moves:
+            if known_id == replay_id:
+                return max(0.0, self.snapshot.time_unix_s - moved_at)
+        return 0.0
+
+    def recent(self, seconds: float) -> tuple[Sample, ...]:
+        """The samples of the last `seconds` (daemon clock), the current point included."""
+        if self.snapshot is None:
+            return ()
+        now = sample_of(self.snapshot)
+        kept = tuple(s for s in self.history if now.time_s - s.time_s <= seconds)
+        if not kept or kept[-1].time_s != now.time_s:
+            kept += (now,)
+        return kept
