@@ -1,0 +1,399 @@
+"""`kvbudget replay`: play a request trace through a simulated engine, live or offline.
+
+  kvbudget replay mooncake --offline --model gemma-3-27b --num-gpu-blocks 20000 \\
+      --compare naive,optimistic,guaranteed,predictive --report out/
+  kvbudget replay azure --target unix:///run/kvbudget/kvbudget.sock --speed 20
+
+TRACE is a file (Mooncake JSONL, Azure CSV, or a plain CSV/JSONL of arrival_s,
+prompt_tokens, output_tokens) or a shipped trace name: `mooncake`, `azure`.
+Offline, the admission core runs in this process; live, the daemon at --target decides,
+and its model, pool and limits come from its pool plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from dataclasses import replace
+
+from kvbudget.errors import CLIError
+
+POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
+DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_KV_BYTES = 16 * 2**30  # offline pool when no size is given: 16 GiB of KV cache
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = __doc__
+    parser.add_argument("trace", metavar="TRACE", help="trace file, or `mooncake` / `azure`")
+    where = parser.add_argument_group("where admission runs")
+    where.add_argument("--offline", action="store_true", help="run the admission core in-process")
+    where.add_argument("--target", metavar="ADDR", help=f"daemon address (default {DEFAULT_TARGET})")
+    where.add_argument("--token", metavar="T", help="bearer token for a TCP daemon")
+    where.add_argument("--policy", choices=POLICY_NAMES,
+                       help="offline: the policy (optimistic); live: switch the daemon to it first")  # fmt: skip
+    where.add_argument("--compare", metavar="P1,P2,...", help="offline: run each policy on the same setup")
+    model = parser.add_argument_group("offline model and pool (live: from the daemon's plan)")
+    model.add_argument("--model", metavar="PRESET|PATH", help=f"model preset or config.json ({DEFAULT_MODEL})")
+    model.add_argument("--num-gpu-blocks", metavar="N", help="pool size in blocks")
+    model.add_argument("--kv-cache-memory-bytes", metavar="SIZE", help="pool size in bytes (16GiB)")
+    model.add_argument("--block-size", metavar="N", default="16", help="tokens per block (16)")
+    model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
+    model.add_argument("--no-prefix-caching", action="store_true", help="offline: disable prefix caching")
+    engine = parser.add_argument_group("simulated engine")
+    engine.add_argument("--engines", metavar="K", default="1", help="engines sharing the pool (1)")
+    engine.add_argument("--max-num-seqs", metavar="N", default="256", help="sequences per engine (256)")
+    engine.add_argument("--max-num-batched-tokens", metavar="N",
+                        help="tokens per step (8192; live: the daemon's)")  # fmt: skip
+    engine.add_argument("--max-new-tokens", metavar="N",
+                        help="max_tokens sent with each request (the trace's longest output)")  # fmt: skip
+    engine.add_argument("--step-base-ms", metavar="MS", default="20", help="fixed cost of a step (20)")
+    engine.add_argument("--per-prefill-token-us", metavar="US", default="50", help="per prefill token (50)")
+    engine.add_argument("--per-decode-seq-us", metavar="US", default="0", help="per sequence in a step (0)")
+    engine.add_argument("--grow-ahead-blocks", metavar="N", default="4", help="growth asked ahead (4)")
+    run_group = parser.add_argument_group("the run")
+    pace = run_group.add_mutually_exclusive_group()
+    pace.add_argument("--speed", metavar="X", help="live: X trace seconds per wall second (1)")
+    pace.add_argument("--as-fast-as-possible", action="store_true", help="live: no pacing")
+    run_group.add_argument("--limit", metavar="N", help="replay at most N requests")
+    run_group.add_argument("--start", metavar="S", default="0", help="skip the first S requests (0)")
+    run_group.add_argument("--seed", metavar="N", default="0", help="spreads same-timestamp arrivals (0)")
+    run_group.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
+    run_group.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    run_group.add_argument("--report", metavar="DIR", help="write PNG plots and JSON into DIR")
+
+
+# ----------------------------------------------------------------------- parsing
+
+
+def _int(text: str | None, flag: str, *, minimum: int = 1) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise CLIError(f"{flag} {text!r}: expected an integer") from None
+    if value < minimum:
+        raise CLIError(f"{flag} must be >= {minimum}, got {text!r}")
+    return value
+
+
+def _float(text: str | None, flag: str, *, positive: bool = False) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise CLIError(f"{flag} {text!r}: expected a number") from None
+    if not (value == value and value != float("inf")) or value < 0 or (positive and value == 0):
+        raise CLIError(f"{flag} must be {'> 0' if positive else '>= 0'}, got {text!r}")
+    return value
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    if args.compare:
+        names = [p.strip() for p in args.compare.split(",") if p.strip()]
+        unknown = [p for p in names if p not in POLICY_NAMES]
+        if unknown or not names:
+            raise CLIError(f"--compare: unknown policy {', '.join(unknown) or '(none)'}; "
+                           f"choose from {', '.join(POLICY_NAMES)}")  # fmt: skip
+        if args.policy:
+            raise CLIError("--policy and --compare exclude each other")
+        return names
+    return [args.policy or "optimistic"]
+
+
+def _load(args: argparse.Namespace):
+    from kvbudget.traces.loaders import TraceError, load_trace, resolve_trace_path
+
+    path = resolve_trace_path(args.trace)
+    if not path.exists():
+        raise CLIError(f"no trace {args.trace!r}: not a file and not one of mooncake, azure")
+    try:
+        trace = load_trace(
+            path, skip_bad_rows=args.skip_bad_rows, limit=_int(args.limit, "--limit"),
+            start=_int(args.start, "--start", minimum=0) or 0,
+        )  # fmt: skip
+    except TraceError as exc:
+        raise CLIError(str(exc)) from None
+    if not trace.requests:
+        raise CLIError(f"{args.trace}: no requests to replay (check --start / --limit)")
+    return trace
+
+
+def _engine_config(args: argparse.Namespace, *, max_model_len: int, max_num_batched_tokens: int):
+    from kvbudget.traces.engine_sim import EngineConfig
+
+    try:
+        return EngineConfig(
+            max_num_seqs=_int(args.max_num_seqs, "--max-num-seqs") or 256,
+            max_num_batched_tokens=max_num_batched_tokens,
+            step_base_s=(_float(args.step_base_ms, "--step-base-ms") or 0.0) / 1e3,
+            per_prefill_token_s=(_float(args.per_prefill_token_us, "--per-prefill-token-us") or 0.0) / 1e6,
+            per_decode_seq_s=(_float(args.per_decode_seq_us, "--per-decode-seq-us") or 0.0) / 1e6,
+            grow_ahead_blocks=_int(args.grow_ahead_blocks, "--grow-ahead-blocks", minimum=0) or 0,
+            max_model_len=max_model_len,
+            max_new_tokens=_int(args.max_new_tokens, "--max-new-tokens"),
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _offline_setup(args: argparse.Namespace):
+    from kvbudget.cmd_estimate import parse_count, parse_size
+    from kvbudget.daemon import sizing
+    from kvbudget.daemon.hf_config import load_model
+    from kvbudget.traces.replay import ReplaySetup
+
+    block_size = _int(args.block_size, "--block-size") or 16
+    try:
+        model = load_model(args.model or DEFAULT_MODEL, block_size=block_size)
+    except ValueError as exc:
+        raise CLIError(f"--model: {exc}") from None
+    layout = model.layout
+    if args.num_gpu_blocks and args.kv_cache_memory_bytes:
+        raise CLIError("--num-gpu-blocks and --kv-cache-memory-bytes exclude each other")
+    if args.num_gpu_blocks:
+        pool = sizing.size_from_num_blocks(layout, parse_count(args.num_gpu_blocks, "--num-gpu-blocks"))
+    else:
+        kv_bytes = (
+            parse_size(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")
+            if args.kv_cache_memory_bytes
+            else DEFAULT_KV_BYTES
+        )
+        pool = sizing.size_from_kv_cache_bytes(layout, kv_bytes)
+    if pool.num_blocks < 1:
+        raise CLIError(f"the pool holds no block of {layout.bytes_per_block} bytes; give it more memory")
+    max_model_len = _int(args.max_model_len, "--max-model-len") or model.max_model_len
+    engine = _engine_config(
+        args, max_model_len=max_model_len,
+        max_num_batched_tokens=_int(args.max_num_batched_tokens, "--max-num-batched-tokens") or 8192,
+    )  # fmt: skip
+    return ReplaySetup(
+        layout=layout,
+        num_blocks=pool.num_blocks,
+        engine=engine,
+        model=model.name,
+        engines=_int(args.engines, "--engines") or 1,
+        seed=_int(args.seed, "--seed", minimum=0) or 0,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = _policies(args)
+    if args.offline and (args.target or args.token):
+        raise CLIError("--offline runs in-process; drop --target / --token")
+    if args.offline and (args.speed or args.as_fast_as_possible):
+        raise CLIError("--speed / --as-fast-as-possible pace a live replay; offline runs at full speed")
+    if not args.offline and args.compare:
+        raise CLIError("--compare needs --offline (one daemon runs one policy at a time)")
+    trace = _load(args)
+    if args.offline:
+        results = _run_offline(args, trace, policies)
+    else:
+        results = [_run_live(args, trace)]
+    _print(args, results, trace)
+    if args.report:
+        from kvbudget.traces.report import write_report
+
+        try:
+            write_report(results, args.report)
+        except ImportError:
+            raise CLIError("--report needs matplotlib: pip install 'kvbudget[plots]'") from None
+        except OSError as exc:
+            raise CLIError(f"--report {args.report}: {exc.strerror or exc}") from None
+    return 0
+
+
+def _run_offline(args: argparse.Namespace, trace, policies: list[str]):
+    from kvbudget.daemon.admission import AdmissionError
+    from kvbudget.traces.replay import run_offline
+
+    setup = replace(_offline_setup(args), spread_s=trace.arrival_quantum_s)
+    results = []
+    for policy in policies:
+        try:
+            results.append(run_offline(trace.requests, setup, policy, trace_name=trace.name))
+        except AdmissionError as exc:
+            raise CLIError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    return results
+
+
+def _print(args: argparse.Namespace, results, trace) -> None:
+    from kvbudget.traces.results import as_json, render_table
+
+    if trace.skipped:
+        for r in results:
+            r.summary["skipped_rows"] = trace.skipped
+    if args.json:
+        print(as_json(results))
+        return
+    from rich.console import Console
+
+    Console().print(render_table(results))
+    if trace.skipped:
+        print(f"{trace.skipped} malformed rows skipped", file=sys.stderr)
+
+
+# -------------------------------------------------------------------------- live
+
+
+def _run_live(args: argparse.Namespace, trace):
+    import asyncio
+
+    speed = None if args.as_fast_as_possible else (_float(args.speed, "--speed", positive=True) or 1.0)
+    try:
+        return asyncio.run(_live(args, trace, speed))
+    except OSError as exc:
+        raise CLIError(f"--target: {exc}") from None
+
+
+async def _live(args: argparse.Namespace, trace, speed: float | None):
+    import grpc
+
+    from kvbudget.client import ObserverClient
+    from kvbudget.traces.replay import ReplaySetup, run_live
+
+    target = args.target or DEFAULT_TARGET
+    if target.startswith("unix://") and not os.path.exists(target.removeprefix("unix://")):
+        raise CLIError(f"--target {target}: no daemon socket there (is `kvbudget daemon` running?)")
+    replay_id = uuid.uuid4().hex[:8]
+    async with ObserverClient(target, args.token) as observer:
+        try:
+            snapshot = await observer.snapshot(timeout=5.0)
+            if args.policy:
+                await observer.set_policy(args.policy)
+        except grpc.aio.AioRpcError as exc:
+            raise CLIError(f"--target {target}: {exc.code().name}: {exc.details()}") from None
+        plan = snapshot.plan
+        layout = layout_from_plan(plan)
+        engine = _engine_config(
+            args,
+            max_model_len=_int(args.max_model_len, "--max-model-len") or plan.max_model_len_tokens,
+            max_num_batched_tokens=plan.max_num_batched_tokens
+            or _int(args.max_num_batched_tokens, "--max-num-batched-tokens") or 8192,
+        )  # fmt: skip
+        setup = ReplaySetup(
+            layout=layout, num_blocks=plan.num_blocks, engine=engine, model=plan.model,
+            engines=_int(args.engines, "--engines") or 1, seed=_int(args.seed, "--seed", minimum=0) or 0,
+            spread_s=trace.arrival_quantum_s,
+        )  # fmt: skip
+        from kvbudget.daemon import convert
+
+        policy = args.policy or convert.policy_from_proto(snapshot.policy) or ""
+        reporter = ReplayReporter(observer, replay_id, trace.name, speed or 0.0, policy)
+        progress = _progress_bar(len(trace.requests))
+        try:
+            def on_progress(done: int, total: int, now: float) -> None:
+                if progress is not None:
+                    progress[0].update(progress[1], completed=done)
+                reporter.update(done, total, False)
+
+            try:
+                result = await run_live(
+                    trace.requests, setup, target=target, token=args.token, speed=speed,
+                    trace_name=trace.name, replay_id=replay_id, on_progress=on_progress,
+                )  # fmt: skip
+            except grpc.aio.AioRpcError as exc:
+                raise CLIError(f"--target {target}: {exc.code().name}: {exc.details()}") from None
+            reporter.update(result.summary["requests"], result.summary["requests"], True)  # type: ignore[arg-type]
+            await reporter.flush()
+        finally:
+            if progress is not None:
+                progress[0].stop()
+    return result
+
+
+class ReplayReporter:
+    """Tells the daemon how far the replay is (ObserverService.ReportReplay), at most 4 Hz."""
+
+    def __init__(self, observer, replay_id: str, trace: str, speed: float, policy: str) -> None:
+        self.observer = observer
+        self.replay_id = replay_id
+        self.trace = trace
+        self.speed = speed
+        self.policy = policy
+        self._task = None
+        self._last = 0.0
+        self._pending = None
+
+    def update(self, position: int, total: int, done: bool) -> None:
+        import asyncio
+        import time
+
+        from kvbudget.v1 import common_pb2
+
+        self._pending = common_pb2.ReplayState(
+            replay_id=self.replay_id, trace=self.trace, position=position, total=total,
+            speed=self.speed, policy=self.policy, done=done,
+        )  # fmt: skip
+        now = time.monotonic()
+        if (self._task is None or self._task.done()) and (done or now - self._last >= 0.25):
+            self._last = now
+            self._task = asyncio.get_running_loop().create_task(self._send(self._pending))
+
+    async def _send(self, state) -> None:
+        try:
+            await self.observer.report_replay(state)
+        except Exception:  # progress display is best effort; the replay goes on
+            pass
+
+    async def flush(self) -> None:
+        if self._task is not None:
+            await self._task
+        if self._pending is not None and self._pending.done:
+            await self._send(self._pending)
+
+
+def _progress_bar(total: int):
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )  # fmt: skip
+    task = progress.add_task("replay", total=total)
+    progress.start()
+    return progress, task
+
+
+def layout_from_plan(plan):
+    """A layout with the daemon's block size and groups; the engine needs no more than that."""
+    from kvbudget.daemon.spec import (
+        AttentionSpec,
+        ChunkedLocalAttentionSpec,
+        KVCacheGroup,
+        KVCacheLayout,
+        SlidingWindowSpec,
+        kv_dtype,
+    )
+
+    block_size = plan.block_size_tokens or 16
+    groups = []
+    for g in plan.groups:
+        if g.layer_type == "sliding_window":
+            spec = SlidingWindowSpec(block_size, 1, 1, kv_dtype("bf16"), sliding_window=g.sliding_window_tokens)
+        elif g.layer_type == "chunked_local":
+            spec = ChunkedLocalAttentionSpec(block_size, 1, 1, kv_dtype("bf16"),
+                                             attention_chunk_size=g.attention_chunk_tokens)  # fmt: skip
+        else:
+            spec = AttentionSpec(block_size, 1, 1, kv_dtype("bf16"))
+        groups.append(KVCacheGroup(spec, tuple(g.layer_ids)))
+    if not groups:
+        groups.append(KVCacheGroup(AttentionSpec(block_size, 1, 1, kv_dtype("bf16")), (0,)))
+    return KVCacheLayout(
+        block_size=block_size, groups=tuple(groups), group_size=plan.layers_per_group or 1,
+        page_size_bytes=plan.page_size_bytes, num_layers=sum(len(g.layer_ids) for g in groups),
+        model_name=plan.model,
+    )  # fmt: skip

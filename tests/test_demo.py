@@ -1,0 +1,53 @@
+"""`kvbudget demo` without a terminal: embedded daemon, short live replay, summary, cleanup."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kvbudget.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _demo_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("kvbudget-demo-*"))
+
+
+def test_headless_demo_prints_a_summary_and_cleans_up(capsys):
+    before = _demo_dirs()
+    # stdout is captured (not a TTY), so the demo runs headless.
+    code = main(["demo", "--limit", "30", "--num-gpu-blocks", "600", "--memory-mode", "accounting"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "kvbudget demo: daemon (gpt-oss-120b, 600 blocks, optimistic)" in err
+    # the summary table: 30 requests, every one finished or rejected
+    assert re.search(r"requests\s+│\s+30\b", out)
+    finished = int(re.search(r"finished\s+│\s+(\d+)", out).group(1))
+    rejected = int(re.search(r"rejected\s+│\s+(\d+)", out).group(1))
+    assert finished + rejected == 30 and finished > 0
+    assert re.search(r"decisions\s+│\s+[\d,]+", out)  # a live run counts decisions
+    # the temporary folder (socket, log) is gone, and with it the daemon
+    assert _demo_dirs() == before
+
+
+def test_headless_demo_as_a_process_exits_zero():
+    # CI=true forces headless even where the test runner has a terminal.
+    out = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "demo", "--limit", "10", "--num-gpu-blocks", "400",
+         "--memory-mode", "accounting"],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "CI": "true"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"finished\s+│\s+\d+", out.stdout)
+
+
+def test_demo_bad_input_is_one_line(capsys):
+    assert main(["demo", "--trace", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--trace 'nope'" in err and err.count("\n") == 1

@@ -1,0 +1,234 @@
+"""Trace loaders on the shipped real traces, on broken rows, and the 512 -> B hash mapping."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvbudget.traces import loaders
+from kvbudget.traces.loaders import TraceError, TraceRequest, load_trace, pool_prefix_hashes
+
+TRACES = Path(loaders.__file__).resolve().parent
+MASK64 = 2**64 - 1
+
+
+# ------------------------------------------------------------------ shipped traces
+
+
+def test_shipped_traces_are_byte_identical_to_upstream():
+    # sha256 published with the traces (upstream blobs, no edits)
+    expected = {
+        "mooncake_fast25_conversation_trace.jsonl": "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+        "azure_llm_2023_conv.csv": "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+    }
+    for name, digest in expected.items():
+        assert hashlib.sha256((TRACES / name).read_bytes()).hexdigest() == digest
+
+
+def test_mooncake_whole_file_and_first_rows():
+    trace = load_trace("mooncake")
+    assert trace.format == "mooncake"
+    assert len(trace) == 12_031 and trace.skipped == 0
+    first, second = trace.requests[:2]
+    # line 1: {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0..13]}
+    assert first == TraceRequest(
+        arrival_s=0.0, prompt_tokens=6758, output_tokens=500, prefix_hashes=tuple(range(14)),
+        hash_block_size=512, line=1, request_id="mooncake_fast25_conversation_trace:1",
+    )  # fmt: skip
+    # line 2: input 7322, output 490, hash_ids [0, 14, 15, ..., 27] (cdiv(7322, 512) = 15 ids)
+    assert (second.prompt_tokens, second.output_tokens) == (7322, 490)
+    assert second.prefix_hashes == (0, *range(14, 28))
+    # the last row is at timestamp 3,536,999 ms
+    assert trace.requests[-1].arrival_s == 3536.999
+    assert trace.requests[-1].line == 12_031
+
+
+def test_azure_whole_file_and_first_rows():
+    trace = load_trace("azure")
+    assert trace.format == "azure"
+    assert len(trace) == 19_366 and trace.skipped == 0
+    first, second = trace.requests[:2]
+    # line 2: 2023-11-16 18:15:46.6805900,374,44 (line 1 is the header)
+    assert (first.arrival_s, first.prompt_tokens, first.output_tokens, first.line) == (0.0, 374, 44, 2)
+    # line 3: 18:15:50.9951690,396,109 -> 50.9951690 - 46.6805900 = 4.3145790 s
+    assert second.arrival_s == pytest.approx(4.314579, abs=1e-9)
+    assert (second.prompt_tokens, second.output_tokens) == (396, 109)
+    # last line (no trailing newline): 19:14:08.4025270,197,183
+    # 19:14:08.4025270 - 18:15:46.6805900 = 58 min 21.7219370 s = 3501.721937 s
+    last = trace.requests[-1]
+    assert last.arrival_s == pytest.approx(3501.721937, abs=1e-9)
+    assert (last.prompt_tokens, last.output_tokens, last.line) == (197, 183, 19_367)
+    assert first.prefix_hashes == () and first.hash_block_size == 0
+
+
+def test_start_and_limit_select_a_window():
+    trace = load_trace("azure", start=1, limit=2)
+    assert [r.line for r in trace.requests] == [3, 4]
+    # arrivals still count from the file's first row
+    assert trace.requests[0].arrival_s == pytest.approx(4.314579, abs=1e-9)
+
+
+# ---------------------------------------------------------------------- broken rows
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    return path
+
+
+MOONCAKE_ROWS = [
+    '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}',
+    '{"timestamp": 10, "input_length": 700, "output_length": 6, "hash_ids": [0, 2]}',
+    '{"timestamp": 20, "input_length": 800, "hash_ids": [0, 3]}',  # no output_length
+    '{"timestamp": 30, "input_length": 900, "output_length": 7, "hash_ids": [0, 4]}',
+]
+
+
+def test_mooncake_bad_row_names_file_line_and_field(tmp_path):
+    path = _write(tmp_path, "mc.jsonl", "\n".join(MOONCAKE_ROWS) + "\n")
+    with pytest.raises(TraceError, match=r"mc\.jsonl:3: output_length: missing"):
+        load_trace(path)
+
+
+def test_mooncake_bad_rows_skipped_and_counted(tmp_path):
+    rows = MOONCAKE_ROWS + ["{not json", '{"timestamp": 40, "input_length": -1, "output_length": 1, "hash_ids": []}']
+    path = _write(tmp_path, "mc.jsonl", "\n".join(rows) + "\n")
+    bad_json = _write(tmp_path, "bad.jsonl", "\n".join([MOONCAKE_ROWS[0], "{not json"]) + "\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: not valid JSON"):
+        load_trace(bad_json)
+    trace = load_trace(path, skip_bad_rows=True)
+    assert trace.skipped == 3  # lines 3, 5 and 6
+    assert [r.line for r in trace.requests] == [1, 2, 4]
+    assert trace.requests[2].arrival_s == 0.03
+
+
+def test_mooncake_too_many_hash_ids_is_an_error(tmp_path):
+    # 600 tokens fill cdiv(600, 512) = 2 blocks; 3 ids cannot be right
+    path = _write(tmp_path, "mc.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0, 1, 2]}\n')
+    with pytest.raises(TraceError, match=r":1: hash_ids: 3 blocks"):
+        load_trace(path)
+
+
+def test_azure_bad_timestamp_and_count(tmp_path):
+    text = (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+        "2023-11-16 18:15:46.6805900,374,44\r\n"
+        "2023-11-16 18:15:50.9951690,396,109\r\n"
+        "yesterday,10,10\r\n"
+        "2023-11-16 18:15:51.2224670,879,x"  # no trailing newline, like the real file
+    )
+    path = _write(tmp_path, "az.csv", text)
+    with pytest.raises(TraceError, match=r"az\.csv:4: TIMESTAMP"):
+        load_trace(path)
+    trace = load_trace(path, skip_bad_rows=True)
+    assert trace.skipped == 2  # line 4 (timestamp) and line 5 (GeneratedTokens)
+    assert [r.line for r in trace.requests] == [2, 3]
+
+
+def test_plain_csv_and_jsonl(tmp_path):
+    csv_path = _write(
+        tmp_path, "plain.csv",
+        "arrival_s,prompt_tokens,output_tokens,tenant,priority,prefix_hashes\n"
+        "0.5,100,10,alice,1,7 8\n"
+        "1.25,200,20,,,\n",
+    )  # fmt: skip
+    trace = load_trace(csv_path)
+    assert trace.format == "plain-csv"
+    a, b = trace.requests
+    assert (a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant, a.priority) == (0.5, 100, 10, "alice", 1)
+    assert a.prefix_hashes == (7, 8) and a.hash_block_size == 16
+    assert (b.tenant, b.priority, b.prefix_hashes, b.hash_block_size) == ("", 0, (), 0)
+
+    jsonl_path = _write(
+        tmp_path, "plain.jsonl",
+        '{"arrival_s": 0, "prompt_tokens": 64, "output_tokens": 4, "prefix_hashes": [1, 2], "hash_block_size": 32}\n'
+        '{"arrival_s": 2, "prompt_tokens": "many", "output_tokens": 4}\n',
+    )  # fmt: skip
+    with pytest.raises(TraceError, match=r"plain\.jsonl:2: prompt_tokens: expected an integer"):
+        load_trace(jsonl_path)
+    trace = load_trace(jsonl_path, skip_bad_rows=True)
+    assert trace.format == "plain-jsonl" and trace.skipped == 1
+    assert trace.requests[0].hash_block_size == 32
+
+
+def test_unknown_format_names_line_one(tmp_path):
+    with pytest.raises(TraceError, match=r"x\.csv:1: unknown trace header"):
+        load_trace(_write(tmp_path, "x.csv", "a,b,c\n1,2,3\n"))
+    with pytest.raises(TraceError, match=r"cannot read"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+# ------------------------------------------------------------------- hash mapping
+
+
+def _req(prompt: int, hashes: tuple[int, ...], block: int = 512) -> TraceRequest:
+    return TraceRequest(0.0, prompt, 1, hashes, block)
+
+
+def test_hash_mapping_by_hand():
+    # 1,100 tokens on 512-token trace blocks (7, 9, 11); pool blocks of 256 tokens:
+    # full pool blocks = 1100 // 256 = 4; trace block 0 -> pool 0, 1; block 1 -> pool 2, 3;
+    # pool block 4 (tokens 1024..1279) is not full in the prompt: no hash.
+    hashes = pool_prefix_hashes(_req(1100, (7, 9, 11)), 256)
+    root = loaders._CHAIN_ROOT
+    h0 = hash((root, 7, 0)) & MASK64
+    h1 = hash((root, 7, 1)) & MASK64
+    h2 = hash((h1, 9, 0)) & MASK64  # chained on the last pool block before trace block 1
+    h3 = hash((h1, 9, 1)) & MASK64
+    assert hashes == (h0, h1, h2, h3)
+    # 16-token pool blocks: 1100 // 16 = 68 full blocks, 32 per trace block
+    assert len(pool_prefix_hashes(_req(1100, (7, 9, 11)), 16)) == 68
+
+
+def test_hash_mapping_shares_exactly_the_shared_prefix():
+    a = pool_prefix_hashes(_req(2048, (0, 1, 2, 3)), 16)
+    b = pool_prefix_hashes(_req(2048, (0, 1, 5, 6)), 16)
+    # two trace blocks in common = 2 x 512 / 16 = 64 pool blocks in common, none after
+    assert a[:64] == b[:64]
+    assert all(x != y for x, y in zip(a[64:], b[64:]))
+    # a trace id seen after a different parent is a different block (chain)
+    c = pool_prefix_hashes(_req(1024, (4, 1)), 16)
+    assert set(c[32:]).isdisjoint(a[32:64])
+
+
+def test_hash_mapping_pool_blocks_larger_than_trace_blocks():
+    # B = 1024 > 512: pool block 0 ends in trace block 1; its hash depends on both ids
+    one = pool_prefix_hashes(_req(1100, (7, 9, 11)), 1024)
+    other = pool_prefix_hashes(_req(1100, (8, 9, 11)), 1024)
+    assert len(one) == 1 and one != other
+
+
+def test_hash_mapping_is_the_same_in_another_process():
+    # Python randomises str hashes per process, never int/tuple hashes: the ids are stable.
+    code = (
+        "from kvbudget.traces.loaders import TraceRequest, pool_prefix_hashes;"
+        "print(list(pool_prefix_hashes(TraceRequest(0.0, 1100, 1, (7, 9, 11), 512), 256)))"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(list(pool_prefix_hashes(_req(1100, (7, 9, 11)), 256)))
+
+
+@given(
+    prompt=st.integers(1, 5000),
+    ids=st.lists(st.integers(0, 50), min_size=1, max_size=10),
+    block=st.sampled_from([1, 16, 32, 100, 512, 1024]),
+)
+def test_hash_mapping_properties(prompt, ids, block):
+    ids = tuple(ids[: -(-prompt // 512)])
+    memo: dict = {}
+    hashes = pool_prefix_hashes(_req(prompt, ids), block, memo)
+    # full pool blocks of the known (hashed) part of the prompt only
+    assert len(hashes) == min(prompt, len(ids) * 512) // block
+    assert all(0 <= h <= MASK64 for h in hashes)
+    # the memo changes nothing
+    assert pool_prefix_hashes(_req(prompt, ids), block, memo) == hashes
+    assert pool_prefix_hashes(_req(prompt, ids), block) == hashes

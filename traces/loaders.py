@@ -1,0 +1,451 @@
+"""Request traces in, one `TraceRequest` per row out, whatever the file's format.
+
+Formats (detected from the first line, not the file name):
+- Mooncake JSONL: `{"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}`,
+  prefix hash ids on 512-token blocks.
+- Azure LLM inference CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF line ends,
+  timestamps like `2023-11-16 18:15:46.6805900`; arrivals become seconds from the first row.
+- Plain CSV or JSONL: `arrival_s, prompt_tokens, output_tokens` and optionally `tenant`,
+  `priority`, `prefix_hashes` (a JSON array, or space-separated in CSV) and
+  `hash_block_size` (default 16).
+
+A malformed row is a `TraceError` naming the file, the line number and the field, or, with
+`skip_bad_rows`, skipped and counted in `Trace.skipped`.
+
+Trace prefix hashes live on the trace's block size (512 tokens for Mooncake); the pool's
+block size is usually smaller. `pool_prefix_hashes` derives one chained hash per FULL pool
+block of the prompt, so two requests share pool-block hashes exactly as far as they share
+trace blocks.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+MOONCAKE_BLOCK_SIZE = 512
+MOONCAKE_TIMESTAMP_QUANTUM_S = 3.0  # Mooncake timestamps come in ~3 s buckets
+PLAIN_DEFAULT_HASH_BLOCK_SIZE = 16
+SHIPPED_TRACES: dict[str, str] = {
+    "mooncake": "mooncake_fast25_conversation_trace.jsonl",
+    "azure": "azure_llm_2023_conv.csv",
+}
+AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_MASK64 = (1 << 64) - 1
+_CHAIN_ROOT = 0x6B76_6275_6467_6574  # any fixed value: the parent of a prompt's first block
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names file, line and field."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float  # seconds from the trace's first row
+    prompt_tokens: int
+    output_tokens: int
+    prefix_hashes: tuple[int, ...] = ()  # on `hash_block_size`-token blocks
+    hash_block_size: int = 0  # 0: the trace has no prefix information
+    tenant: str = ""
+    priority: int = 0
+    line: int = 0  # 1-based line in the file
+    request_id: str = ""  # "<trace name>:<line>"
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    format: str  # "mooncake", "azure", "plain-csv" or "plain-jsonl"
+    requests: tuple[TraceRequest, ...]
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def arrival_quantum_s(self) -> float:
+        """How coarse the timestamps are: a replayer may spread a bucket over this."""
+        return MOONCAKE_TIMESTAMP_QUANTUM_S if self.format == "mooncake" else 0.0
+
+    @property
+    def duration_s(self) -> float:
+        if not self.requests:
+            return 0.0
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s
+
+
+# ------------------------------------------------------------------------ entry point
+
+
+def resolve_trace_path(name_or_path: str | Path) -> Path:
+    """A shipped trace name (`mooncake`, `azure`) or a file path."""
+    text = str(name_or_path)
+    if text in SHIPPED_TRACES:
+        return Path(__file__).resolve().parent / SHIPPED_TRACES[text]
+    return Path(text)
+
+
+def load_trace(
+    path: str | Path, *, skip_bad_rows: bool = False, limit: int | None = None, start: int = 0
+) -> Trace:
+    """Read a trace; `start` skips that many requests, `limit` keeps at most that many."""
+    file = resolve_trace_path(path)
+    if start < 0:
+        raise ValueError(f"start: must be >= 0, got {start}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit: must be >= 0, got {limit}")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TraceError(f"{file}:{line}: not UTF-8 text") from None
+    lines = text.splitlines()  # handles CRLF and a missing final newline
+    reader = _pick_reader(file, lines)
+    return reader(file, lines, skip_bad_rows, start, limit)
+
+
+def _pick_reader(file: Path, lines: list[str]):
+    first_index = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first_index is None:
+        raise TraceError(f"{file}:1: empty trace")
+    first = lines[first_index].strip()
+    if first.startswith("{"):
+        try:
+            keys = json.loads(first).keys()
+        except (json.JSONDecodeError, AttributeError):
+            raise TraceError(f"{file}:{first_index + 1}: not a JSON object") from None
+        if "input_length" in keys:
+            return _read_mooncake
+        if "prompt_tokens" in keys:
+            return _read_plain_jsonl
+        raise TraceError(
+            f"{file}:{first_index + 1}: unknown JSONL trace: expected Mooncake fields"
+            " (timestamp, input_length, output_length, hash_ids) or arrival_s, prompt_tokens,"
+            " output_tokens"
+        )
+    header = tuple(cell.strip() for cell in first.split(","))
+    if header == AZURE_HEADER:
+        return _read_azure
+    if {"arrival_s", "prompt_tokens", "output_tokens"} <= set(header):
+        return _read_plain_csv
+    raise TraceError(
+        f"{file}:{first_index + 1}: unknown trace header {first[:80]!r}: expected"
+        " TIMESTAMP,ContextTokens,GeneratedTokens or arrival_s,prompt_tokens,output_tokens"
+    )
+
+
+# ---------------------------------------------------------------------- row plumbing
+
+
+class _BadRow(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+
+
+def _int_field(value: object, field: str, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise _BadRow(field, f"expected an integer, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise _BadRow(field, f"expected an integer, got {value!r}") from None
+    if not isinstance(value, int):
+        raise _BadRow(field, f"expected an integer, got {value!r}")
+    if value < minimum:
+        raise _BadRow(field, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _float_field(value: object, field: str) -> float:
+    if isinstance(value, bool):
+        raise _BadRow(field, f"expected a number, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise _BadRow(field, f"expected a number, got {value!r}") from None
+    if not number >= 0.0 or number == float("inf"):
+        raise _BadRow(field, f"must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _hash_list(value: object, field: str) -> tuple[int, ...]:
+    if isinstance(value, str):
+        value = value.split()
+    if not isinstance(value, list | tuple):
+        raise _BadRow(field, f"expected a list of integers, got {type(value).__name__}")
+    return tuple(_int_field(item, field, 0) for item in value)
+
+
+class _Collector:
+    """Applies start/limit and skip-or-raise to rows as a reader yields them."""
+
+    def __init__(self, file: Path, skip_bad_rows: bool, start: int, limit: int | None) -> None:
+        self.file = file
+        self.skip_bad_rows = skip_bad_rows
+        self.start = start
+        self.limit = limit
+        self.seen = 0  # good rows met so far, including those before `start`
+        self.skipped = 0
+        self.requests: list[TraceRequest] = []
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and len(self.requests) >= self.limit
+
+    def bad(self, line: int, error: _BadRow | str) -> None:
+        if self.skip_bad_rows:
+            self.skipped += 1
+            return
+        raise TraceError(f"{self.file}:{line}: {error}")
+
+    def add(self, request: TraceRequest) -> None:
+        self.seen += 1
+        if self.seen > self.start and not self.full:
+            self.requests.append(request)
+
+    def trace(self, format_name: str) -> Trace:
+        return Trace(self.file.name, format_name, tuple(self.requests), self.skipped)
+
+
+def _request_id(file: Path, line: int) -> str:
+    return f"{file.stem}:{line}"
+
+
+# ------------------------------------------------------------------------- readers
+
+
+def _read_mooncake(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
+    out = _Collector(file, skip, start, limit)
+    for index, text in enumerate(lines):
+        if out.full:
+            break
+        if not text.strip():
+            continue
+        line = index + 1
+        try:
+            row = json.loads(text)
+            if not isinstance(row, dict):
+                raise _BadRow("row", "expected a JSON object")
+            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+                if key not in row:
+                    raise _BadRow(key, "missing")
+            arrival_ms = _float_field(row["timestamp"], "timestamp")
+            prompt = _int_field(row["input_length"], "input_length", 1)
+            output = _int_field(row["output_length"], "output_length", 1)
+            hashes = _hash_list(row["hash_ids"], "hash_ids")
+            if len(hashes) > -(-prompt // MOONCAKE_BLOCK_SIZE):
+                raise _BadRow(
+                    "hash_ids",
+                    f"{len(hashes)} blocks of {MOONCAKE_BLOCK_SIZE} tokens for a"
+                    f" {prompt}-token prompt",
+                )
+        except json.JSONDecodeError as exc:
+            out.bad(line, f"not valid JSON ({exc.msg})")
+            continue
+        except _BadRow as exc:
+            out.bad(line, exc)
+            continue
+        out.add(
+            TraceRequest(
+                arrival_s=arrival_ms / 1000.0,
+                prompt_tokens=prompt,
+                output_tokens=output,
+                prefix_hashes=hashes,
+                hash_block_size=MOONCAKE_BLOCK_SIZE,
+                line=line,
+                request_id=_request_id(file, line),
+            )
+        )
+    return out.trace("mooncake")
+
+
+def _azure_ticks(stamp: str) -> int:
+    """`2023-11-16 18:15:46.6805900` -> 100 ns ticks since 1970 (zone unknown, taken as UTC).
+
+    Integers, because a float of epoch seconds keeps only ~0.2 us and would blur the
+    7-digit fractions."""
+    base, _, fraction = stamp.strip().partition(".")
+    if fraction and (not fraction.isdigit() or len(fraction) > 7):
+        raise ValueError(stamp)
+    moment = datetime.strptime(base, "%Y-%m-%d %H:%M:%S")
+    whole = (moment - datetime(1970, 1, 1)) // timedelta(seconds=1)
+    return whole * 10**7 + (int(fraction.ljust(7, "0")) if fraction else 0)
+
+
+def _read_azure(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
+    out = _Collector(file, skip, start, limit)
+    origin: int | None = None
+    header_seen = False
+    for index, text in enumerate(lines):
+        if out.full:
+            break
+        if not text.strip():
+            continue
+        if not header_seen:
+            header_seen = True
+            continue
+        line = index + 1
+        cells = text.split(",")
+        try:
+            if len(cells) != 3:
+                raise _BadRow("row", f"expected 3 columns, got {len(cells)}")
+            try:
+                ticks = _azure_ticks(cells[0])
+            except ValueError:
+                raise _BadRow("TIMESTAMP", f"expected YYYY-MM-DD HH:MM:SS.fffffff, got {cells[0]!r}") from None
+            prompt = _int_field(cells[1], "ContextTokens", 1)
+            output = _int_field(cells[2], "GeneratedTokens", 1)
+        except _BadRow as exc:
+            out.bad(line, exc)
+            continue
+        if origin is None:
+            origin = ticks  # arrivals count from the first good row of the file
+        out.add(
+            TraceRequest(
+                arrival_s=(ticks - origin) / 10**7,
+                prompt_tokens=prompt,
+                output_tokens=output,
+                line=line,
+                request_id=_request_id(file, line),
+            )
+        )
+    return out.trace("azure")
+
+
+def _plain_request(row: dict, file: Path, line: int) -> TraceRequest:
+    for key in ("arrival_s", "prompt_tokens", "output_tokens"):
+        if row.get(key) in (None, ""):
+            raise _BadRow(key, "missing")
+    hashes_raw = row.get("prefix_hashes")
+    hashes = _hash_list(hashes_raw, "prefix_hashes") if hashes_raw not in (None, "") else ()
+    block_raw = row.get("hash_block_size")
+    block = (
+        _int_field(block_raw, "hash_block_size", 1)
+        if block_raw not in (None, "")
+        else PLAIN_DEFAULT_HASH_BLOCK_SIZE
+    )
+    priority_raw = row.get("priority")
+    tenant = row.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise _BadRow("tenant", f"expected a string, got {tenant!r}")
+    return TraceRequest(
+        arrival_s=_float_field(row["arrival_s"], "arrival_s"),
+        prompt_tokens=_int_field(row["prompt_tokens"], "prompt_tokens", 1),
+        output_tokens=_int_field(row["output_tokens"], "output_tokens", 1),
+        prefix_hashes=hashes,
+        hash_block_size=block if hashes else 0,
+        tenant=tenant or "",
+        priority=_int_field(priority_raw, "priority", -(2**31)) if priority_raw not in (None, "") else 0,
+        line=line,
+        request_id=_request_id(file, line),
+    )
+
+
+def _read_plain_jsonl(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
+    out = _Collector(file, skip, start, limit)
+    for index, text in enumerate(lines):
+        if out.full:
+            break
+        if not text.strip():
+            continue
+        line = index + 1
+        try:
+            row = json.loads(text)
+            if not isinstance(row, dict):
+                raise _BadRow("row", "expected a JSON object")
+            request = _plain_request(row, file, line)
+        except json.JSONDecodeError as exc:
+            out.bad(line, f"not valid JSON ({exc.msg})")
+            continue
+        except _BadRow as exc:
+            out.bad(line, exc)
+            continue
+        out.add(request)
+    return out.trace("plain-jsonl")
+
+
+def _read_plain_csv(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
+    out = _Collector(file, skip, start, limit)
+    header: list[str] | None = None
+    for index, text in enumerate(lines):
+        if out.full:
+            break
+        if not text.strip():
+            continue
+        cells = next(csv.reader(io.StringIO(text)))
+        if header is None:
+            header = [cell.strip() for cell in cells]
+            continue
+        line = index + 1
+        try:
+            if len(cells) != len(header):
+                raise _BadRow("row", f"expected {len(header)} columns, got {len(cells)}")
+            request = _plain_request(dict(zip(header, cells)), file, line)
+        except _BadRow as exc:
+            out.bad(line, exc)
+            continue
+        out.add(request)
+    return out.trace("plain-csv")
+
+
+# ------------------------------------------------------------- pool block hashes
+
+
+def pool_prefix_hashes(
+    request: TraceRequest, block_size: int, memo: dict[tuple[int, int], tuple[int, ...]] | None = None
+) -> tuple[int, ...]:
+    """Chained hashes of the prompt's FULL pool blocks of `block_size` tokens.
+
+    Pool block j ends at token (j+1)·B - 1, inside trace block k. Its hash is
+    hash((parent, trace hash id k, j's index among the pool blocks ending in block k)),
+    where `parent` is the hash of the last pool block before trace block k: a chain, so a
+    pool block matches only when everything before it matches too.
+    Pool blocks past the last known trace block, or not full in the prompt, get none.
+    `memo` (keyed by the parent hash and the trace id) lets shared prefixes be hashed once.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size: must be > 0, got {block_size}")
+    trace_block = request.hash_block_size
+    if not request.prefix_hashes or trace_block <= 0:
+        return ()
+    known_tokens = min(request.prompt_tokens, len(request.prefix_hashes) * trace_block)
+    num_pool_blocks = known_tokens // block_size
+    out: list[int] = []
+    parent = _CHAIN_ROOT
+    first_pool_block = 0  # first pool block ending inside the current trace block
+    for k, trace_id in enumerate(request.prefix_hashes):
+        # Pool blocks j with k·T <= (j+1)·B - 1 < (k+1)·T.
+        end = min(((k + 1) * trace_block) // block_size, num_pool_blocks)
+        if end <= first_pool_block:
+            if first_pool_block >= num_pool_blocks:
+                break
+            # No pool block ends inside this trace block (B > T): fold its id into the chain.
+            parent = hash((parent, trace_id, -1)) & _MASK64
+            continue
+        key = (parent, trace_id)
+        chunk = memo.get(key) if memo is not None else None
+        if chunk is None or len(chunk) < end - first_pool_block:
+            chunk = _chain(parent, trace_id, ((k + 1) * trace_block) // block_size - first_pool_block)
+            if memo is not None:
+                memo[key] = chunk
+        out.extend(chunk[: end - first_pool_block])
+        parent = out[-1]
+        first_pool_block = end
+        if end >= num_pool_blocks:
+            break
+    return tuple(out)
+
+
+def _chain(parent: int, trace_id: int, count: int) -> tuple[int, ...]:
+    # `parent` already stands for every token before this trace block, so the position
+    # inside it completes the identity; no need to chain inside one trace block.
+    return tuple([hash((parent, trace_id, sub_index)) & _MASK64 for sub_index in range(count)])

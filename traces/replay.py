@@ -1,0 +1,353 @@
+"""Run a trace through the simulated engine: offline against the core, or live via a daemon.
+
+Offline, the admission controller runs in this process (no gRPC, no clock): fast what-ifs,
+and `compare` runs each policy on the same trace, model and pool. Live, each simulated
+engine holds a session with a running daemon and sends one `Step` per simulated step that
+has something to ask; the daemon decides, logs and shows it on its dashboard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.records import Decision, DecisionKind
+from kvbudget.daemon.requests import Status
+from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.traces.engine_sim import EngineConfig, Simulation, SimRun, StepOps
+from kvbudget.traces.loaders import TraceRequest
+from kvbudget.traces.results import ReplayResult, summarize
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """Everything but the trace and the policy: model layout, pool and engine limits."""
+
+    layout: KVCacheLayout
+    num_blocks: int
+    engine: EngineConfig
+    model: str = ""
+    engines: int = 1
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    sample_interval_s: float = 1.0
+    spread_s: float = 0.0  # spread requests sharing a timestamp over this many seconds
+
+
+# ------------------------------------------------------------------------- offline
+
+
+class ControllerBackend:
+    """The admission controller in this process, applying ops as the daemon's Step does.
+
+    Like the daemon, a progress or grow of a request that is no longer running (another
+    op preempted it) is skipped, and a finish of a now-waiting request aborts it.
+    """
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self.controller = controller
+        self.layout = controller.layout
+        self.num_blocks = controller.pool.capacity
+
+    def open_engine(self, engine_id: str) -> None:
+        pass
+
+    def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
+        c = self.controller
+        out: list[Decision] = []
+        for request_id in ops.finishes:
+            out += c.finish(request_id, now) if self._running(request_id) else c.abort(request_id, now)
+        for request_id in ops.aborts:
+            out += c.abort(request_id, now)
+        for request_id, computed in ops.progress:
+            if self._running(request_id):
+                out += c.progress(request_id, computed, now)
+        for request_id, num_tokens in ops.grows:
+            if self._running(request_id):
+                out += c.grow(request_id, num_tokens, now)
+        for spec in ops.submits:
+            out += c.submit(spec, now)
+        return out
+
+    def _running(self, request_id: str) -> bool:
+        # Another engine's call may have preempted it since this engine last heard.
+        return self.controller.request(request_id).status is Status.RUNNING
+
+    def poll(self, engine_id: str, now: float) -> list[Decision]:
+        return []
+
+    def idle(self, engine_id: str, now: float) -> list[Decision]:
+        return self.controller.schedule(now)
+
+    def num_free_blocks(self) -> int:
+        return self.controller.pool.num_free_blocks
+
+
+def admission_config(setup: ReplaySetup, policy: str) -> AdmissionConfig:
+    return AdmissionConfig(
+        max_model_len=setup.engine.max_model_len,
+        max_num_batched_tokens=setup.engine.max_num_batched_tokens,
+        policy=policy,
+        enable_prefix_caching=setup.enable_prefix_caching,
+    )
+
+
+def run_offline(
+    trace: Sequence[TraceRequest],
+    setup: ReplaySetup,
+    policy: str,
+    *,
+    trace_name: str = "",
+    on_progress: Callable[[int, int, float], None] | None = None,
+) -> ReplayResult:
+    controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, policy))
+    backend = ControllerBackend(controller)
+    simulation = Simulation(
+        trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,
+        sample_interval_s=setup.sample_interval_s, spread_s=setup.spread_s, on_progress=on_progress,
+    )  # fmt: skip
+    started = time.perf_counter()
+    run = simulation.run(backend)
+    wall = time.perf_counter() - started
+    controller.check_integrity()
+    return summarize(run, policy=policy, trace=trace_name, mode="offline", setup=setup, wall_s=wall)
+
+
+def run_compare(
+    trace: Sequence[TraceRequest], setup: ReplaySetup, policies: Sequence[str], *, trace_name: str = ""
+) -> list[ReplayResult]:
+    return [run_offline(trace, setup, policy, trace_name=trace_name) for policy in policies]
+
+
+# ---------------------------------------------------------------------------- live
+
+
+_STOPS = (DecisionKind.PREEMPT, DecisionKind.EXPIRE, DecisionKind.REJECT, DecisionKind.ADMIT)
+IDLE_WAIT_S = 0.15
+STALE_WAIT_S = 0.5
+MAX_STEP_ATTEMPTS = 8
+_OP_FIELD = re.compile(r"^(grows|progress)\[(\d+)\]")
+
+
+def _culprit(ops: StepOps, details: str) -> str | None:
+    """The request of the grow / progress op a refused step names (`grows[1].num_tokens: ...`)."""
+    match = _OP_FIELD.match(details)
+    if not match:
+        return None
+    items = ops.grows if match.group(1) == "grows" else ops.progress
+    index = int(match.group(2))
+    return items[index][0] if index < len(items) else None
+
+
+def _stale_codes():
+    import grpc
+
+    return (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)  # the daemon looks at its queue every 0.1 s
+LIVE_MAX_IDLE_ROUNDS = 400  # ~60 s of nothing admitted, nothing running: give up
+
+
+class DaemonBackend:
+    """Simulated engines as gRPC sessions of a running daemon (one EngineClient each).
+
+    Pacing: `poll` waits until wall time catches up with virtual time / speed.
+    Decisions taken for one engine inside another engine's call arrive on the first
+    engine's event stream; `poll` hands over whatever has arrived, and `step` copes with
+    news that is still on its way (see there). Decisions are counted once by `seq`.
+    """
+
+    def __init__(self, target: str, token: str | None, layout: KVCacheLayout, num_blocks: int,
+                 *, speed: float | None, replace_existing: bool = True) -> None:  # fmt: skip
+        self.target = target
+        self.token = token
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.speed = speed
+        self.replace_existing = replace_existing
+        self.clients: dict[str, object] = {}
+        self._events: dict[str, asyncio.Queue[Decision]] = {}
+        self._readers: list[asyncio.Task] = []
+        self._free = num_blocks
+        self._seen: set[int] = set()
+        self._wall_origin: float | None = None
+
+    async def open_engine(self, engine_id: str) -> None:
+        from kvbudget.client import EngineClient
+
+        client = EngineClient(self.target, engine_id, self.token, replace_existing=self.replace_existing)
+        await client.open()
+        self.clients[engine_id] = client
+        queue: asyncio.Queue[Decision] = asyncio.Queue()
+        self._events[engine_id] = queue
+        self._readers.append(asyncio.create_task(self._read_events(client, queue)))
+
+    async def _read_events(self, client, queue: asyncio.Queue[Decision]) -> None:
+        try:
+            async for decision in client.events():
+                queue.put_nowait(decision)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the stream died with the daemon; steps will report it
+            return
+
+    def _note(self, decisions: list[Decision]) -> list[Decision]:
+        fresh = []
+        for d in decisions:
+            if d.seq in self._seen:
+                continue
+            self._seen.add(d.seq)
+            fresh.append(d)
+        return fresh
+
+    def _drain(self) -> list[Decision]:
+        out: list[Decision] = []
+        for queue in self._events.values():
+            while not queue.empty():
+                out.append(queue.get_nowait())
+        return out
+
+    async def poll(self, engine_id: str, now: float) -> list[Decision]:
+        if self.speed:
+            if self._wall_origin is None:
+                self._wall_origin = time.monotonic() - now / self.speed
+            delay = self._wall_origin + now / self.speed - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await asyncio.sleep(0)  # let the event readers and heartbeats run
+        return self._note(self._drain())
+
+    async def idle(self, engine_id: str, now: float) -> list[Decision]:
+        """Nothing runs here: give the daemon's own queue pass (every 0.1 s) time to admit."""
+        out = await self.poll(engine_id, now)
+        if out:
+            return out
+        deadline = time.monotonic() + IDLE_WAIT_S
+        while time.monotonic() < deadline and not any(not q.empty() for q in self._events.values()):
+            await asyncio.sleep(0.002)
+        return await self.poll(engine_id, now)
+
+    async def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
+        """One Step. Another engine's call may have preempted (and maybe re-admitted) one
+        of ours a moment ago, with the news still on its way on our event stream: the
+        daemon then refuses the step (waiting request, unknown request, fewer slots than it
+        now holds, ...) and changes nothing. We wait for the news, drop the grows and
+        progress of the requests it concerns, and send the step again."""
+        import grpc
+
+        from kvbudget.client import step_message
+
+        client = self.clients[engine_id]
+        early: list[Decision] = []
+        for attempt in range(MAX_STEP_ATTEMPTS):
+            message = step_message("", ops.submits, ops.grows, ops.progress, ops.finishes, ops.aborts)
+            try:
+                response = await client.step_raw(message)  # type: ignore[attr-defined]
+                break
+            except grpc.aio.AioRpcError as error:
+                details = error.details() or ""
+                culprit = _culprit(ops, details)
+                stale = error.code() in _stale_codes() and culprit is not None
+                if not stale or attempt == MAX_STEP_ATTEMPTS - 1:
+                    raise
+                news = await self._wait_for_news(culprit)
+                early += news
+                # The refused op is stale whatever the news says; so are the grows and
+                # progress of every request the news stopped or restarted.
+                drop = {culprit} | {d.request_id for d in news if d.kind in _STOPS}
+                ops = StepOps(
+                    submits=ops.submits,
+                    grows=[g for g in ops.grows if g[0] not in drop],
+                    progress=[p for p in ops.progress if p[0] not in drop],
+                    finishes=ops.finishes,
+                    aborts=ops.aborts,
+                )
+        self._free = response.num_free_blocks
+        return early + self._note([_light_decision(m) for m in response.decisions])
+
+    async def _wait_for_news(self, request_id: str) -> list[Decision]:
+        """Events that arrived, waiting (briefly) for one about `request_id`."""
+        deadline = time.monotonic() + STALE_WAIT_S
+        news = self._note(self._drain())
+        while not any(d.request_id == request_id for d in news) and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+            news += self._note(self._drain())
+        return news
+
+    def num_free_blocks(self) -> int:
+        return self._free
+
+    async def close(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for client in self.clients.values():
+            await client.close()  # type: ignore[attr-defined]
+
+
+def _light_decision(m) -> Decision:
+    """The fields the engine acts on, without converting block id lists."""
+    from kvbudget.daemon import convert
+    from kvbudget.daemon.records import Reason
+
+    return Decision(
+        seq=m.seq,
+        time_s=m.time_unix_s,
+        kind=convert.kind_from_proto(m.kind) or DecisionKind.ADMIT,
+        reason=Reason(m.reason) if m.reason in Reason._value2member_map_ else Reason.NONE,
+        request_id=m.request_id,
+        num_tokens=m.num_tokens,
+        num_computed=m.num_computed_tokens,
+        cached_hit_blocks=m.cached_hit_blocks,
+        num_free_blocks=m.num_free_blocks,
+    )
+
+
+async def run_live(
+    trace: Sequence[TraceRequest],
+    setup: ReplaySetup,
+    *,
+    target: str,
+    token: str | None = None,
+    speed: float | None = None,
+    trace_name: str = "",
+    replay_id: str = "",
+    on_progress: Callable[[int, int, float], None] | None = None,
+    report: Callable[[int, int, bool], object] | None = None,
+) -> ReplayResult:
+    """Replay against the daemon at `target`. The pool and layout come from its plan."""
+    from kvbudget.client import ObserverClient
+
+    # The plan tells the real pool; the simulated engine's block size must match it.
+    backend = DaemonBackend(target, token, setup.layout, setup.num_blocks, speed=speed)
+    simulation = Simulation(
+        trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,
+        id_prefix=f"{replay_id}-" if replay_id else "", sample_interval_s=setup.sample_interval_s,
+        spread_s=setup.spread_s, on_progress=on_progress, max_idle_rounds=LIVE_MAX_IDLE_ROUNDS,
+    )  # fmt: skip
+    started = time.perf_counter()
+    try:
+        run = await simulation.run_async(backend)
+    finally:
+        await backend.close()
+    wall = time.perf_counter() - started
+    policy = ""
+    async with ObserverClient(target, token) as observer:
+        try:
+            snapshot = await observer.snapshot(timeout=5.0)
+            from kvbudget.daemon import convert
+
+            policy = convert.policy_from_proto(snapshot.policy) or ""
+        except Exception:
+            policy = ""
+    return summarize(run, policy=policy, trace=trace_name, mode="live", setup=setup, wall_s=wall)
+
+
+def with_block_size(setup: ReplaySetup, layout: KVCacheLayout, num_blocks: int) -> ReplaySetup:
+    return replace(setup, layout=layout, num_blocks=num_blocks)
