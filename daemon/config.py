@@ -23,6 +23,7 @@ The file has sections; each key maps to one `DaemonConfig` field:
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -320,6 +321,15 @@ def parse_host_port(address: str) -> tuple[str, int] | None:
     return match["host"].strip("[]"), int(match["port"])
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def listen_kind(address: str) -> str | None:
     """"unix" (unix: / unix-abstract:), "tcp" (host:port), or None if malformed."""
     if address.startswith("unix-abstract:"):
@@ -409,6 +419,11 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
         if kind == "tcp" and not (c.tokens_file or c.tls_cert_file or c.allow_insecure_tcp):
             raise fail("listen", f"TCP address {address!r} needs tokens_file or TLS "
                        "(or allow_insecure_tcp = true on a trusted loopback)")
+        if kind == "tcp" and c.allow_insecure_tcp and not (c.tokens_file or c.tls_cert_file):
+            host = parse_host_port(address)[0]  # type: ignore[index]
+            if not _is_loopback(host):
+                raise fail("allow_insecure_tcp", f"only allowed on a loopback address, not {address!r}: "
+                           "set tokens_file or TLS to listen there")
     if bool(c.tls_cert_file) != bool(c.tls_key_file):
         missing = "tls_key_file" if c.tls_cert_file else "tls_cert_file"
         present = "tls_cert_file" if c.tls_cert_file else "tls_key_file"

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,7 +213,7 @@ class Daemon:
         return 0
 
     async def _start(self, stack: contextlib.AsyncExitStack):
-        from kvbudget.daemon.decision_log import DecisionLog
+        from kvbudget.daemon.decision_log import DecisionLog, DecisionLogError
 
         config = self.config
         for address in config.listen:  # fail fast, before any expensive setup
@@ -245,9 +246,14 @@ class Daemon:
             max_num_batched_tokens=config.max_num_batched_tokens,
             memory=memory,
         )
-        Path(config.db_path).parent.mkdir(parents=True, exist_ok=True)
         decision_log = DecisionLog(config.db_path, retention_s=config.retention_s, max_rows=config.retention_rows)
-        await asyncio.to_thread(decision_log.start)
+        try:
+            Path(config.db_path).parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(decision_log.start)
+        except (DecisionLogError, OSError, sqlite3.Error) as exc:
+            # A bad file is the operator's to fix; it is never overwritten or migrated here.
+            decision_log.close()
+            raise StartupError(f"db_path: cannot use {config.db_path}: {exc}") from None
         stack.push_async_callback(self._close_log, decision_log)
         metrics = self._start_metrics()
         if metrics is not None:

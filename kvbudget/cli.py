@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from kvbudget import __version__
 from kvbudget.errors import CLIError
@@ -25,6 +26,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes come out as one line (`kvbudget CMD: error: ...`), exit 2, as other
+    errors do; `--help` still prints the full usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _chosen_command(argv: list[str]) -> str | None:
     for arg in argv:
         if not arg.startswith("-"):
@@ -35,7 +44,7 @@ def _chosen_command(argv: list[str]) -> str | None:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """All commands are listed; only the chosen one's module is imported, so a broken or
     heavy command never affects the others."""
-    parser = argparse.ArgumentParser(prog="kvbudget", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="kvbudget", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvbudget {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _chosen_command(argv)

@@ -277,3 +277,15 @@ def test_model_may_be_a_config_json_or_a_folder_holding_one(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as caught:
         load_config(None, {"model": str(folder)})
     assert caught.value.key == "model" and "not valid JSON" in str(caught.value)
+
+
+def test_insecure_tcp_is_refused_off_loopback(tmp_path: Path) -> None:
+    # The opt-in exists for loopback benches; on any other address it would hand engine and
+    # admin rights to the network.
+    for address in ("0.0.0.0:7777", "10.1.2.3:7777", "[::]:7777", "example.internal:7777"):
+        with pytest.raises(ConfigError) as caught:
+            load_config(write(tmp_path, MODEL + f"[server]\nlisten = ['{address}']\nallow_insecure_tcp = true\n"))
+        assert caught.value.key == "server.allow_insecure_tcp"
+        assert "loopback" in str(caught.value)
+    config = load_config(write(tmp_path, MODEL + "[server]\nlisten = ['localhost:7777']\nallow_insecure_tcp = true\n"))
+    assert config.listen == ("localhost:7777",)

@@ -315,3 +315,12 @@ def test_parse_size_rejects():
         with pytest.raises(CLIError, match="--x"):
             parse_size(text, "--x")
     assert parse_size("0", "--x", allow_zero=True) == 0
+
+
+def test_usage_mistakes_are_one_line_too() -> None:
+    # argparse's own errors (unknown flag, bad choice) follow the one-line rule like ours.
+    for argv in (["estimate", "--kv-dtype"], ["no-such-command"], ["estimate", "--model"]):
+        result = subprocess.run([sys.executable, "-m", "kvbudget", *argv], capture_output=True, text=True)
+        assert result.returncode == 2
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "error:" in result.stderr and "Traceback" not in result.stderr

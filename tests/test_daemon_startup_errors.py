@@ -1,0 +1,48 @@
+"""A daemon that cannot start says why in one line, exits 2, and touches nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import DEFAULT_ARGS
+
+
+def run_daemon(tmp_path: Path, db_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvbudget", "daemon", *DEFAULT_ARGS,
+         "--listen", f"unix://{tmp_path / 'kvbudget.sock'}", "--db-path", str(db_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+
+
+@pytest.mark.parametrize("kind", ["junk file", "foreign database", "directory"])
+def test_unusable_database_is_one_line_and_left_alone(tmp_path: Path, kind: str) -> None:
+    db_path = tmp_path / "decisions.db"
+    if kind == "junk file":
+        db_path.write_bytes(b"not a database at all\n" * 100)
+    elif kind == "foreign database":
+        with sqlite3.connect(db_path) as conn:
+            conn.execute("create table invoices (id integer primary key, total real)")
+            conn.execute("insert into invoices (total) values (12.5)")
+    else:
+        db_path.mkdir()
+    before = db_path.read_bytes() if db_path.is_file() else None
+
+    result = run_daemon(tmp_path, db_path)
+
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "db_path" in lines[0], result.stderr
+    if before is not None:
+        assert db_path.read_bytes() == before  # nothing migrated, nothing overwritten
+    assert not (tmp_path / "kvbudget.sock").exists()
