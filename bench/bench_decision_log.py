@@ -11,6 +11,9 @@
 3. Group-commit latency, append -> future done, p50 / p99: closed loop, N producers each
    appending one step and waiting for its commit before the next (an engine's Step call
    that must not reply before its decisions are durable).
+4. One caller, closed loop: `append` (writer-thread hand-off) vs `append_inline` (the
+   daemon's path: commit in the caller's thread when nothing is queued ahead), p50 / p99
+   per step of 2 and of `--step` decisions, with the syscall-bound floor of a commit.
 """
 
 from __future__ import annotations
@@ -155,6 +158,22 @@ def bench_latency(
     return latencies, rows, batches
 
 
+def bench_inline(directory: Path, step: int, count: int) -> dict[str, list[float]]:
+    """Latency of one caller's commits through the writer thread vs in its own thread."""
+    log = dl.DecisionLog(directory / f"log-inline-{step}.db")
+    log.start()
+    decisions = sample_decisions(step)
+    results: dict[str, list[float]] = {"writer thread (append)": [], "inline (append_inline)": []}
+    for _ in range(count // 100):  # interleaved so drift hits both alike
+        for name, write in zip(results, (log.append, log.append_inline)):
+            for _ in range(100):
+                t0 = time.perf_counter()
+                write(decisions).result()
+                results[name].append(time.perf_counter() - t0)
+    log.close()
+    return results
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
 
@@ -197,6 +216,12 @@ def main() -> None:
                 f"{written / args.seconds:>9,.0f} decisions/s  "
                 f"{len(latencies) / max(batches, 1):.1f} appends per commit"
             )
+
+        print("\n4. one caller, closed loop: writer-thread hand-off vs inline commit")
+        for step in (2, args.step):
+            for name, latencies in bench_inline(directory, step, 2000).items():
+                print(f"  {step:>4} decisions, {name:<24} p50 {percentile(latencies, 50) * 1e6:>7,.0f} us  "
+                      f"p99 {percentile(latencies, 99) * 1e6:>7,.0f} us")
 
 
 if __name__ == "__main__":

@@ -60,12 +60,18 @@ from kvbudget.daemon.records import (
     Reason,
     RequestSpec,
     Snapshot,
+    new_decision,
 )
 from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.daemon.waiting_queue import WaitingQueue
 
 POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive", "naive")
+# Hot enum members as module constants: `Status.RUNNING` is a ~70 ns metaclass lookup on
+# Python 3.11 and a submit + finish makes a dozen of them.
+RUNNING, WAITING = Status.RUNNING, Status.WAITING
+ADMIT, RELEASE = DecisionKind.ADMIT, DecisionKind.RELEASE
+FITS, PREFIX_HIT, FINISHED, TENANT_QUOTA = Reason.FITS, Reason.PREFIX_HIT, Reason.FINISHED, Reason.TENANT_QUOTA
 
 
 class AdmissionError(Exception):
@@ -177,20 +183,21 @@ class AdmissionController:
             raise AdmissionError("max_new_tokens", f"must not be negative, got {max_new}")
         max_model_len = self.config.max_model_len
         self._order += 1
-        r = RequestState(
-            spec=request,
-            max_len=min(request.prompt_tokens + (max_model_len if max_new is None else max_new), max_model_len),
-            order=self._order,
-            num_groups=self._num_groups,
+        r = RequestState(  # positional (spec, max_len, order, num_groups): hot path
+            request,
+            min(request.prompt_tokens + (max_model_len if max_new is None else max_new), max_model_len),
+            self._order,
+            self._num_groups,
         )
         if request.prompt_tokens > max_model_len:
             return [self._reject(r, Reason.PROMPT_TOO_LONG, now, f"max_model_len {max_model_len}")]
-        worst = sum(self._fit.worst(r.max_len))
+        worst = self._fit.worst_total(r.max_len)
         if worst > self.pool.capacity:
             return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {self.pool.capacity}")]
         self._requests[rid] = r
-        self.ledger.tenant(request.tenant)
-        if not self._queue:
+        if request.tenant not in self.ledger.tenants:
+            self.ledger.tenant(request.tenant)
+        if not self._queue.size:
             decision = self._try_admit(r, now)
         else:
             self._enqueue(r, now, preempted=False)
@@ -212,13 +219,15 @@ class AdmissionController:
                 if not r.queued:
                     self._enqueue(r, now, preempted=False)
                 decision = self._decide(DecisionKind.QUEUE, r.wait_reason, r, now)
+        if not self._queue.size:  # nothing waits: nothing to schedule
+            return [decision]
         return [decision, *self.schedule(now, full_pass=False)]
 
     def grow(self, request_id: str, num_tokens: int, now: float) -> list[Decision]:
         """Extend a running request to `num_tokens` slots: GROW with new ids, or DENY, or
         (optimistic / predictive) PREEMPT victims first — possibly the request itself."""
         r = self._get(request_id)
-        if r.status is not Status.RUNNING:
+        if r.status is not RUNNING:
             return [self._decide(DecisionKind.DENY, Reason.NOT_RUNNING, r, now, detail="waiting")]
         if num_tokens > r.max_len:
             raise AdmissionError(
@@ -231,13 +240,13 @@ class AdmissionController:
         policy = policies.POLICIES[r.policy]
         if extra_for_growth(r, new_held) > self.ledger.spare and policy.preempts:
             decisions = self._preempt_for(r, num_tokens, new_held, now)
-            if r.status is not Status.RUNNING:
+            if r.status is not RUNNING:
                 return decisions + self.schedule(now)
         if extra_for_growth(r, new_held) > self.ledger.spare:
             reason = Reason.OVER_RESERVATION if r.owed or any(r.base) else Reason.POOL_FULL
             return [self._decide(DecisionKind.DENY, reason, r, now)]
         new_ids = self.ledger.grow(r, num_tokens, new_held)
-        decisions.append(self._decide(DecisionKind.GROW, Reason.FITS, r, now, new_ids=new_ids))
+        decisions.append(self._decide(DecisionKind.GROW, FITS, r, now, new_ids=new_ids))
         if len(decisions) > 1:
             decisions += self.schedule(now)
         return decisions
@@ -248,7 +257,7 @@ class AdmissionController:
 
         Progress that frees nothing yields no decision (decisions are about blocks)."""
         r = self._get(request_id)
-        if r.status is not Status.RUNNING:
+        if r.status is not RUNNING:
             return []  # preempted earlier in this step: nothing of it is left to report
         if num_computed < r.num_computed:
             raise AdmissionError(
@@ -266,13 +275,13 @@ class AdmissionController:
     def finish(self, request_id: str, now: float) -> list[Decision]:
         """RELEASE the request's blocks (prefix blocks stay cached), then admit from queue."""
         r = self._get(request_id)
-        if r.status is Status.RUNNING:
-            self.predictor.observe(r.tenant, max(0, r.num_tokens - r.spec.prompt_tokens))
-        return self._end(r, DecisionKind.RELEASE, Reason.FINISHED, now)
+        if r.status is RUNNING:
+            self.predictor.observe(r.spec.tenant, max(0, r.num_tokens - r.spec.prompt_tokens))
+        return self._end(r, RELEASE, FINISHED, now)
 
     def abort(self, request_id: str, now: float) -> list[Decision]:
         """Like finish for a running request; removes a queued one from the queue."""
-        return self._end(self._get(request_id), DecisionKind.RELEASE, Reason.ABORTED, now)
+        return self._end(self._get(request_id), RELEASE, Reason.ABORTED, now)
 
     def expire_engine(self, engine_id: str, now: float) -> list[Decision]:
         """The engine's lease lapsed: EXPIRE each of its requests, running or queued."""
@@ -287,7 +296,7 @@ class AdmissionController:
 
         `full_pass=False` skips the admission pass unless something came back since the
         last one (nothing else can make a waiting request fit)."""
-        if not self._queue:
+        if not self._queue.size:
             return []
         decisions = [
             self._reject(r, Reason.DEADLINE, now, f"deadline {r.spec.deadline_s}")
@@ -357,7 +366,7 @@ class AdmissionController:
         assert len(waiting) == len(self._queue), "queue length counter"
         assert len(waiting) + len(self._running) == len(self._requests), "a request is lost"
         for r in waiting:
-            assert r.status is Status.WAITING and r.queued and not r.tables, f"{r.request_id} waiting"
+            assert r.status is WAITING and r.queued and not r.tables, f"{r.request_id} waiting"
             assert self._requests.get(r.request_id) is r, f"{r.request_id} queued but unknown"
         for r in self._running.values():
             assert not r.queued and self._requests.get(r.request_id) is r, f"{r.request_id} running"
@@ -378,6 +387,10 @@ class AdmissionController:
     def request(self, request_id: str) -> RequestState:
         """The live state of a known request (read-only by convention)."""
         return self._get(request_id)
+
+    def find(self, request_id: str) -> RequestState | None:
+        """Like `request`, but None for an unknown id (no exception on the hot path)."""
+        return self._requests.get(request_id)
 
     def running_requests(self) -> list[RequestState]:
         return list(self._running.values())
@@ -445,7 +458,7 @@ class AdmissionController:
             if refusal.final:
                 return self._reject(r, refusal.reason, now, refusal.detail)
             r.wait_reason = refusal.reason
-            if refusal.reason is not Reason.TENANT_QUOTA:
+            if refusal.reason is not TENANT_QUOTA:
                 r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
             return None
         if r.queued:
@@ -454,12 +467,12 @@ class AdmissionController:
         r.predicted_output = plan.predicted
         hit = plan.hit
         self.ledger.admit(r, hit, plan.base, plan.num_tokens, plan.held)
-        self._running[r.request_id] = r
+        self._running[r.spec.request_id] = r
         self._prefix_hit_blocks += hit.num_blocks
         self._prefix_query_blocks += hit.queried
-        reason = Reason.PREFIX_HIT if hit.num_blocks else Reason.FITS
-        new_ids = tuple(tuple(t) for t in r.tables)
-        return self._decide(DecisionKind.ADMIT, reason, r, now, new_ids=new_ids)
+        reason = PREFIX_HIT if hit.num_blocks else FITS
+        new_ids = tuple(map(tuple, r.tables))
+        return self._decide(ADMIT, reason, r, now, new_ids=new_ids)
 
     def _preempt_for(
         self, r: RequestState, num_tokens: int, new_held: list[int], now: float
@@ -502,16 +515,18 @@ class AdmissionController:
         self, r: RequestState, kind: DecisionKind, reason: Reason, now: float, *, schedule: bool = True
     ) -> list[Decision]:
         freed = 0
-        if r.status is Status.RUNNING:
+        if r.status is RUNNING:
             freed = self.ledger.release(r)
-            del self._running[r.request_id]
+            del self._running[r.spec.request_id]
             self._dirty = True
         elif r.queued:
             self._dequeue(r)
-        del self._requests[r.request_id]
+        del self._requests[r.spec.request_id]
         decision = self._decide(kind, reason, r, now, freed=freed)
-        self._forget_idle_tenant(r.tenant)
-        return [decision, *self.schedule(now)] if schedule else [decision]
+        self._forget_idle_tenant(r.spec.tenant)
+        if not schedule or not self._queue.size:  # nothing waits: nothing to schedule
+            return [decision]
+        return [decision, *self.schedule(now)]
 
     def _forget_idle_tenant(self, tenant: str) -> None:
         account = self.ledger.tenants.get(tenant)
@@ -545,8 +560,13 @@ class AdmissionController:
         counts = self._decisions_by_kind
         counts[kind] = counts.get(kind, 0) + 1
         spec = r.spec
-        running = r.status is Status.RUNNING
-        return Decision(
+        if r.status is RUNNING:
+            held = r.held
+            reserved = tuple(map(max, held, r.base))
+            held = tuple(held)
+        else:
+            reserved = held = ()
+        return new_decision(
             self._seq,
             now,
             kind,
@@ -559,13 +579,13 @@ class AdmissionController:
             r.max_len - spec.prompt_tokens,
             r.num_tokens,
             r.num_computed,
-            r.reserved() if running else (),
-            tuple(r.held) if running else (),
+            reserved,
+            held,
             new_ids,
             freed,
-            r.hit_blocks if kind is DecisionKind.ADMIT else 0,
+            r.hit_blocks if kind is ADMIT else 0,
             self.pool.num_free_blocks,
-            len(self._queue),
+            self._queue.size,
             len(self._running),
             detail,
         )

@@ -18,6 +18,8 @@ _KIND_FROM_PROTO = {value: kind for kind, value in _KIND_TO_PROTO.items()}
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 _POLICY_TO_PROTO = {name: getattr(common_pb2, f"POLICY_{name.upper()}") for name in POLICY_NAMES}
 _POLICY_FROM_PROTO = {value: name for name, value in _POLICY_TO_PROTO.items()}
+# `Reason.X.value` is a slow descriptor; a dict lookup is not (one per decision sent).
+_REASON_TEXT = {reason: reason.value for reason in Reason}
 
 
 def kind_to_proto(kind: DecisionKind | str) -> int:
@@ -45,7 +47,7 @@ def decision_to_proto(d: Decision) -> common_pb2.Decision:
         seq=d.seq,
         time_unix_s=d.time_s,
         kind=kind,
-        reason=d.reason.value if isinstance(d.reason, Reason) else Reason(d.reason).value,
+        reason=_REASON_TEXT.get(d.reason) or Reason(d.reason).value,
         request_id=d.request_id,
         engine_id=d.engine_id,
         policy=_POLICY_TO_PROTO.get(d.policy, common_pb2.POLICY_UNSPECIFIED),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvbudget.daemon import convert
-from kvbudget.daemon.admission import AdmissionController, AdmissionError, UnknownRequest
+from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.records import Decision, Snapshot
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import Session, SessionTable
@@ -30,6 +30,7 @@ from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import common_pb2, engine_pb2
 
 log = logging.getLogger("kvbudget.daemon")
+_RUNNING = Status.RUNNING  # enum member lookups are slow on Python 3.11; this runs per op
 
 
 @dataclass(frozen=True)
@@ -120,19 +121,30 @@ class CoreService:
         `started` (perf_counter at the call's arrival) feeds the decision-latency histogram.
         """
         loop = asyncio.get_running_loop()
-        if decisions:
-            committed = asyncio.wrap_future(self.log.append(decisions), loop=loop)
-        else:
+        # A small batch with nothing queued ahead commits right here (no thread hand-off);
+        # its future is then already resolved and needs no cross-thread wake-up.
+        written = self.log.append_inline(decisions) if decisions else None
+        if written is None or written.done():
             committed = loop.create_future()
-            committed.set_result(None)
-        self._dispatch.put_nowait((decisions, committed, origin_engine, started))
+            error = written.exception() if written is not None else None
+            if error is None:
+                committed.set_result(None)
+            else:
+                committed.set_exception(error)
+        else:
+            committed = asyncio.wrap_future(written, loop=loop)
+        if decisions:  # nothing to stream, publish or count otherwise
+            self._dispatch.put_nowait((decisions, committed, origin_engine, started))
         return committed
 
     async def _dispatcher(self) -> None:
         while (item := await self._dispatch.get()) is not None:
             decisions, committed, origin_engine, started = item
             try:
-                await asyncio.shield(committed)
+                if not committed.done() or committed.cancelled():
+                    await asyncio.shield(committed)
+                elif committed.exception() is not None:  # committed inline: no shield needed
+                    raise committed.exception()  # type: ignore[misc]
             except Exception:  # the caller reports the failure; nothing was promised
                 log.exception("decision log commit failed")
                 continue
@@ -149,17 +161,10 @@ class CoreService:
     # ------------------------------------------------------------------ engine ops
     def lookup(self, request_id: str) -> RequestView | None:
         """A live request as validation sees it, from the controller's own state."""
-        try:
-            r = self.controller.request(request_id)
-        except UnknownRequest:
+        r = self.controller.find(request_id)
+        if r is None:
             return None
-        return RequestView(
-            engine_id=r.spec.engine_id,
-            running=r.status is Status.RUNNING,
-            num_tokens=r.num_tokens,
-            num_computed=r.num_computed,
-            max_len=r.max_len,
-        )
+        return RequestView(r.spec.engine_id, r.status is _RUNNING, r.num_tokens, r.num_computed, r.max_len)
 
     def requests_of(self, engine_id: str) -> tuple[list, list]:
         """(running, waiting) request states of one engine."""
@@ -182,10 +187,11 @@ class CoreService:
         now = time.time()
         c = self.controller
         decisions: list[Decision] = []
+        find = c.find
         was_waiting = {
             op.request_id
             for op in (*step.progress, *step.grows)
-            if (view := self.lookup(op.request_id)) is not None and not view.running
+            if (state := find(op.request_id)) is not None and state.status is not _RUNNING
         }
         where = ("", 0)  # the op being applied, named only if it fails
         try:

@@ -75,6 +75,7 @@ class FitTest:
         self.naive_base = request_naive(layout, max_model_len).per_group
         self._no_hit = no_hit(len(layout.groups))
         self._worst: dict[int, tuple[int, ...]] = {}
+        self._worst_total: dict[int, int] = {}
         self._held: dict[tuple[int, int], tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ memos
@@ -86,6 +87,15 @@ class FitTest:
                 self._worst.clear()
             base = self._worst[num_tokens] = request_worst_case(self.layout, num_tokens, self.F).per_group
         return base
+
+    def worst_total(self, num_tokens: int) -> int:
+        """sum(worst(num_tokens)), remembered (checked on every submit)."""
+        total = self._worst_total.get(num_tokens)
+        if total is None:
+            if len(self._worst_total) > _MEMO_LIMIT:
+                self._worst_total.clear()
+            total = self._worst_total[num_tokens] = sum(self.worst(num_tokens))
+        return total
 
     def held(self, num_tokens: int, num_computed: int) -> list[int]:
         """budget.blocks_held per group, remembered."""
@@ -116,7 +126,7 @@ class FitTest:
             target = min(target + self.lookahead_tokens, r.max_len)
         num_tokens = min(target, hit.num_tokens + self.F)
         held = self.held(num_tokens, hit.num_tokens)
-        charge = sum(h if h > b else b for h, b in zip(held, base))
+        charge = sum(map(max, held, base))
         need = charge
         if hit.num_blocks:  # window-group hits are not free for good: see ledger.py
             need -= sum(hit.shared[g] for g in self.ledger.prefix_groups)
@@ -128,7 +138,7 @@ class FitTest:
         charge = plan.charge
         if charge > capacity:
             return Refusal(Reason.NEVER_FITS, True, f"{policy.name} charges {charge} > pool {capacity}")
-        account = ledger.tenants[r.tenant]
+        account = ledger.tenants[r.spec.tenant]
         quota = account.quota_blocks(capacity)
         if quota is not None and account.charged + charge > quota:
             detail = f"tenant {r.tenant!r} at {account.charged} + {charge} > quota {quota}"

@@ -34,6 +34,7 @@ from kvbudget.daemon.spec import KVCacheLayout, LayerKind
 from kvbudget.daemon.waiting_queue import TenantAccount
 
 _WINDOW_KINDS = (LayerKind.SLIDING, LayerKind.CHUNKED)
+RUNNING, WAITING = Status.RUNNING, Status.WAITING  # enum member lookups are slow on 3.11
 
 
 class BlockLedger:
@@ -73,13 +74,13 @@ class BlockLedger:
 
     # ------------------------------------------------------------ totals
     def _tally(self, r: RequestState, sign: int) -> None:
-        self.owed += sign * r.owed
         if r.owed:
+            self.owed += sign * r.owed
             per_group = self.owed_per_group
             for g, (h, b) in enumerate(zip(r.held, r.base)):
                 if b > h:
                     per_group[g] += sign * (b - h)
-        account = self.tenants[r.tenant]
+        account = self.tenants[r.spec.tenant]
         account.charged += sign * r.charged
         account.held += sign * sum(r.held)
 
@@ -105,27 +106,27 @@ class BlockLedger:
                 if g in self.window_groups:
                     self.window_share_reserve += hit.shared[g]
                     self.share_reserve_per_group[g] += hit.shared[g]
+        # Every allocated block is newly held (fresh or evicted from the LRU).
+        held_per_group = self.held_per_group
         for g, spec in enumerate(self.specs):
-            table = tables[g]
-            before = pool.num_held_blocks
-            grow_table(pool, spec, table, num_tokens)
-            self.held_per_group[g] += pool.num_held_blocks - before
+            held_per_group[g] += len(grow_table(pool, spec, tables[g], num_tokens))
         r.tables = tables
         r.held = held
         r.recount()
-        r.status = Status.RUNNING
+        r.status = RUNNING
         self._tally(r, +1)
-        self.tenants[r.tenant].running += 1
+        self.tenants[r.spec.tenant].running += 1
 
     def grow(self, r: RequestState, num_tokens: int, new_held: list[int]) -> tuple[tuple[int, ...], ...]:
         """Extend to `num_tokens` slots (the caller checked it fits); returns new ids per group."""
         pool = self.pool
         self._tally(r, -1)
         new_ids = []
+        held_per_group = self.held_per_group
         for g, spec in enumerate(self.specs):
-            before = pool.num_held_blocks
-            new_ids.append(tuple(grow_table(pool, spec, r.tables[g], num_tokens)))
-            self.held_per_group[g] += pool.num_held_blocks - before
+            ids = grow_table(pool, spec, r.tables[g], num_tokens)
+            held_per_group[g] += len(ids)
+            new_ids.append(tuple(ids))
         r.num_tokens = num_tokens
         r.held = new_held
         r.recount()
@@ -166,20 +167,21 @@ class BlockLedger:
         pool = self.pool
         self._tally(r, -1)
         freed = 0
+        held_per_group = self.held_per_group
+        window_groups = self.window_groups
         for g, table in enumerate(r.tables):
-            before = pool.num_held_blocks
-            dropped = release_table(pool, table)
-            returned = before - pool.num_held_blocks
-            self.held_per_group[g] -= returned
-            self._dropped_shared(g, dropped, returned)
+            dropped, returned = release_table(pool, table)
+            held_per_group[g] -= returned
+            if g in window_groups:
+                self._dropped_shared(g, dropped, returned)
             freed += dropped
-        self.tenants[r.tenant].running -= 1
+        self.tenants[r.spec.tenant].running -= 1
         r.tables = []
         r.held = [0] * self.num_groups
-        r.base = [0] * self.num_groups
+        r.base = r.held.copy()
         r.charged = r.owed = 0
         r.num_tokens = r.num_computed = 0
-        r.status = Status.WAITING
+        r.status = WAITING
         return freed
 
     # ------------------------------------------------------------ reading

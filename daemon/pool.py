@@ -70,13 +70,16 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Take n blocks (ref count 1), from the free stack first, then evicting LRU."""
-        if not self.can_allocate(n):
-            raise ValueError(f"cannot allocate {n} blocks, {self.num_free_blocks} free")
         free = self._free
-        take = min(n, len(free))
-        ids = list(free[len(free) - take :])
-        del free[len(free) - take :]
-        ids.reverse()
+        num_free = len(free)
+        if not 0 <= n <= num_free + len(self._evictable):
+            raise ValueError(f"cannot allocate {n} blocks, {self.num_free_blocks} free")
+        take = n if n <= num_free else num_free
+        # One slice off the top of the stack (C speed), top first.
+        taken = free[num_free - take :]
+        del free[num_free - take :]
+        taken.reverse()
+        ids = taken.tolist()
         for _ in range(n - take):
             block_id, _ = self._evictable.popitem(last=False)
             del self._block_of[self._hash_of.pop(block_id)]
@@ -87,25 +90,34 @@ class BlockPool:
         self._num_held += n
         return ids
 
-    def free(self, block_ids: Iterable[int]) -> None:
+    def free(self, block_ids: Iterable[int]) -> int:
         """Drop one reference from each block; cached blocks that reach 0 become evictable.
 
+        Null blocks are skipped. Returns how many blocks stopped being held (reached 0).
         Pass a request's blocks tail first so its tail is evicted before its shared head.
         """
         ref = self._ref
-        for block_id in block_ids:
-            if block_id == NULL_BLOCK:
-                continue
-            count = ref[block_id]
-            if count <= 0:
-                raise ValueError(f"block {block_id} freed more often than referenced")
-            ref[block_id] = count - 1
-            if count == 1:
-                self._num_held -= 1
-                if block_id in self._hash_of:
-                    self._evictable[block_id] = None
-                else:
-                    self._free.append(block_id)
+        hash_of = self._hash_of
+        free, evictable = self._free, self._evictable
+        push = free.append
+        before = len(free) + len(evictable)
+        try:
+            for block_id in block_ids:
+                count = ref[block_id]
+                if count == 1:
+                    ref[block_id] = 0
+                    if block_id in hash_of:
+                        evictable[block_id] = None
+                    else:
+                        push(block_id)
+                elif count > 1:
+                    ref[block_id] = count - 1
+                elif block_id != NULL_BLOCK:  # the null block's count is always 0: skipped
+                    raise ValueError(f"block {block_id} freed more often than referenced")
+        finally:  # blocks that reached 0 are on the stack or in the LRU, even if a bad id stopped us
+            released = len(free) + len(evictable) - before
+            self._num_held -= released
+        return released
 
     # ------------------------------------------------------------ prefix cache
     def lookup(self, block_hash: Hashable) -> int | None:

@@ -134,3 +134,41 @@ class Snapshot:
     @property
     def usage(self) -> float:
         return self.num_held_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def new_decision(
+    seq: int, time_s: float, kind: DecisionKind, reason: Reason, request_id: str,
+    engine_id: str, tenant: str, policy: str, prompt_tokens: int, max_new_tokens: int,
+    num_tokens: int, num_computed: int, blocks_reserved: tuple[int, ...],
+    blocks_held: tuple[int, ...], new_block_ids: tuple[tuple[int, ...], ...],
+    freed_blocks: int, cached_hit_blocks: int, num_free_blocks: int, num_waiting: int,
+    num_running: int, detail: str,
+) -> Decision:
+    """`Decision(...)` with every field given, at less than half the cost.
+
+    The controller makes two decisions per submit + finish; the frozen dataclass __init__
+    pays one `object.__setattr__` per field (21). This sets the instance dict in one go.
+    The result is an ordinary Decision: equal, hashable, frozen, `dataclasses.replace`-able.
+    """
+    decision = _new_object(Decision)
+    _set_attribute(decision, "__dict__", {
+        "seq": seq, "time_s": time_s, "kind": kind, "reason": reason,
+        "request_id": request_id, "engine_id": engine_id, "tenant": tenant, "policy": policy,
+        "prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens,
+        "num_tokens": num_tokens, "num_computed": num_computed,
+        "blocks_reserved": blocks_reserved, "blocks_held": blocks_held,
+        "new_block_ids": new_block_ids, "freed_blocks": freed_blocks,
+        "cached_hit_blocks": cached_hit_blocks, "num_free_blocks": num_free_blocks,
+        "num_waiting": num_waiting, "num_running": num_running, "detail": detail,
+    })
+    return decision
+
+
+# new_decision spells the fields out for speed; make sure it follows the dataclass.
+assert new_decision.__code__.co_varnames[: new_decision.__code__.co_argcount] == tuple(
+    Decision.__dataclass_fields__
+), "records.Decision changed: update new_decision"

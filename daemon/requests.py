@@ -108,12 +108,14 @@ def release_out_of_window(
     return len(freed)
 
 
-def release_table(pool: BlockPool, table: list[int]) -> int:
-    """Drop the table's references, tail first so shared prefix heads stay cached longest."""
-    held = [b for b in reversed(table) if b != NULL_BLOCK]
-    pool.free(held)
+def release_table(pool: BlockPool, table: list[int]) -> tuple[int, int]:
+    """Drop the table's references, tail first so shared prefix heads stay cached longest.
+
+    Returns (references dropped, blocks that stopped being held: not shared with others)."""
+    returned = pool.free(reversed(table))  # the pool skips null (released) slots
+    dropped = len(table) - table.count(NULL_BLOCK)
     table.clear()
-    return len(held)
+    return dropped, returned
 
 
 def publish_prompt_blocks(

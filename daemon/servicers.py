@@ -116,8 +116,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             await self._committed(context, self.core.record(failed.decisions))
             await context.abort(INVALID, str(failed))
         committed = self.core.record(decisions, session.engine_id, started)
-        # Build the reply while the log commits (SQLite releases the GIL); send it only after.
-        mine = [d for d in decisions if d.engine_id == session.engine_id]
+        # Usually committed inline already; if it was queued behind others, the reply is built
+        # while the writer commits (SQLite releases the GIL). It is sent only after.
+        engine_id = session.engine_id
+        mine = [d for d in decisions if d.engine_id == engine_id]
         reply = engine_pb2.StepResponse(
             decisions=convert.decisions_to_proto(mine),
             num_free_blocks=self.core.controller.pool.num_free_blocks,  # as this step left the pool

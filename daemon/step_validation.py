@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 
@@ -25,9 +25,11 @@ MAX_TENANT_CHARS = 128
 MAX_OPS_PER_STEP = 100_000
 
 
-@dataclass(frozen=True)
-class RequestView:
-    """What validation needs to know of one live request (read from the controller)."""
+class RequestView(NamedTuple):
+    """What validation needs to know of one live request (read from the controller).
+
+    A NamedTuple, not a frozen dataclass: one is built per op of every step, and a tuple
+    is built several times faster; it is just as immutable."""
 
     engine_id: str
     running: bool
@@ -59,6 +61,23 @@ def check_request_id(field: str, request_id: str) -> None:
         raise _invalid(field, "must be printable text")
 
 
+def _plain_id(request_id: str) -> bool:
+    """What check_request_id accepts, without building a field name (the fast path)."""
+    return 0 < len(request_id) <= MAX_ID_CHARS and request_id.isprintable()
+
+
+def _progress_error(field: str, num_computed_tokens: int, live: RequestView) -> None:
+    if num_computed_tokens > live.num_tokens:
+        raise _invalid(
+            f"{field}.num_computed_tokens",
+            f"{num_computed_tokens} exceeds the {live.num_tokens} slots the request holds",
+        )
+    raise _invalid(
+        f"{field}.num_computed_tokens",
+        f"{num_computed_tokens} is below the {live.num_computed} already reported",
+    )
+
+
 def validate_step(step: engine_pb2.StepRequest, engine_id: str, lookup: Lookup, block_size: int) -> None:
     """Raises StepRejected for the first problem, in field order; returns None if all is well.
 
@@ -82,76 +101,78 @@ def validate_step(step: engine_pb2.StepRequest, engine_id: str, lookup: Lookup, 
             )
         return live
 
+    # Field names ("finishes[3].request_id") are formatted only on the way to an error:
+    # a step may carry thousands of ops and the common case has none.
     ended: set[str] = set()  # finished or aborted in this step
     for name, ops in (("finishes", step.finishes), ("aborts", step.aborts)):
         for i, op in enumerate(ops):
-            field = f"{name}[{i}].request_id"
-            owned_request(field, op.request_id)
-            if op.request_id in ended:
-                raise _invalid(field, f"{op.request_id!r} is finished or aborted twice in this step")
-            ended.add(op.request_id)
+            request_id = op.request_id
+            live = lookup(request_id) if _plain_id(request_id) else None
+            if live is None or live.engine_id != engine_id:
+                owned_request(f"{name}[{i}].request_id", request_id)  # raises, naming the field
+            if request_id in ended:
+                raise _invalid(f"{name}[{i}].request_id", f"{request_id!r} is finished or aborted twice in this step")
+            ended.add(request_id)
 
     computed: dict[str, int] = {}
     for i, op in enumerate(step.progress):
-        field = f"progress[{i}]"
-        live = owned_request(f"{field}.request_id", op.request_id)
-        if op.request_id in ended or op.request_id in computed:
-            raise _invalid(f"{field}.request_id", f"{op.request_id!r} appears twice in this step")
-        computed[op.request_id] = op.num_computed_tokens
+        request_id = op.request_id
+        live = lookup(request_id) if _plain_id(request_id) else None
+        if live is None or live.engine_id != engine_id:
+            live = owned_request(f"progress[{i}].request_id", request_id)  # raises, naming the field
+        if request_id in ended or request_id in computed:
+            raise _invalid(f"progress[{i}].request_id", f"{request_id!r} appears twice in this step")
+        computed[request_id] = op.num_computed_tokens
         if not live.running:
             continue
-        if op.num_computed_tokens > live.num_tokens:
-            raise _invalid(
-                f"{field}.num_computed_tokens",
-                f"{op.num_computed_tokens} exceeds the {live.num_tokens} slots the request holds",
-            )
-        if op.num_computed_tokens < live.num_computed:
-            raise _invalid(
-                f"{field}.num_computed_tokens",
-                f"{op.num_computed_tokens} is below the {live.num_computed} already reported",
-            )
+        if not live.num_computed <= op.num_computed_tokens <= live.num_tokens:
+            _progress_error(f"progress[{i}]", op.num_computed_tokens, live)
 
     grown: set[str] = set()
     for i, op in enumerate(step.grows):
-        field = f"grows[{i}]"
-        live = owned_request(f"{field}.request_id", op.request_id)
-        if op.request_id in ended or op.request_id in grown:
-            raise _invalid(f"{field}.request_id", f"{op.request_id!r} appears twice in this step")
-        grown.add(op.request_id)
+        request_id = op.request_id
+        live = lookup(request_id) if _plain_id(request_id) else None
+        if live is None or live.engine_id != engine_id:
+            live = owned_request(f"grows[{i}].request_id", request_id)  # raises, naming the field
+        if request_id in ended or request_id in grown:
+            raise _invalid(f"grows[{i}].request_id", f"{request_id!r} appears twice in this step")
+        grown.add(request_id)
         if op.num_tokens > live.max_len:
             raise _invalid(
-                f"{field}.num_tokens",
+                f"grows[{i}].num_tokens",
                 f"{op.num_tokens} is past the request's maximum length {live.max_len} "
                 "(prompt + max_new_tokens, capped at max_model_len)",
             )
         if live.running and op.num_tokens < live.num_tokens:
             raise _invalid(
-                f"{field}.num_tokens",
+                f"grows[{i}].num_tokens",
                 f"{op.num_tokens} is below the {live.num_tokens} slots the request holds",
             )
 
     seen: set[str] = set()
     for i, op in enumerate(step.submits):
-        field = f"submits[{i}]"
-        check_request_id(f"{field}.request_id", op.request_id)
-        if op.request_id in seen or lookup(op.request_id) is not None:
+        request_id = op.request_id
+        if not _plain_id(request_id):
+            check_request_id(f"submits[{i}].request_id", request_id)  # raises, naming the field
+        if request_id in seen or lookup(request_id) is not None:
             raise StepRejected(
                 grpc.StatusCode.ALREADY_EXISTS,
-                f"{field}.request_id",
-                f"request {op.request_id!r} already exists",
+                f"submits[{i}].request_id",
+                f"request {request_id!r} already exists",
             )
-        seen.add(op.request_id)
+        seen.add(request_id)
         if op.prompt_tokens < 1:
-            raise _invalid(f"{field}.prompt_tokens", "must be at least 1")
+            raise _invalid(f"submits[{i}].prompt_tokens", "must be at least 1")
         if op.HasField("max_new_tokens") and op.max_new_tokens < 1:
-            raise _invalid(f"{field}.max_new_tokens", "must be at least 1 when set")
+            raise _invalid(f"submits[{i}].max_new_tokens", "must be at least 1 when set")
         full_blocks = op.prompt_tokens // block_size
         if len(op.prefix_hashes) > full_blocks:
             raise _invalid(
-                f"{field}.prefix_hashes",
+                f"submits[{i}].prefix_hashes",
                 f"{len(op.prefix_hashes)} hashes but the prompt has only {full_blocks} full blocks",
             )
-        if len(op.tenant) > MAX_TENANT_CHARS or not op.tenant.isprintable():
-            raise _invalid(f"{field}.tenant", f"printable, at most {MAX_TENANT_CHARS} characters")
+        tenant = op.tenant
+        if tenant and (len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable()):
+            raise _invalid(f"submits[{i}].tenant", f"printable, at most {MAX_TENANT_CHARS} characters")
         if not math.isfinite(op.deadline_unix_s) or op.deadline_unix_s < 0:
-            raise _invalid(f"{field}.deadline_unix_s", "must be a finite time >= 0 (0: none)")
+            raise _invalid(f"submits[{i}].deadline_unix_s", "must be a finite time >= 0 (0: none)")

@@ -56,10 +56,11 @@ class WaitingQueue:
         self.fair_share = fair_share
         self._by_tenant: dict[str, list[RequestState]] = {}
         self._deadlines: list[tuple[float, int, RequestState]] = []
-        self._len = 0
+        # Public so the controller's hot path reads an attribute, not a Python __len__ call.
+        self.size = 0
 
     def __len__(self) -> int:
-        return self._len
+        return self.size
 
     def __contains__(self, request: RequestState) -> bool:
         waiting = self._by_tenant.get(request.tenant)
@@ -74,7 +75,7 @@ class WaitingQueue:
         if waiting is None:
             waiting = self._by_tenant[request.tenant] = []
         insort(waiting, request, key=_key)
-        self._len += 1
+        self.size += 1
         deadline = request.spec.deadline_s
         if deadline is not None and not preempted:
             heapq.heappush(self._deadlines, (deadline, request.order, request))
@@ -87,7 +88,7 @@ class WaitingQueue:
         del waiting[i]
         if not waiting:
             del self._by_tenant[request.tenant]
-        self._len -= 1
+        self.size -= 1
 
     def expired(self, now: float) -> list[RequestState]:
         """Waiting requests whose deadline passed (stale heap entries are dropped)."""
