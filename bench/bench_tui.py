@@ -10,7 +10,7 @@ frames drawn per second, process CPU time / wall time (share of one core), decis
 per second, decisions the daemon dropped for it; and from the load: Step calls and decisions
 per second. Goals (issue #6): >= 10 refreshes/s, <= 30% of a core.
 
-The load lives in `engine_load` (also used by tests/test_tui_e2e.py).
+The load lives in `engine_load`, importable on its own to drive a daemon from elsewhere.
 """
 
 from __future__ import annotations

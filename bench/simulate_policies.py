@@ -128,20 +128,33 @@ def simulate(policy: str, trace: list[TraceRequest], num_blocks: int) -> Result:
     )
 
 
+DEFAULT_REQUESTS, DEFAULT_SEED, DEFAULT_NUM_BLOCKS = 400, 7, 12000
+
+
+def simulate_policies(
+    policies: tuple[str, ...] = POLICIES,
+    requests: int = DEFAULT_REQUESTS,
+    seed: int = DEFAULT_SEED,
+    num_blocks: int = DEFAULT_NUM_BLOCKS,
+) -> dict[str, Result]:
+    """Each policy on the same seeded trace: policy name -> its figures (what `main` prints)."""
+    trace = make_trace(requests, seed)
+    return {policy: simulate(policy, trace, num_blocks) for policy in policies}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--num-blocks", type=int, default=12000)
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS)
     args = parser.parse_args()
     trace = make_trace(args.requests, args.seed)
     print(f"{args.requests} requests, seed {args.seed}, {args.num_blocks} blocks, F={F}, "
           f"mean output {statistics.fmean(t.output for t in trace):.0f} of max 1024")
     header = f"{'policy':<11} {'running':>8} {'peak':>5} {'preempt':>8} {'wait':>7} {'p95':>6} {'steps':>6} {'usage':>6}"
     print(header)
-    for policy in POLICIES:
-        r = simulate(policy, trace, args.num_blocks)
-        assert r.finished == args.requests, f"{policy}: {r.finished} finished"
+    for r in simulate_policies(POLICIES, args.requests, args.seed, args.num_blocks).values():
+        assert r.finished == args.requests, f"{r.policy}: {r.finished} finished"
         print(f"{r.policy:<11} {r.mean_running:>8.1f} {r.peak_running:>5} {r.preemptions:>8} "
               f"{r.mean_wait:>7.1f} {r.p95_wait:>6} {r.steps:>6} {r.mean_usage:>6.1%}")
 

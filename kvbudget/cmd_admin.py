@@ -20,13 +20,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from typing import Any
 
-from kvbudget.cmd_doctor import DEFAULT_TARGET
-from kvbudget.cmd_tui import check_target
 from kvbudget.errors import CLIError
+from kvbudget.target import (
+    add_target_arguments,
+    call_metadata,
+    channel,
+    check_target,
+    resolve_target,
+    resolve_token,
+    rpc_error_line,
+)
 
 # The daemon's own names (kvbudget.daemon.convert.POLICY_NAMES); spelled out here so that
 # `--help` imports neither grpc nor the daemon package. A test keeps the two equal.
@@ -69,24 +75,11 @@ def _seconds(text: str) -> float:
 def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     """--target, --token, --tls-ca, --json. Accepted before and after the action: the action's
     copies default to SUPPRESS so they never overwrite what was given before it."""
-
-    def default(value: object) -> object:
-        return value if defaults else argparse.SUPPRESS
-
-    parser.add_argument(
-        "--target",
-        default=default(os.environ.get("KVBUDGET_TARGET", DEFAULT_TARGET)),
-        help=f"daemon address: unix:///PATH or HOST:PORT (default $KVBUDGET_TARGET or {DEFAULT_TARGET})",
+    add_target_arguments(
+        parser, token_help="bearer token for TCP, admin role (status: any role)", suppress=not defaults
     )
-    parser.add_argument(
-        "--token",
-        default=default(os.environ.get("KVBUDGET_TOKEN")),
-        help="bearer token for TCP, admin role (status: any role; default $KVBUDGET_TOKEN)",
-    )
-    parser.add_argument(
-        "--tls-ca", metavar="FILE", default=default(None), help="CA certificate: talk TLS to a TCP target"
-    )
-    parser.add_argument("--json", action="store_true", default=default(False), help="print the result as JSON")
+    json_default = False if defaults else argparse.SUPPRESS
+    parser.add_argument("--json", action="store_true", default=json_default, help="print the result as JSON")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,8 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = check_target(args.target)
-    with AdminConnection(target, args.token, args.tls_ca) as daemon:
+    target = check_target(resolve_target(args.target))
+    with AdminConnection(target, resolve_token(args.token), args.tls_ca) as daemon:
         if args.action == "status":
             result, text, code = _status(daemon)
         elif args.action == "set-policy":
@@ -142,21 +135,11 @@ class AdminConnection:
     """One channel to the daemon; each call returns the response or raises a one-line CLIError."""
 
     def __init__(self, target: str, token: str | None, tls_ca: str | None) -> None:
-        import grpc
-
         from kvbudget.v1 import admin_pb2_grpc, observer_pb2_grpc
 
         self.target = target
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        if tls_ca:
-            try:
-                with open(tls_ca, "rb") as f:
-                    credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
-            except OSError as exc:
-                raise CLIError(f"--tls-ca: cannot read {tls_ca}: {exc.strerror}") from None
-            self._channel = grpc.secure_channel(target, credentials)
-        else:
-            self._channel = grpc.insecure_channel(target)
+        self._metadata = call_metadata(token)
+        self._channel = channel(target, tls_ca)
         self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self.observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
 
@@ -172,9 +155,7 @@ class AdminConnection:
         try:
             return method(request, metadata=self._metadata, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
-            code = exc.code()  # type: ignore[attr-defined]
-            details = " ".join((exc.details() or "").split())[:300]  # type: ignore[attr-defined]
-            raise CLIError(f"{self.target}: {code.name}: {details or code.name}") from None
+            raise CLIError(rpc_error_line(self.target, exc)) from None
 
     def snapshot(self) -> Any:
         from kvbudget.v1 import observer_pb2

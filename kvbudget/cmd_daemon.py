@@ -5,7 +5,7 @@ Every config key has a flag of the same name (`--num-gpu-blocks` for `pool.num_g
 nor an explicit size, pass `--num-gpu-blocks` or `--kv-cache-memory-bytes`.
 
   kvbudget daemon --model llama-3.1-8b --num-gpu-blocks 4096 \\
-      --listen unix:///tmp/kvbudget.sock --db-path /tmp/decisions.db --memory-mode accounting
+      --listen unix:kvbudget.sock --db-path decisions.db --memory-mode accounting
 """
 
 from __future__ import annotations

@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 from kvbudget import doctor
 from kvbudget.errors import CLIError
-
-DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"
+from kvbudget.target import (
+    add_target_arguments,
+    call_metadata,
+    channel,
+    check_target,
+    resolve_target,
+    resolve_token,
+    rpc_error_line,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target",
-        default=os.environ.get("KVBUDGET_TARGET", DEFAULT_TARGET),
-        help="daemon address: unix:///PATH or HOST:PORT (default $KVBUDGET_TARGET or %(default)s)",
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("KVBUDGET_TOKEN"),
-        help="bearer token for TCP (observer role is enough; default $KVBUDGET_TOKEN)",
-    )
-    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate: talk TLS to a TCP target")
+    add_target_arguments(parser, token_help="bearer token for TCP (observer role is enough)")
     parser.add_argument("--samples", type=int, default=5, help="snapshots to take (default %(default)s)")
     parser.add_argument(
         "--interval", type=float, default=1.0, help="seconds between snapshots (default %(default)s)"
@@ -49,14 +45,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.interval >= 0:
         raise CLIError(f"--interval must be >= 0 seconds, got {args.interval}")
 
-    messages = sample_snapshots(args.target, args.token, args.tls_ca, args.samples, args.interval)
+    target = check_target(resolve_target(args.target))
+    messages = sample_snapshots(target, resolve_token(args.token), args.tls_ca, args.samples, args.interval)
     samples = [doctor.sample_from_snapshot(m) for m in messages]
     expected = _expectation(args.config, samples[-1]) if args.config else None
     diagnosis = doctor.diagnose(samples, expected)
     if args.json:
-        print(json.dumps({"target": args.target, **diagnosis.as_dict()}, indent=2))
+        print(json.dumps({"target": target, **diagnosis.as_dict()}, indent=2))
     else:
-        print(render(diagnosis, args.target))
+        print(render(diagnosis, target))
     return 0 if diagnosis.ok else 1
 
 
@@ -68,17 +65,9 @@ def sample_snapshots(
 
     from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
-    if tls_ca:
-        try:
-            with open(tls_ca, "rb") as f:
-                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
-        except OSError as exc:
-            raise CLIError(f"--tls-ca: cannot read {tls_ca}: {exc.strerror}") from None
-        channel = grpc.secure_channel(target, credentials)
-    else:
-        channel = grpc.insecure_channel(target)
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    stub = observer_pb2_grpc.ObserverServiceStub(channel)
+    to_daemon = channel(target, tls_ca)
+    metadata = call_metadata(token)
+    stub = observer_pb2_grpc.ObserverServiceStub(to_daemon)
     messages: list[object] = []
     try:
         for index in range(count):
@@ -87,19 +76,11 @@ def sample_snapshots(
             try:
                 response = stub.GetSnapshot(observer_pb2.GetSnapshotRequest(), metadata=metadata, timeout=5.0)
             except grpc.RpcError as exc:
-                code = exc.code()  # type: ignore[attr-defined]
-                details = exc.details() or code.name  # type: ignore[attr-defined]
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    raise CLIError(f"the daemon at {target} refused the call: {details}") from None
-                raise CLIError(f"cannot reach the daemon at {target}: {_one_line(details)}") from None
+                raise CLIError(rpc_error_line(target, exc)) from None
             messages.append(response.snapshot)
     finally:
-        channel.close()
+        to_daemon.close()
     return messages
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
 
 
 def _expectation(path: str, last: doctor.PoolSample) -> doctor.PoolExpectation | None:

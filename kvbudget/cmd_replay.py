@@ -13,15 +13,17 @@ and its model, pool and limits come from its pool plan.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 from kvbudget.errors import CLIError
+from kvbudget.target import add_target_arguments, check_target, resolve_target, resolve_token, rpc_error_line
 
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
-DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_KV_BYTES = 16 * 2**30  # offline pool when no size is given: 16 GiB of KV cache
 
@@ -32,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace file, or `mooncake` / `azure`")
     where = parser.add_argument_group("where admission runs")
     where.add_argument("--offline", action="store_true", help="run the admission core in-process")
-    where.add_argument("--target", metavar="ADDR", help=f"daemon address (default {DEFAULT_TARGET})")
-    where.add_argument("--token", metavar="T", help="bearer token for a TCP daemon")
+    add_target_arguments(where, tls=False, token_help="live: bearer token for a TCP daemon")
     where.add_argument("--policy", choices=POLICY_NAMES,
                        help="offline: the policy (optimistic); live: switch the daemon to it first")  # fmt: skip
     where.add_argument("--compare", metavar="P1,P2,...", help="offline: run each policy on the same setup")
@@ -195,6 +196,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--speed / --as-fast-as-possible pace a live replay; offline runs at full speed")
     if not args.offline and args.compare:
         raise CLIError("--compare needs --offline (one daemon runs one policy at a time)")
+    if not args.offline:
+        # Checked before the trace is even read: a typo or a daemon that is not there is
+        # one line at once, not a wait for the first call's deadline.
+        args.target = check_target(resolve_target(args.target))
+        args.token = resolve_token(args.token)
+    if args.report:
+        _prepare_report_dir(args.report)  # before the run, not after it
     trace = _load(args)
     if args.offline:
         results = _run_offline(args, trace, policies)
@@ -211,6 +219,21 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CLIError(f"--report {args.report}: {exc.strerror or exc}") from None
     return 0
+
+
+def _prepare_report_dir(folder: str) -> None:
+    """--report DIR exists (made if need be) and is writable, and matplotlib is there."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CLIError("--report needs matplotlib: pip install 'kvbudget[plots]'")
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CLIError(f"--report {folder}: exists and is not a directory") from None
+    except OSError as exc:
+        raise CLIError(f"--report {folder}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CLIError(f"--report {folder}: directory is not writable")
 
 
 def _run_offline(args: argparse.Namespace, trace, policies: list[str]):
@@ -262,9 +285,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
     from kvbudget.client import ObserverClient
     from kvbudget.traces.replay import ReplaySetup, run_live
 
-    target = args.target or DEFAULT_TARGET
-    if target.startswith("unix://") and not os.path.exists(target.removeprefix("unix://")):
-        raise CLIError(f"--target {target}: no daemon socket there (is `kvbudget daemon` running?)")
+    target = args.target  # checked and resolved in run()
     replay_id = uuid.uuid4().hex[:8]
     async with ObserverClient(target, args.token) as observer:
         try:
@@ -272,7 +293,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
             if args.policy:
                 await observer.set_policy(args.policy)
         except grpc.aio.AioRpcError as exc:
-            raise CLIError(f"--target {target}: {exc.code().name}: {exc.details()}") from None
+            raise CLIError(rpc_error_line(target, exc)) from None
         plan = snapshot.plan
         layout = layout_from_plan(plan)
         engine = _engine_config(
@@ -303,7 +324,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
                     trace_name=trace.name, replay_id=replay_id, on_progress=on_progress,
                 )  # fmt: skip
             except grpc.aio.AioRpcError as exc:
-                raise CLIError(f"--target {target}: {exc.code().name}: {exc.details()}") from None
+                raise CLIError(rpc_error_line(target, exc)) from None
             reporter.update(result.summary["requests"], result.summary["requests"], True)  # type: ignore[arg-type]
             await reporter.flush()
         finally:

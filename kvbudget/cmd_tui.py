@@ -8,58 +8,15 @@ stderr; a well-formed target whose daemon is down is not an error: the dashboard
 from __future__ import annotations
 
 import argparse
-import os
-import re
+import sys
 from pathlib import Path
 
 from kvbudget.errors import CLIError
-
-from kvbudget.tui import DEFAULT_TARGET
-_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-
-
-def check_target(target: str) -> str:
-    """The target as given, if grpc can make sense of it; CLIError naming the flag if not."""
-    target = target.strip()
-    if not target:
-        raise CLIError("--target is empty (expected unix:///path/to.sock or host:port)")
-    if target.startswith("unix:"):
-        path = target.removeprefix("unix:")
-        if path.startswith("//"):
-            path = path[2:]
-            if not path.startswith("/"):
-                raise CLIError(f"--target {target!r}: unix:// needs an absolute path (unix:///...)")
-        if not path:
-            raise CLIError(f"--target {target!r}: no socket path after unix:")
-        if Path(path).is_dir():
-            raise CLIError(f"--target {target!r}: {path} is a directory, not a socket")
-        return target
-    if target.startswith("unix-abstract:"):
-        if not target.removeprefix("unix-abstract:"):
-            raise CLIError(f"--target {target!r}: no name after unix-abstract:")
-        return target
-    address = target
-    for scheme in ("dns:///", "ipv4:", "ipv6:"):
-        address = address.removeprefix(scheme)
-    match = _HOST_PORT.match(address)
-    if not match or not 0 < int(match.group(1)) < 65536:
-        raise CLIError(
-            f"--target {target!r}: expected unix:///path/to.sock or host:port (port 1-65535)"
-        )
-    return target
+from kvbudget.target import add_target_arguments, check_target, resolve_target, resolve_token
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target",
-        default=None,
-        help=f"daemon address (default: $KVBUDGET_TARGET or {DEFAULT_TARGET})",
-    )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help="bearer token, needed over TCP (default: $KVBUDGET_TOKEN)",
-    )
+    add_target_arguments(parser, tls=False, token_help="bearer token, needed over TCP")
     parser.add_argument(
         "--render-hz",
         type=float,
@@ -83,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = check_target(args.target or os.environ.get("KVBUDGET_TARGET") or DEFAULT_TARGET)
-    token = args.token or os.environ.get("KVBUDGET_TOKEN") or None
+    # A daemon that is not up yet is no error: the dashboard waits for it, "disconnected".
+    target = check_target(resolve_target(args.target), require_socket=False)
+    token = resolve_token(args.token)
     if not 0 < args.render_hz <= 60:
         raise CLIError(f"--render-hz must be in (0, 60], got {args.render_hz}")
     source = None
@@ -107,6 +65,14 @@ def run(args: argparse.Namespace) -> int:
         from kvbudget.tui.source import RecordingSource, WatchSource
 
         source = RecordingSource(WatchSource(target, token), args.record)
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        # Textual would draw escape codes into a pipe or file and never end; the headless
+        # dashboard for tests is `KVBudgetApp.run_test`, not this command.
+        raise CLIError(
+            "kvbudget tui needs a terminal; stdin and stdout must be a TTY "
+            "(for a one-shot view use `kvbudget admin status`)"
+        )
 
     from kvbudget.tui.app import KVBudgetApp
 

@@ -155,8 +155,8 @@ def test_the_daemons_refusal_is_one_line_with_the_status_code(daemon, capsys) ->
     )
 
 
-def test_an_unreachable_daemon_is_one_line_and_exit_2(tmp_path) -> None:
-    # A real `kvbudget` process: nothing but one line on stderr, no traceback.
+def test_a_missing_socket_is_one_line_and_exit_2(tmp_path) -> None:
+    # A real `kvbudget` process: nothing but one line on stderr, no traceback, no call made.
     target = f"unix://{tmp_path}/nobody-here.sock"
     done = subprocess.run(
         [sys.executable, "-m", "kvbudget", "admin", "--target", target, "set-policy", "naive"],
@@ -164,8 +164,21 @@ def test_an_unreachable_daemon_is_one_line_and_exit_2(tmp_path) -> None:
     )
     assert done.returncode == 2
     assert done.stdout == ""
-    assert len(done.stderr.splitlines()) == 1
-    assert done.stderr.startswith(f"kvbudget admin: error: {target}: UNAVAILABLE: ")
+    assert done.stderr == (
+        f"kvbudget admin: error: --target {target}: no daemon socket at {tmp_path}/nobody-here.sock "
+        "(is `kvbudget daemon` running?)\n"
+    )
+
+
+def test_a_socket_nobody_listens_on_is_unavailable_in_one_line(tmp_path, capsys) -> None:
+    # A stale socket file (bound, never listening): the call is refused, UNAVAILABLE.
+    path = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(path))
+        code, out, err = admin(capsys, "--target", f"unix://{path}", "status")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"kvbudget admin: error: unix://{path}: UNAVAILABLE: ")
+    assert err.count("\n") == 1
 
 
 def test_a_malformed_target_is_refused_before_any_call(capsys) -> None:

@@ -328,7 +328,23 @@ def test_unreachable_daemon_is_one_line_and_exit_2(capsys: pytest.CaptureFixture
     target = f"unix://{tmp_path}/nothing.sock"
     assert main(["doctor", "--target", target, "--samples", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"kvbudget doctor: error: cannot reach the daemon at {target}: ")
+    assert err == (
+        f"kvbudget doctor: error: --target {target}: no daemon socket at {tmp_path}/nothing.sock "
+        "(is `kvbudget daemon` running?)\n"
+    )
+
+
+def test_a_socket_nobody_listens_on_is_one_line_with_the_status(capsys: pytest.CaptureFixture[str], tmp_path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    path = tmp_path / "stale.sock"
+    monkeypatch.setenv("KVBUDGET_TARGET", f"unix:{path}")  # the target may come from the environment
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(path))  # bound, never listening: connecting is refused
+        assert main(["doctor", "--samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbudget doctor: error: unix:{path}: UNAVAILABLE: ")
     assert err.count("\n") == 1
 
 

@@ -324,3 +324,49 @@ def test_usage_mistakes_are_one_line_too() -> None:
         assert result.returncode == 2
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert "error:" in result.stderr and "Traceback" not in result.stderr
+
+
+# The CLI in a fresh interpreter where importing torch or pynvml (or any part of them)
+# fails, as on a host that has neither: `estimate` and `tui --help` must not need them.
+KVBUDGET_NO_TORCH_NO_NVML = [
+    sys.executable,
+    "-c",
+    "import sys\n"
+    "class Refuse:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('torch', 'pynvml'):\n"
+    "            raise ImportError(f'{name} is blocked in this test')\n"
+    "        return None\n"
+    "sys.meta_path.insert(0, Refuse())\n"
+    "from kvbudget.cli import main\n"
+    "try:\n"
+    "    code = main(sys.argv[1:])\n"
+    "except SystemExit as exc:  # argparse's --help\n"
+    "    code = exc.code\n"
+    "assert not {m.split('.')[0] for m in sys.modules} & {'torch', 'pynvml'}\n"
+    "sys.exit(code)\n",
+]
+
+
+def test_the_finder_really_blocks_torch_and_pynvml():
+    # torch is installed here: the finder, not its absence, is what the tests below rely on.
+    done = subprocess.run([*KVBUDGET_NO_TORCH_NO_NVML[:2], KVBUDGET_NO_TORCH_NO_NVML[2].replace(
+        "from kvbudget.cli import main", "import torch")], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "torch is blocked in this test" in done.stderr
+
+
+def test_estimate_needs_neither_torch_nor_pynvml():
+    out = subprocess.run(
+        [*KVBUDGET_NO_TORCH_NO_NVML, "estimate", "--model", "llama-3.1-8b", "--num-gpu-blocks", "4096",
+         "--tokens-per-request", "8192", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    # cdiv(8192, 16) = 512 blocks per request; 4096 / 512 = 8 at once
+    assert json.loads(out.stdout)["max_concurrency"] == 8.0
+
+
+def test_tui_help_needs_neither_torch_nor_pynvml():
+    out = subprocess.run([*KVBUDGET_NO_TORCH_NO_NVML, "tui", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--target" in out.stdout and "--recording" in out.stdout

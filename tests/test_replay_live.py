@@ -57,4 +57,46 @@ def test_live_replay_unreachable_daemon_is_one_line(tmp_path, capsys):
     target = f"unix://{tmp_path}/nobody.sock"
     assert main(["replay", "azure", "--target", target, "--limit", "3"]) == 2
     err = capsys.readouterr().err
-    assert "--target" in err and "Traceback" not in err
+    assert err == (
+        f"kvbudget replay: error: --target {target}: no daemon socket at {tmp_path}/nobody.sock "
+        "(is `kvbudget daemon` running?)\n"
+    )
+
+
+@pytest.mark.parametrize("target, message", [
+    ("unix:/nope/kvbudget.sock", "no daemon socket at /nope/kvbudget.sock"),
+    ("bogus::addr", "expected unix:///path/to.sock or host:port"),
+])
+def test_a_bad_target_is_refused_before_the_trace_is_read(target, message, capsys, monkeypatch):
+    # Checked before anything else: the trace loader must never run.
+    from kvbudget import cmd_replay
+
+    monkeypatch.setattr(cmd_replay, "_load", lambda args: pytest.fail("the trace was read"))
+    assert main(["replay", "azure", "--target", target, "--limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvbudget replay: error: --target ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_live_replay_reads_target_and_token_from_the_environment(tmp_path, capsys, monkeypatch):
+    from kvbudget import cmd_replay
+
+    target = f"unix://{tmp_path}/from-env.sock"
+    monkeypatch.setenv("KVBUDGET_TARGET", target)
+    assert main(["replay", "azure", "--limit", "3"]) == 2
+    assert f"--target {target}: no daemon socket" in capsys.readouterr().err
+
+    seen = {}
+
+    def run_live(args, trace):
+        seen.update(target=args.target, token=args.token)
+        raise cmd_replay.CLIError("stop here")
+
+    monkeypatch.setenv("KVBUDGET_TARGET", "localhost:50051")
+    monkeypatch.setenv("KVBUDGET_TOKEN", "env-token")
+    monkeypatch.setattr(cmd_replay, "_run_live", run_live)
+    assert main(["replay", "azure", "--limit", "3"]) == 2
+    assert seen == {"target": "localhost:50051", "token": "env-token"}
+    # a flag wins over the environment
+    assert main(["replay", "azure", "--limit", "3", "--token", "flag-token"]) == 2
+    assert seen["token"] == "flag-token"

@@ -1,4 +1,5 @@
-"""A client not written in Python reaches the daemon: `buf curl` (Go) over the unix socket.
+"""A client not written in Python reaches the daemon: `buf curl` (Go) over the unix socket;
+and the contract itself passes `buf lint` (protos/buf.yaml: the STANDARD rules).
 
 Health check, the reflection listing, and one real call described only by reflection.
 Skips, saying why, when neither `$BUF` nor `npx` can run buf (e.g. offline without a cache).
@@ -10,12 +11,14 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from daemon_harness import DaemonProcess
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _buf_command() -> list[str]:
@@ -57,3 +60,15 @@ def test_buf_curl_health_reflection_and_a_call(tmp_path) -> None:
         estimate = json.loads(_curl(buf, daemon, "-d", '{"tokens_per_request": 1024}',
                                     "http://localhost/kvbudget.v1.ObserverService/Estimate"))
         assert estimate == {"maxConcurrency": 1, "naiveMaxConcurrency": 1, "blocksPerRequest": [64]}
+
+
+def test_buf_lint_of_the_protos_is_clean() -> None:
+    buf = _buf_command()
+    listed = subprocess.run([*buf, "ls-files", "protos"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    # the module buf lints is the whole contract, not an empty folder
+    assert {f"protos/kvbudget/v1/{name}.proto" for name in ("admin", "common", "engine", "observer")} <= set(
+        listed.stdout.split()
+    )
+    lint = subprocess.run([*buf, "lint", "protos"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (lint.returncode, lint.stdout + lint.stderr) == (0, "")

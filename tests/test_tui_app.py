@@ -258,9 +258,27 @@ def test_bad_target_is_one_line_and_exit_2(capsys):
 @pytest.mark.parametrize("target", ["unix:///run/kvbudget/kvbudget.sock", "unix:rel.sock",
                                     "localhost:50051", "dns:///host:1", "[::1]:443"])
 def test_good_targets_pass_the_check(target):
-    from kvbudget.cmd_tui import check_target
+    from kvbudget.target import check_target
 
-    assert check_target(target) == target
+    # the dashboard's check: a socket that is not there yet is fine, it waits for the daemon
+    assert check_target(target, require_socket=False) == target
+
+
+def test_without_a_terminal_the_dashboard_refuses_in_one_line(capsys):
+    # pytest's stdin/stdout are not a TTY: drawing there would never end
+    assert cli.main(["tui", "--target", "localhost:50051"]) == 2
+    assert capsys.readouterr().err.startswith("kvbudget tui: error: kvbudget tui needs a terminal; ")
+
+
+def test_without_a_terminal_a_real_process_exits_at_once(tmp_path: Path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kvbudget", "tui", "--target", f"unix://{tmp_path}/k.sock"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("kvbudget tui: error: kvbudget tui needs a terminal; ")
+    assert done.stderr.count("\n") == 1
 
 
 def test_target_comes_from_the_environment(monkeypatch, capsys):

@@ -7,6 +7,9 @@ The dashboard must show the free-block and preemption counts the daemon itself r
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,38 @@ async def test_dashboard_shows_what_the_daemon_reports(tmp_path: Path):
                 assert reported.num_free_blocks == 34
                 await shown(pilot, "free+cached 34", "free blocks after the release")
                 await shown(pilot, "release", "the release in the decisions table")
+    finally:
+        daemon.stop()
+
+
+async def test_after_a_short_live_replay_the_dashboard_shows_the_daemons_counts(tmp_path: Path):
+    # Issue #6's acceptance: a real daemon, a short replay, the dashboard running headless
+    # shows the free-block count and the preempt count the daemon reports. A pool small
+    # enough for 40 Mooncake requests (~7k-token prompts) to queue and, optimistic, be preempted.
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "1500", "--max-model-len", "131072")
+    await asyncio.to_thread(daemon.start)
+    try:
+        replay = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "kvbudget", "replay", "mooncake", "--limit", "40", "--as-fast-as-possible",
+             "--target", daemon.target, "--json"],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert replay.returncode == 0, replay.stderr
+        summary = json.loads(replay.stdout)
+        assert summary["finished"] + summary["rejected"] == 40
+
+        async with ObserverClient(daemon.target) as observer:
+            reported = await observer.snapshot()
+        assert reported.num_preemptions > 0  # the load did what it was sized for
+        app = KVBudgetApp(daemon.target, launcher=NoLauncher())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: app.state.snapshot is not None, "first snapshot")
+            # the dashboard groups thousands: 1,499
+            await shown(pilot, f"free+cached {reported.num_free_blocks:,}", "the daemon's free blocks")
+            await shown(pilot, f"preempted {reported.num_preemptions:,}", "the daemon's preemptions")
+            await shown(pilot, "40/40", "the replay's progress in the Replays panel")
+            assert "100% done" in screen_text(app)
     finally:
         daemon.stop()
 

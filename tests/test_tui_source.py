@@ -120,16 +120,19 @@ def test_recorded_source_reads_json_lines(tmp_path: Path):
 
 
 def test_replay_command_line_and_shipped_traces():
-    from kvbudget.tui.replays import ReplayRequest, replay_argv, shipped_traces
+    from kvbudget.tui.replays import ReplayRequest, replay_argv, replay_env, shipped_traces
 
     traces = shipped_traces()
     names = {p.name for p in traces}
     assert {"mooncake_fast25_conversation_trace.jsonl", "azure_llm_2023_conv.csv"} <= names
     request = ReplayRequest(traces[0], speed=20.0, policy="guaranteed", limit=500)
-    assert replay_argv(request, "unix:///run/k.sock", "tok", python="py") == [
+    assert replay_argv(request, "unix:///run/k.sock", python="py") == [
         "py", "-m", "kvbudget", "replay", str(traces[0]), "--target", "unix:///run/k.sock",
-        "--token", "tok", "--speed", "20", "--policy", "guaranteed", "--limit", "500",
+        "--speed", "20", "--policy", "guaranteed", "--limit", "500",
     ]
+    # the token travels in the child's environment, never on its command line (`ps` shows that)
+    assert replay_env("tok", {"PATH": "p"}) == {"PATH": "p", "KVBUDGET_TOKEN": "tok"}
+    assert replay_env(None, {"PATH": "p", "KVBUDGET_TOKEN": "stale"}) == {"PATH": "p"}
     # the daemon's policy and the whole trace: no flags for them
     assert replay_argv(ReplayRequest(traces[0]), "t", python="py")[-2:] == ["--speed", "10"]
     with pytest.raises(ValueError, match="policy"):
@@ -151,6 +154,26 @@ def test_replay_launcher_runs_and_stops_its_children(tmp_path: Path, monkeypatch
     assert launcher.running() == [child]
     launcher.stop_all()
     assert child.poll() is not None and launcher.running() == []
+
+
+def test_replay_launcher_gives_the_child_its_token_in_the_environment(tmp_path: Path, monkeypatch):
+    import sys
+
+    from kvbudget.tui import replays
+
+    launcher = replays.ReplayLauncher("unix:///nowhere.sock", "s3cret", log_path=tmp_path / "replay.log")
+    seen = {}
+    real_argv = replays.replay_argv
+
+    def argv(*a, **k):
+        seen["argv"] = real_argv(*a, **k)
+        return [sys.executable, "-c", "import os; print('token=' + os.environ['KVBUDGET_TOKEN'])"]
+
+    monkeypatch.setattr(replays, "replay_argv", argv)
+    child = launcher.start(replays.ReplayRequest(tmp_path / "t.jsonl"))
+    child.wait(30)
+    assert "s3cret" not in " ".join(seen["argv"])
+    assert launcher.reap() == [replays.Finished("t.jsonl", 0, "token=s3cret")]
 
 
 def test_replay_launcher_reports_a_failed_child_with_its_last_line(monkeypatch):

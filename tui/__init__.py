@@ -2,7 +2,9 @@
 
 Entry points: `kvbudget.tui.app.KVBudgetApp(target, token)` and
 `kvbudget.tui.app.run_dashboard(target, token)`. This package imports neither torch, NVML
-nor the daemon; importing it (this file) pulls in nothing at all.
+nor the daemon; importing it (this file) pulls in nothing heavy.
 """
 
-DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"
+from kvbudget.target import DEFAULT_TARGET  # one default for every client command
+
+__all__ = ["DEFAULT_TARGET"]

@@ -10,6 +10,7 @@ closing the dashboard never leaves load running behind it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -49,19 +50,26 @@ def shipped_traces() -> tuple[Path, ...]:
     return tuple(sorted(found, key=lambda p: p.name))
 
 
-def replay_argv(
-    request: ReplayRequest, target: str, token: str | None = None, python: str = sys.executable
-) -> list[str]:
-    """The command line of the replay child: `kvbudget replay TRACE --target ...`."""
+def replay_argv(request: ReplayRequest, target: str, python: str = sys.executable) -> list[str]:
+    """The command line of the replay child: `kvbudget replay TRACE --target ...`.
+
+    No token here: a command line is readable by every user (`ps`); see `replay_env`."""
     argv = [python, "-m", "kvbudget", "replay", str(request.trace), "--target", target]
-    if token:
-        argv += ["--token", token]
     argv += ["--speed", f"{request.speed:g}"]
     if request.policy:
         argv += ["--policy", request.policy]
     if request.limit:
         argv += ["--limit", str(request.limit)]
     return argv
+
+
+def replay_env(token: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The replay child's environment: ours, with the token in KVBUDGET_TOKEN (or none)."""
+    env = dict(os.environ if base is None else base)
+    env.pop("KVBUDGET_TOKEN", None)
+    if token:
+        env["KVBUDGET_TOKEN"] = token
+    return env
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ class ReplayLauncher:
         log = open(self.log_path, "a+b") if self.log_path else tempfile.TemporaryFile()
         try:
             child = subprocess.Popen(
-                replay_argv(request, self.target, self.token),
+                replay_argv(request, self.target),
+                env=replay_env(self.token),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

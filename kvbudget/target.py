@@ -1,0 +1,146 @@
+"""Where a client command finds the daemon: the default address, its check, the channel.
+
+Shared by `kvbudget doctor`, `admin`, `replay` (live) and `tui`, so each says the same
+thing about the same mistake. The target is checked before any call: a malformed address,
+or a unix socket that is not there, is one line at once, not a wait for a deadline.
+grpc is imported only inside the functions that open a channel, so `--help` and the
+checks import nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+from typing import TYPE_CHECKING
+
+from kvbudget.errors import CLIError
+
+if TYPE_CHECKING:
+    import grpc
+
+DEFAULT_TARGET = "unix:///run/kvbudget/kvbudget.sock"
+TARGET_ENV = "KVBUDGET_TARGET"
+TOKEN_ENV = "KVBUDGET_TOKEN"
+SHAPES = "unix:///path/to.sock or host:port"
+
+# host:port, [v6]:port; the host may be empty (":50051", as grpc and the daemon accept).
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")
+
+
+def unix_socket_path(target: str) -> str | None:
+    """The filesystem path of a `unix:` target (None for any other kind); no checks."""
+    if not target.startswith("unix:"):
+        return None
+    path = target.removeprefix("unix:")
+    return path[2:] if path.startswith("//") else path
+
+
+def check_target(target: str, *, require_socket: bool = True) -> str:
+    """The target, stripped, if grpc can make sense of it; CLIError in one line if not.
+
+    `require_socket`: a unix socket path must exist now (a command that makes one call
+    fails at once instead of waiting out its deadline). The dashboard passes False: it
+    waits, showing "disconnected", for a daemon that is starting.
+    """
+    target = target.strip()
+    if not target:
+        raise CLIError(f"--target is empty (expected {SHAPES})")
+    path = unix_socket_path(target)
+    if path is not None:
+        if target.startswith("unix://") and not path.startswith("/"):
+            raise CLIError(f"--target {target!r}: unix:// needs an absolute path (unix:///...)")
+        if not path:
+            raise CLIError(f"--target {target!r}: no socket path after unix:")
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if require_socket:
+                raise CLIError(f"--target {target}: no daemon socket at {path} (is `kvbudget daemon` running?)")
+            return target
+        except OSError as exc:
+            raise CLIError(f"--target {target}: cannot look at {path}: {exc.strerror}") from None
+        if stat.S_ISDIR(mode):
+            raise CLIError(f"--target {target!r}: {path} is a directory, not a socket")
+        if not stat.S_ISSOCK(mode):
+            raise CLIError(f"--target {target!r}: {path} is not a socket")
+        return target
+    if target.startswith("unix-abstract:"):
+        if not target.removeprefix("unix-abstract:"):
+            raise CLIError(f"--target {target!r}: no name after unix-abstract:")
+        return target
+    address = target
+    for scheme in ("dns:///", "ipv4:", "ipv6:"):
+        address = address.removeprefix(scheme)
+    match = _HOST_PORT.match(address)
+    if not match or not 0 < int(match.group(1)) < 65536:
+        raise CLIError(f"--target {target!r}: expected {SHAPES} (port 1-65535)")
+    return target
+
+
+def add_target_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    tls: bool = True,
+    token_help: str = "bearer token for a TCP target",
+    suppress: bool = False,
+) -> None:
+    """--target, --token (and --tls-ca). They default to None; `resolve_target` and
+    `resolve_token` fill in the environment, so a command can tell a flag from the
+    environment. `suppress`: a subcommand's copy that must not overwrite the parent's."""
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument(
+        "--target", metavar="ADDR", default=default,
+        help=f"daemon address: {SHAPES} (default ${TARGET_ENV} or {DEFAULT_TARGET})",
+    )  # fmt: skip
+    parser.add_argument("--token", metavar="T", default=default, help=f"{token_help} (default ${TOKEN_ENV})")
+    if tls:
+        tls_help = "CA certificate: talk TLS to a TCP target"
+        parser.add_argument("--tls-ca", metavar="FILE", default=default, help=tls_help)
+
+
+def resolve_target(flag: str | None) -> str:
+    """--target if given, else $KVBUDGET_TARGET, else the packaged unix socket."""
+    return flag or os.environ.get(TARGET_ENV) or DEFAULT_TARGET
+
+
+def resolve_token(flag: str | None) -> str | None:
+    """--token if given, else $KVBUDGET_TOKEN, else none (the unix socket needs none)."""
+    return flag or os.environ.get(TOKEN_ENV) or None
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def channel_credentials(tls_ca: str | None) -> grpc.ChannelCredentials | None:
+    """TLS credentials trusting the CA in `tls_ca`; None (plaintext) without one."""
+    if not tls_ca:
+        return None
+    import grpc
+
+    try:
+        with open(tls_ca, "rb") as f:
+            return grpc.ssl_channel_credentials(root_certificates=f.read())
+    except OSError as exc:
+        raise CLIError(f"--tls-ca: cannot read {tls_ca}: {exc.strerror}") from None
+
+
+def channel(target: str, tls_ca: str | None = None) -> grpc.Channel:
+    """A blocking channel to `target` (checked by the caller), over TLS if a CA is given."""
+    import grpc
+
+    credentials = channel_credentials(tls_ca)
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials)
+    return grpc.insecure_channel(target)
+
+
+def rpc_error_line(target: str, exc: BaseException) -> str:
+    """A failed call as one line: `TARGET: STATUS_NAME: details` (details flattened, capped)."""
+    code = getattr(exc, "code", None)
+    details = getattr(exc, "details", None)
+    name = code().name if callable(code) and code() is not None else type(exc).__name__
+    text = " ".join(((details() if callable(details) else None) or "").split())[:300]
+    return f"{target}: {name}: {text or name}"
