@@ -1,6 +1,6 @@
 """Admission round trip vs a bare gRPC ping, and decisions/s with batched steps.
 
-    python bench/bench_roundtrip.py [--calls 3000] [--engines 4] [--batch 256] [--seconds 5]
+    python bench/bench_roundtrip.py [--calls 3000] [--engines 4] [--batch 256] [--seconds 5] [--metrics]
 
 Starts a real `kvbudget daemon` process (unix socket, durable decision log in a temp dir)
 and drives it from this process, so every figure crosses a process boundary:
@@ -13,6 +13,9 @@ and drives it from this process, so every figure crosses a process boundary:
 2. Throughput: `--engines` concurrent engine sessions, each Step carrying `--batch` submits
    and the finishes of its previous batch (2 x batch decisions per step, committed before
    each reply). Goal: >= 50,000 decisions/s on 2 cores.
+
+The daemon runs without /metrics unless `--metrics` is given (then every batch is also
+counted by the Prometheus metrics, on an ephemeral loopback port).
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ from kvbudget.client import EngineClient, step_message
 from kvbudget.v1 import engine_pb2
 
 
-def start_daemon(workdir: Path, num_blocks: int) -> tuple[subprocess.Popen, str]:
+def start_daemon(workdir: Path, num_blocks: int, metrics: bool = False) -> tuple[subprocess.Popen, str]:
     socket_path = workdir / "kvbudget.sock"
     target = f"unix://{socket_path}"
     process = subprocess.Popen(
         [sys.executable, "-m", "kvbudget", "daemon", "--model", "llama-3.1-8b",
          "--num-gpu-blocks", str(num_blocks), "--memory-mode", "accounting", "--device", "cpu",
          "--max-model-len", "2048", "--policy", "guaranteed", "--listen", target,
-         "--db-path", str(workdir / "decisions.db"), "--retention-days", "0", "--log-level", "warning"],
+         "--db-path", str(workdir / "decisions.db"), "--retention-days", "0", "--log-level", "warning",
+         *(["--metrics-address", "127.0.0.1:0"] if metrics else [])],
         stdout=subprocess.DEVNULL,
     )
     with grpc.insecure_channel(target) as channel:
@@ -132,12 +136,13 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--metrics", action="store_true", help="serve /metrics (count every decision)")
     args = parser.parse_args()
     # Each in-flight request holds 1 block of 2 reserved (16 + 16 tokens); a step keeps two
     # batches alive (this one's submits, the previous one's until finished).
     num_blocks = max(4096, 4 * args.engines * args.batch + 1)
     with tempfile.TemporaryDirectory() as tmp:
-        process, target = start_daemon(Path(tmp), num_blocks)
+        process, target = start_daemon(Path(tmp), num_blocks, args.metrics)
         try:
             lat = asyncio.run(latency(target, args.calls))
             done, elapsed, steps = asyncio.run(throughput(target, args.engines, args.batch, args.seconds))

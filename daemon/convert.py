@@ -7,9 +7,9 @@ speaks `kvbudget.v1` (enums with an UNSPECIFIED zero). Nothing else converts.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot
+from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot, new_request_spec
 from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.v1 import common_pb2, engine_pb2
 
@@ -40,13 +40,35 @@ def policy_from_proto(value: int) -> str | None:
 
 
 def decision_to_proto(d: Decision) -> common_pb2.Decision:
-    # Hot path (every decision of every Step reply): default-valued fields are left unset,
-    # which is the same message on the wire and a third cheaper to build.
-    kind = _KIND_TO_PROTO.get(d.kind) or kind_to_proto(d.kind)
-    m = common_pb2.Decision(
+    return _build_decision(common_pb2.Decision, d)
+
+
+def add_decisions(
+    target: MutableSequence[common_pb2.Decision], decisions: Iterable[Decision], engine_id: str | None = None
+) -> None:
+    """Appends decisions to a message's repeated `decisions` field, built in place.
+
+    Hot path (every decision of every Step reply): `target.add(...)` builds each message
+    where it will live; building them apart and passing the list to the reply's
+    constructor costs a copy of each, about a quarter more. With `engine_id`, only the
+    decisions of that engine are added.
+    """
+    make = target.add  # type: ignore[attr-defined]
+    for d in decisions:
+        if engine_id is None or d.engine_id == engine_id:
+            _build_decision(make, d)
+
+
+def _build_decision(make: Callable[..., common_pb2.Decision], d: Decision) -> common_pb2.Decision:
+    """`make` is the message class or a repeated field's `add`: both take the fields as keywords.
+
+    Default-valued fields are left unset, which is the same message on the wire and
+    cheaper to build.
+    """
+    m = make(
         seq=d.seq,
         time_unix_s=d.time_s,
-        kind=kind,
+        kind=_KIND_TO_PROTO.get(d.kind) or kind_to_proto(d.kind),
         reason=_REASON_TEXT.get(d.reason) or Reason(d.reason).value,
         request_id=d.request_id,
         engine_id=d.engine_id,
@@ -110,16 +132,16 @@ def decision_from_proto(m: common_pb2.Decision) -> Decision:
 
 
 def submit_to_spec(submit: engine_pb2.Submit, engine_id: str, now: float) -> RequestSpec:
-    return RequestSpec(
-        request_id=submit.request_id,
-        prompt_tokens=submit.prompt_tokens,
-        max_new_tokens=submit.max_new_tokens if submit.HasField("max_new_tokens") else None,
-        prefix_hashes=tuple(submit.prefix_hashes),
-        priority=submit.priority,
-        tenant=submit.tenant,
-        engine_id=engine_id,
-        deadline_s=submit.deadline_unix_s or None,
-        arrival_s=now,
+    return new_request_spec(
+        submit.request_id,
+        submit.prompt_tokens,
+        submit.max_new_tokens if submit.HasField("max_new_tokens") else None,
+        tuple(submit.prefix_hashes),
+        submit.priority,
+        submit.tenant,
+        engine_id,
+        submit.deadline_unix_s or None,
+        now,
     )
 
 
@@ -180,16 +202,24 @@ def plan_to_proto(
     return plan
 
 
-def gpu_to_proto(gpu: object | None, pool_bytes: int = 0) -> common_pb2.GpuState:
-    """A gpu.GpuInfo (duck-typed: the probe module is optional at import)."""
+def gpu_to_proto(gpu: object | None, pool_bytes: int = 0, own_pid: int | None = None) -> common_pb2.GpuState:
+    """A gpu.GPUProbe (duck-typed: the probe module is optional at import); None: device=cpu.
+
+    `other_processes_bytes` is what processes other than `own_pid` (the daemon, whose
+    usage is the pool) hold on the GPU: memory the pool cannot count on.
+    """
     if gpu is None:
-        return common_pb2.GpuState(present=False, note="no GPU: not probed (device=cpu)", pool_bytes=pool_bytes)
+        return common_pb2.GpuState(present=False, note="no GPU: device=cpu", pool_bytes=pool_bytes)
     processes = getattr(gpu, "processes", ()) or ()
     other = 0
     for proc in processes:
         used = getattr(proc, "used_bytes", None)
-        if used is None and isinstance(proc, Mapping):
-            used = proc.get("used_bytes", 0)
+        pid = getattr(proc, "pid", None)
+        if isinstance(proc, Mapping):
+            used = proc.get("used_bytes", 0) if used is None else used
+            pid = proc.get("pid") if pid is None else pid
+        if own_pid is not None and pid == own_pid:
+            continue
         other += int(used or 0)
     return common_pb2.GpuState(
         present=bool(getattr(gpu, "present", False)),

@@ -6,7 +6,9 @@ no awaits), so mutations are serialized without locks. Each batch of decisions t
   1. into the DecisionLog; the caller awaits the commit before answering an engine
      (the contract: a decision an engine has been told about is in the log);
   2. after the commit, in the order the batches were made, by one dispatcher task: to the
-     owning sessions' Events streams, to the watchers, to the metrics.
+     owning sessions' Events streams, to the watchers, to the metrics (a batch nobody
+     would hear of, the usual case for an engine's own step with no watcher and no
+     metrics, skips it).
 
 A ticker expires sessions whose lease lapsed and lets the controller schedule the queue
 (deadlines) even when no engine calls.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ from kvbudget.daemon import convert
 from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.records import Decision, Snapshot
 from kvbudget.daemon.requests import Status
-from kvbudget.daemon.sessions import Session, SessionTable
+from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
 from kvbudget.daemon.step_validation import RequestView
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import common_pb2, engine_pb2
@@ -39,6 +42,7 @@ class CoreOptions:
     gpu_refresh_s: float = 5.0
     metrics_refresh_s: float = 1.0
     snapshot_cache_s: float = 0.02  # watchers at 10 Hz share one snapshot
+    replay_stale_s: float = 30.0  # a replay not reported for this long is marked done
 
 
 class StepFailed(Exception):
@@ -75,7 +79,7 @@ class CoreService:
         self.metrics = metrics
         self.options = options
         self.draining = False
-        self.replays: dict[str, common_pb2.ReplayState] = {}
+        self.replays = ReplayTable(options.replay_stale_s)
         self._gpu_probe = gpu_probe
         self._gpu = gpu
         self._pool_bytes = pool_bytes
@@ -84,6 +88,7 @@ class CoreService:
         )
         self._tasks: list[asyncio.Task] = []
         self._snapshot_cache: tuple[float, common_pb2.Snapshot] | None = None
+        self._resolved_future: asyncio.Future | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -120,43 +125,83 @@ class CoreService:
         Events for `origin_engine` are not streamed: they go back in that caller's reply.
         `started` (perf_counter at the call's arrival) feeds the decision-latency histogram.
         """
-        loop = asyncio.get_running_loop()
         # A small batch with nothing queued ahead commits right here (no thread hand-off);
         # its future is then already resolved and needs no cross-thread wake-up.
         written = self.log.append_inline(decisions) if decisions else None
         if written is None or written.done():
-            committed = loop.create_future()
             error = written.exception() if written is not None else None
             if error is None:
-                committed.set_result(None)
+                committed = self._resolved()
             else:
+                committed = asyncio.get_running_loop().create_future()
                 committed.set_exception(error)
         else:
-            committed = asyncio.wrap_future(written, loop=loop)
-        if decisions:  # nothing to stream, publish or count otherwise
-            self._dispatch.put_nowait((decisions, committed, origin_engine, started))
-        return committed
+            committed = asyncio.wrap_future(written)
+        if not self._has_audience(decisions, origin_engine):
+            return committed  # nobody to stream, publish or count them to: skip the dispatcher
+        self._dispatch.put_nowait((decisions, committed, origin_engine, started))
+        # The caller's await must not be able to cancel the dispatcher's future: a caller
+        # cancelled mid-commit (an engine that died mid-Step) would otherwise cancel it,
+        # and these decisions (committed all the same) would never reach the watchers.
+        return committed if committed.done() else asyncio.shield(committed)
+
+    def _resolved(self) -> asyncio.Future:
+        """One already-resolved future, shared: awaiting a done future never suspends, and
+        cancelling one is a no-op, so every caller may have the same."""
+        resolved = self._resolved_future
+        if resolved is None:
+            resolved = self._resolved_future = asyncio.get_running_loop().create_future()
+            resolved.set_result(None)
+        return resolved
+
+    def _has_audience(self, decisions: list[Decision], origin_engine: str) -> bool:
+        """Whether anyone but the caller hears of these: metrics, a watcher, another engine."""
+        if not decisions:
+            return False
+        if self.metrics is not None or len(self.watch_hub):
+            return True
+        for d in decisions:
+            if d.engine_id != origin_engine and d.engine_id:
+                return True
+        return False
 
     async def _dispatcher(self) -> None:
+        """Streams, publishes and counts each batch once committed, in the order made.
+
+        Nothing in one batch may stop it: if this task ended, every watcher and Events
+        stream would go silent for the rest of the daemon's life while admission went on.
+        """
         while (item := await self._dispatch.get()) is not None:
             decisions, committed, origin_engine, started = item
             try:
-                if not committed.done() or committed.cancelled():
+                if not committed.done():
                     await asyncio.shield(committed)
-                elif committed.exception() is not None:  # committed inline: no shield needed
-                    raise committed.exception()  # type: ignore[misc]
-            except Exception:  # the caller reports the failure; nothing was promised
-                log.exception("decision log commit failed")
+            except asyncio.CancelledError:
+                if not committed.cancelled():
+                    raise  # this task itself is being cancelled
+            except Exception:
+                pass  # read below
+            if committed.cancelled() or committed.exception() is not None:
+                # The caller reports a failure; nothing was promised, nothing is published.
+                log.error("decision log commit failed (%s); %d decisions not published",
+                          "cancelled" if committed.cancelled() else committed.exception(), len(decisions))
                 continue
-            for d in decisions:
-                if d.engine_id and d.engine_id != origin_engine:
-                    session = self.sessions.of_engine(d.engine_id)
-                    if session is not None:
-                        session.push_event(d)
-            self.watch_hub.publish(decisions)
-            if self.metrics is not None and decisions:
-                latency = time.perf_counter() - started if started is not None else None
-                self.metrics.record(decisions, latency)
+            try:
+                self._publish(decisions, origin_engine, started)
+            except Exception:  # a broken watcher or metric must not stop the others
+                log.exception("publishing decisions failed")
+
+    def _publish(self, decisions: list[Decision], origin_engine: str, started: float | None) -> None:
+        of_engine = self.sessions.of_engine
+        for d in decisions:
+            if d.engine_id and d.engine_id != origin_engine:
+                session = of_engine(d.engine_id)
+                if session is not None:
+                    session.push_event(d)
+        self.watch_hub.publish(decisions)
+        if self.metrics is not None:
+            latency = time.perf_counter() - started if started is not None else None
+            self.metrics.record(decisions, latency)
 
     # ------------------------------------------------------------------ engine ops
     def lookup(self, request_id: str) -> RequestView | None:
@@ -262,7 +307,7 @@ class CoreService:
         msg = convert.snapshot_to_proto(
             self.snapshot(),
             engines=engines,
-            gpu=convert.gpu_to_proto(self._gpu, self._pool_bytes),
+            gpu=convert.gpu_to_proto(self._gpu, self._pool_bytes, own_pid=os.getpid()),
             replays=self.replays.values(),
             draining=self.draining,
             plan=self.plan,
@@ -292,7 +337,18 @@ class CoreService:
     async def _tick(self, now_mono: float) -> None:
         for session in self.sessions.expired(now_mono):
             log.warning("lease of engine %r expired; taking its blocks back", session.engine_id)
-            self.record(self.close_engine(session, expire=True))
+            self._record_unattended(self.close_engine(session, expire=True))
+        for replay_id in self.replays.expire(now_mono):
+            log.warning("replay %r stopped reporting; marked done", replay_id)
         made = self.controller.schedule(time.time())
         if made:
-            self.record(made)
+            self._record_unattended(made)
+
+    def _record_unattended(self, decisions: list[Decision]) -> None:
+        """record() for decisions no caller waits on: a failed commit is logged here."""
+        self.record(decisions).add_done_callback(_log_commit_failure)
+
+
+def _log_commit_failure(committed: asyncio.Future) -> None:
+    if not committed.cancelled() and committed.exception() is not None:
+        log.error("decision log commit failed: %s", committed.exception())

@@ -118,12 +118,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         committed = self.core.record(decisions, session.engine_id, started)
         # Usually committed inline already; if it was queued behind others, the reply is built
         # while the writer commits (SQLite releases the GIL). It is sent only after.
-        engine_id = session.engine_id
-        mine = [d for d in decisions if d.engine_id == engine_id]
-        reply = engine_pb2.StepResponse(
-            decisions=convert.decisions_to_proto(mine),
-            num_free_blocks=self.core.controller.pool.num_free_blocks,  # as this step left the pool
-        )
+        # num_free_blocks: the pool as this step left it.
+        reply = engine_pb2.StepResponse(num_free_blocks=self.core.controller.pool.num_free_blocks)
+        convert.add_decisions(reply.decisions, decisions, session.engine_id)
         await self._committed(context, committed)
         return reply
 
@@ -172,13 +169,9 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
             while not watcher.closed:
                 await watcher.sleep(interval_s)
                 decisions, dropped = watcher.take()
-                await context.write(
-                    observer_pb2.WatchResponse(
-                        snapshot=self.core.snapshot_proto(),
-                        decisions=convert.decisions_to_proto(decisions),
-                        dropped_decisions=dropped,
-                    )
-                )
+                update = observer_pb2.WatchResponse(snapshot=self.core.snapshot_proto(), dropped_decisions=dropped)
+                convert.add_decisions(update.decisions, decisions)
+                await context.write(update)
         finally:
             self.core.watch_hub.remove(watcher)
 
@@ -242,12 +235,10 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         if replay.total and replay.position > replay.total:
             await context.abort(INVALID, "replay.position: beyond replay.total")
         replays = self.core.replays
-        if replay.replay_id not in replays and len(replays) >= 64:
-            for key in [k for k, r in replays.items() if r.done]:
-                del replays[key]
-            if len(replays) >= 64:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "replay.replay_id: at most 64 replays")
-        replays[replay.replay_id] = replay
+        if not replays.report(replay, time.monotonic()):
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"replay.replay_id: at most {replays.max_replays} replays"
+            )
         return observer_pb2.ReportReplayResponse()
 
 

@@ -20,6 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from kvbudget.daemon.records import Decision
+from kvbudget.v1 import common_pb2
 
 
 class SessionExists(Exception):
@@ -115,3 +116,54 @@ class SessionTable:
 
     def expired(self, now_monotonic: float) -> list[Session]:
         return [s for s in self._by_id.values() if s.expires_at <= now_monotonic]
+
+
+class ReplayTable:
+    """Trace replays as their replayers report them (ReportReplay), for the snapshot.
+
+    A replayer reports its progress every few hundred ms and a last time with `done`. One
+    that dies never sends that last report, so a replay silent for `stale_after_s` is
+    marked done here (its last position stays): the dashboard stops showing it as running.
+    At most `max_replays` are kept; finished ones make room for new ones.
+    """
+
+    def __init__(self, stale_after_s: float = 30.0, max_replays: int = 64) -> None:
+        self.stale_after_s = stale_after_s
+        self.max_replays = max_replays
+        self._states: dict[str, common_pb2.ReplayState] = {}
+        self._reported_at: dict[str, float] = {}  # monotonic
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, replay_id: str) -> common_pb2.ReplayState | None:
+        return self._states.get(replay_id)
+
+    def values(self) -> list[common_pb2.ReplayState]:
+        return list(self._states.values())
+
+    def report(self, state: common_pb2.ReplayState, now_monotonic: float) -> bool:
+        """Records a report; False when the table is full of unfinished replays."""
+        replay_id = state.replay_id
+        if replay_id not in self._states and len(self._states) >= self.max_replays:
+            for key in [k for k, r in self._states.items() if r.done]:
+                del self._states[key]
+                del self._reported_at[key]
+            if len(self._states) >= self.max_replays:
+                return False
+        kept = common_pb2.ReplayState()
+        kept.CopyFrom(state)  # not the caller's message: expire() changes it
+        self._states[replay_id] = kept
+        self._reported_at[replay_id] = now_monotonic
+        return True
+
+    def expire(self, now_monotonic: float) -> list[str]:
+        """Marks done every unfinished replay silent for stale_after_s; returns their ids."""
+        stalled = [
+            replay_id
+            for replay_id, state in self._states.items()
+            if not state.done and now_monotonic - self._reported_at[replay_id] >= self.stale_after_s
+        ]
+        for replay_id in stalled:
+            self._states[replay_id].done = True
+        return stalled

@@ -400,3 +400,62 @@ def test_checkpoints_run_off_the_commit_path(db_path: Path) -> None:
     with DecisionLog(db_path, checkpoint_interval_s=None) as log:
         assert log._db is not None
         assert log._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's default
+
+
+# ----------------------------------------------------------------------- inline commits
+def test_append_inline_commits_before_returning(log: DecisionLog, db_path: Path) -> None:
+    future = log.append_inline([make_decision(1), make_decision(2)])
+    # Already resolved when it comes back: no writer hand-off happened.
+    assert future.done() and future.exception() is None
+    # ...and committed: a second connection sees both rows.
+    assert count_rows(db_path) == 2
+    assert log.rows_written == 2 and log.batches_committed == 1
+
+
+def test_append_inline_queues_behind_a_backlog_and_keeps_order(log: DecisionLog, db_path: Path) -> None:
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the writer cannot commit: appends pile up
+    queued = [log.append([make_decision(seq)]) for seq in range(3)]
+    inline = log.append_inline([make_decision(3)])
+    # Something is queued ahead, so the inline append must not jump it: it queues too.
+    assert not inline.done()
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    for future in [*queued, inline]:
+        future.result(timeout=10)
+    # With the backlog gone, the next one commits inline again, after the others.
+    assert log.append_inline([make_decision(4)]).done()
+    rows = query_decisions(db_path, limit=None, newest_first=False)
+    assert [r["seq"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
+
+
+def test_append_inline_over_max_rows_goes_through_the_writer(log: DecisionLog, db_path: Path) -> None:
+    future = log.append_inline([make_decision(seq) for seq in range(3)], max_rows=2)
+    future.result(timeout=10)
+    assert count_rows(db_path) == 3
+
+
+def test_a_failed_inline_write_fails_its_future_with_decision_log_error(log: DecisionLog, db_path: Path) -> None:
+    log.append_inline([make_decision(1)]).result()
+    other = sqlite3.connect(db_path)
+    other.execute("ALTER TABLE decisions RENAME TO decisions_moved")
+    other.commit()
+    failed = log.append_inline([make_decision(2)])
+    assert failed.done()
+    with pytest.raises(DecisionLogError, match="write failed"):
+        failed.result()
+    other.execute("ALTER TABLE decisions_moved RENAME TO decisions")
+    other.commit()
+    other.close()
+    # The log goes on, inline, and the failed row was not written.
+    assert log.append_inline([make_decision(3)]).exception() is None
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 3]
+
+
+def test_append_inline_refuses_a_closed_log(db_path: Path) -> None:
+    decision_log = DecisionLog(db_path)
+    decision_log.start()
+    decision_log.close()
+    with pytest.raises(RuntimeError, match="not running"):
+        decision_log.append_inline([make_decision(1)])

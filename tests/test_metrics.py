@@ -177,3 +177,30 @@ def test_http_endpoint_on_an_ephemeral_loopback_port() -> None:
     metrics.stop()  # idempotent
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_labelled_children_are_looked_up_once_per_pair_not_per_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = Metrics()
+    lookups: list[dict[str, str]] = []
+    real_decisions_labels, real_preemptions_labels = metrics.decisions.labels, metrics.preemptions.labels
+
+    def counting(real):
+        def labels(*args: str, **kwargs: str):
+            lookups.append(kwargs)
+            return real(*args, **kwargs)
+        return labels
+
+    monkeypatch.setattr(metrics.decisions, "labels", counting(real_decisions_labels))
+    monkeypatch.setattr(metrics.preemptions, "labels", counting(real_preemptions_labels))
+    batch = [decision(i, DecisionKind.ADMIT, Reason.FITS) for i in range(50)]
+    batch += [decision(50 + i, DecisionKind.PREEMPT, Reason.GROWTH) for i in range(3)]
+    metrics.record(batch)
+    # Two pairs: (admit, fits) and (preempt, growth), plus the preemptions child: 3 lookups.
+    assert len(lookups) == 3
+    metrics.record(batch)
+    metrics.record([decision(99, "admit", "fits")])  # plain strings are the same series
+    assert len(lookups) == 3  # the children are kept
+    # 50 + 50 + 1 admits; 3 + 3 preempts.
+    assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="fits") == 101.0
+    assert value(metrics, "kvbudget_decisions_total", kind="preempt", reason="growth") == 6.0
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="growth") == 6.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import grpc
 import pytest
 
@@ -109,3 +111,60 @@ def test_every_kind_and_policy_has_a_proto_value() -> None:
         assert convert.kind_from_proto(convert.kind_to_proto(kind)) == kind
     for policy in convert.POLICY_NAMES:
         assert convert.policy_from_proto(convert.policy_to_proto(policy)) == policy
+
+
+def test_gpu_note_without_a_gpu_says_device_cpu() -> None:
+    state = convert.gpu_to_proto(None, pool_bytes=4096)
+    assert not state.present
+    assert state.note == "no GPU: device=cpu"
+    assert state.pool_bytes == 4096
+
+
+def test_other_processes_bytes_leaves_out_the_daemon_itself() -> None:
+    from kvbudget.daemon.gpu import GPUProbe, GPUProcess
+
+    probe = GPUProbe(
+        present=True, index=0, name="H200", total_bytes=100, used_bytes=70, free_bytes=30,
+        processes=(GPUProcess(pid=111, used_bytes=40), GPUProcess(pid=222, used_bytes=25),
+                   GPUProcess(pid=333, used_bytes=5)),
+    )
+    # 222 is the daemon: the others hold 40 + 5 = 45.
+    assert convert.gpu_to_proto(probe, own_pid=222).other_processes_bytes == 45
+    # Without knowing its own pid it counts everyone: 40 + 25 + 5 = 70.
+    assert convert.gpu_to_proto(probe).other_processes_bytes == 70
+    # Processes in the dict form (GPUProbe.as_dict's) are read the same way.
+    as_dicts = types.SimpleNamespace(present=True, processes=[{"pid": 1, "used_bytes": 8}, {"pid": 2, "used_bytes": 3}])
+    assert convert.gpu_to_proto(as_dicts, own_pid=2).other_processes_bytes == 8
+
+
+def test_add_decisions_builds_in_place_what_decision_to_proto_builds() -> None:
+    from kvbudget.v1 import engine_pb2
+
+    decisions = [
+        _decision(1, engine_id="a", tenant="t", blocks_reserved=(3, 1), blocks_held=(2, 1),
+                  new_block_ids=((4, 5), (6,)), freed_blocks=2, cached_hit_blocks=1, detail="d"),
+        _decision(2, engine_id="b", new_block_ids=((), (7,))),
+        _decision(3, engine_id="a"),
+    ]
+    reply = engine_pb2.StepResponse()
+    convert.add_decisions(reply.decisions, decisions)
+    assert list(reply.decisions) == [convert.decision_to_proto(d) for d in decisions]
+    assert [convert.decision_from_proto(m) for m in reply.decisions][0] == decisions[0]
+    # Only engine "a"'s, in order: seq 1 and 3.
+    mine = engine_pb2.StepResponse()
+    convert.add_decisions(mine.decisions, decisions, engine_id="a")
+    assert [m.seq for m in mine.decisions] == [1, 3]
+
+
+def test_submit_to_spec_reads_every_field() -> None:
+    from kvbudget.daemon.records import RequestSpec
+    from kvbudget.v1 import engine_pb2
+
+    submit = engine_pb2.Submit(request_id="r", prompt_tokens=40, max_new_tokens=8, prefix_hashes=[11, 12],
+                               priority=-1, tenant="t", deadline_unix_s=99.5)
+    assert convert.submit_to_spec(submit, "e", 7.0) == RequestSpec(
+        "r", 40, 8, (11, 12), priority=-1, tenant="t", engine_id="e", deadline_s=99.5, arrival_s=7.0
+    )
+    # Unset max_new_tokens and deadline: None (up to max_model_len, no deadline).
+    bare = convert.submit_to_spec(engine_pb2.Submit(request_id="b", prompt_tokens=1), "e", 0.0)
+    assert (bare.max_new_tokens, bare.deadline_s, bare.prefix_hashes) == (None, None, ())

@@ -1,0 +1,183 @@
+"""The core's dispatcher and replay table, in process (no gRPC): what reaches watchers.
+
+Regression: an engine that died mid-Step while its commit was queued behind others had its
+handler cancelled; awaiting the commit future directly cancelled it, the dispatcher met the
+cancellation and ended, and from then on no watcher (nor Events stream) received a decision
+while admission went on. The caller now gets a shielded future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+import pytest
+
+from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core_service import CoreOptions, CoreService
+from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.sessions import ReplayTable, SessionTable
+from kvbudget.daemon.watch import WatchHub
+from kvbudget.v1 import common_pb2
+
+from test_admission_support import SMALL_LAYOUTS
+
+
+@pytest.fixture
+async def core(tmp_path):
+    controller = AdmissionController(SMALL_LAYOUTS["full"], 30, AdmissionConfig(max_model_len=64))
+    decision_log = DecisionLog(tmp_path / "decisions.db")
+    decision_log.start()
+    service = CoreService(
+        controller, decision_log, common_pb2.PoolPlan(block_size_tokens=8),
+        SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
+        options=CoreOptions(tick_s=3600.0),  # the tests call _tick themselves
+    )
+    await service.start()
+    yield service
+    await service.stop()
+    decision_log.close()
+    controller.check_integrity()
+
+
+async def received(watcher, count: int, timeout: float = 10.0) -> list[str]:
+    """Request ids the watcher got, once it has `count` decisions (or the timeout)."""
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += [d.request_id for d in watcher.take()[0]]
+        await asyncio.sleep(0.01)
+    return got
+
+
+def submit(core: CoreService, request_id: str) -> list[Decision]:
+    now = time.time()
+    return core.controller.submit(RequestSpec(request_id, 16, 16, engine_id="e", arrival_s=now), now)
+
+
+async def test_a_cancelled_caller_does_not_stop_the_dispatcher(core: CoreService, tmp_path) -> None:
+    watcher = core.watch_hub.add(100)
+    # Another connection holds the write lock, so a row appended now waits in the writer:
+    # the next record() cannot commit inline and queues behind it.
+    blocker = sqlite3.connect(tmp_path / "decisions.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    ahead = core.log.append([Decision(seq=0, time_s=0.0, kind=DecisionKind.POLICY, reason=Reason.NONE,
+                                      request_id="")])
+    committed = core.record(submit(core, "a"), origin_engine="e")
+    assert not committed.done()
+
+    async def step_handler() -> None:  # what the Step servicer does with the future
+        await committed
+
+    handler = asyncio.create_task(step_handler())
+    await asyncio.sleep(0)
+    handler.cancel()  # the engine died mid-Step: gRPC cancels its handler
+    await asyncio.gather(handler, return_exceptions=True)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    await asyncio.to_thread(ahead.result, 10)
+
+    # "a" was committed all the same, so watchers see it; and later batches flow too.
+    await core.record(submit(core, "b"), origin_engine="e")
+    assert await received(watcher, 2) == ["a", "b"]
+    assert not core._tasks[0].done()  # the dispatcher is alive
+
+
+async def test_a_failing_publish_does_not_stop_the_dispatcher(core: CoreService) -> None:
+    class BrokenOnce:
+        calls = 0
+
+        def record(self, decisions, latency) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("boom")
+
+    core.metrics = BrokenOnce()
+    watcher = core.watch_hub.add(100)
+    await core.record(submit(core, "a"))
+    await core.record(submit(core, "b"))
+    assert await received(watcher, 2) == ["a", "b"]
+    await asyncio.sleep(0.05)
+    assert core.metrics.calls == 2
+
+
+async def test_a_failed_commit_is_not_published_and_the_next_one_is(core: CoreService, tmp_path) -> None:
+    watcher = core.watch_hub.add(100)
+    other = sqlite3.connect(tmp_path / "decisions.db")
+    other.execute("ALTER TABLE decisions RENAME TO decisions_moved")
+    other.commit()
+    with pytest.raises(Exception, match="write failed"):
+        await core.record(submit(core, "lost"))
+    other.execute("ALTER TABLE decisions_moved RENAME TO decisions")
+    other.commit()
+    other.close()
+    await core.record(submit(core, "kept"))
+    assert await received(watcher, 1) == ["kept"]
+
+
+# ----------------------------------------------------------------------- replays
+def replay(replay_id: str, position: int, *, done: bool = False) -> common_pb2.ReplayState:
+    return common_pb2.ReplayState(replay_id=replay_id, trace="mooncake", position=position, total=10, done=done)
+
+
+def test_a_silent_replay_is_marked_done_after_the_stale_time() -> None:
+    table = ReplayTable(stale_after_s=30.0)
+    assert table.report(replay("dead", 3), now_monotonic=100.0)
+    assert table.report(replay("alive", 1), now_monotonic=100.0)
+    assert table.expire(now_monotonic=129.9) == []  # 29.9 s of silence: still running
+    assert table.report(replay("alive", 2), now_monotonic=120.0)
+    assert table.expire(now_monotonic=130.0) == ["dead"]  # 30 s since its last report
+    dead, alive = table.get("dead"), table.get("alive")
+    assert dead.done and dead.position == 3  # the last position it reached stays
+    assert not alive.done
+    assert table.expire(now_monotonic=200.0) == ["alive"]  # done ones are not expired twice
+
+
+def test_finished_replays_make_room_and_unfinished_ones_do_not() -> None:
+    table = ReplayTable(max_replays=2)
+    assert table.report(replay("a", 1), 0.0) and table.report(replay("b", 1), 0.0)
+    assert not table.report(replay("c", 1), 0.0)  # full of running replays
+    assert table.report(replay("a", 10, done=True), 1.0)  # updates are always taken
+    assert table.report(replay("c", 1), 1.0)  # "a" finished: dropped to make room
+    assert sorted(r.replay_id for r in table.values()) == ["b", "c"]
+
+
+def test_the_table_keeps_its_own_copy_of_a_report() -> None:
+    table = ReplayTable(stale_after_s=1.0)
+    sent = replay("r", 4)
+    table.report(sent, 0.0)
+    table.expire(5.0)
+    assert table.get("r").done and not sent.done
+
+
+async def test_the_core_tick_expires_silent_replays_in_the_snapshot(core: CoreService) -> None:
+    now = time.monotonic()
+    core.replays.report(replay("rp", 3), now)
+    assert not core.snapshot_proto(fresh=True).replays[0].done
+    await core._tick(now + core.options.replay_stale_s)
+    [state] = core.snapshot_proto(fresh=True).replays
+    assert (state.replay_id, state.position, state.done) == ("rp", 3, True)
+
+
+async def test_a_batch_nobody_hears_of_skips_the_dispatcher(core: CoreService) -> None:
+    # No watcher, no metrics, only the caller's own decisions: nothing to dispatch.
+    committed = core.record(submit(core, "quiet"), origin_engine="e")
+    assert committed.done() and core._dispatch.qsize() == 0
+    # Another engine's decision must reach that engine's Events stream: dispatched.
+    core.record(submit(core, "other"), origin_engine="someone-else")
+    assert core._dispatch.qsize() == 1
+    # A watcher makes every batch worth dispatching, the caller's own included. It also
+    # hears "other", which was still queued when it joined; never "quiet".
+    watcher = core.watch_hub.add(100)
+    await core.record(submit(core, "watched"), origin_engine="e")
+    assert await received(watcher, 2) == ["other", "watched"]
+
+
+async def test_every_caller_may_share_the_resolved_future(core: CoreService) -> None:
+    first = core.record(submit(core, "a"), origin_engine="e")
+    second = core.record([], origin_engine="e")
+    assert first.done() and second.done() and first.result() is None
+    first.cancel()  # a no-op on a done future: the next caller is not affected
+    assert not core.record(submit(core, "b"), origin_engine="e").cancelled()
