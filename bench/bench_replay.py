@@ -10,23 +10,30 @@ live through a daemon in <= 60 s on a 2-core machine.
 Prints one JSON line per run: wall seconds, simulated steps, backend calls, decisions,
 and, offline, where the time went (inside the admission core vs the simulated engine).
 
-Measured on the 2-core machine (shared with other work), whole Mooncake trace,
+Measured on the 2-core machine (shared with other work, so +-15%), whole Mooncake trace,
 llama-3.1-8b, 24,000 blocks, optimistic, one engine, default step model:
 
 | run | wall | of which | steps | calls | decisions |
 |---|---:|---|---:|---:|---:|
-| offline, grow ahead 4 blocks  | 29.4 s | core 25.1 s, engine 4.3 s | 142,927 | 71,442 | |
-| offline, grow ahead 16 blocks | 20.3 s | core 17.2 s, engine 3.1 s | 143,786 | 44,907 | |
-| live, grow ahead 4 blocks     | 120.1 s | 1.8 ms per call | 141,123 | 66,385 | 131,397 |
-| live, grow ahead 16 blocks    | 76.3 s | 1.8 ms per call | 142,519 | 41,922 | 84,385 |
+| offline, grow ahead 4 blocks  | 15.3-17.5 s | core 12.0-13.9 s, engine 3.3-3.7 s | 142,927 | 71,442 | |
+| offline, grow ahead 16 blocks | 14.5 s | core 11.3 s, engine 3.2 s | 143,786 | 44,907 | |
+| live, grow ahead 4 blocks     | 100.4 s | 1.51 ms per call | 140,893 | 66,447 | 131,306 |
+| live, grow ahead 16 blocks    | 65.3 s | 1.56 ms per call | 142,519 | 41,922 | 84,385 |
 
-The goals (10 s offline, 60 s live) are not met. What bounds them: the number of backend
-calls (a step with a prefill chunk always reports progress, and Mooncake's 145 M prompt
-tokens need at least 17.7 k full 8,192-token steps; decode steps mostly skip the call),
-times the cost of one call: ~0.35 ms inside the in-process admission core offline, and
-~1.6-1.8 ms per Step live, of which the replayer itself uses ~0.45 ms of CPU (2,000
-requests: 5.5 s of 18.8 s); the rest is the daemon's Step (validation, core, durable log
-before the reply) and the round trip.
+Before the pool and prefix-hit work of this revision the same offline run took 20.8 s
+(core 17.5 s) on the same machine the same hour (29.4 s when first measured), and live
+120 s and 76 s (1.8 ms per call).
+
+The goals (10 s offline, 60 s live) are not met. What bounds them now is per-block work,
+not per-call work: Mooncake's 145 M prompt tokens are ~9 M blocks, and optimistic's ~16 k
+preemptions of ~750-block requests add about as many again; each block is allocated
+(often evicting a cached one), published to the prefix cache and freed, a few dict and
+list operations each (~0.2 us per block per operation, already in C loops where Python
+allows). Grow-ahead therefore barely moves the offline time any more (calls -37%, wall
+-5%). The rest of the offline time is the simulated engine (~3.3 s, a third of it hashing
+the trace's prompts into block hashes in traces/loaders.py). Live, a call is a serial round
+trip: the replayer's own CPU (~0.45 ms per call), the daemon's Step (validation, core,
+decision log before the reply) and the gRPC round trip; the core is ~0.2 ms of it.
 """
 
 from __future__ import annotations

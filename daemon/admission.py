@@ -235,7 +235,10 @@ class AdmissionController:
             )
         if num_tokens < r.num_tokens:
             raise AdmissionError("num_tokens", f"{num_tokens} is below the {r.num_tokens} slots held")
-        new_held = [blocks_held(s, num_tokens, r.num_computed) for s in self.ledger.specs]
+        computed = r.num_computed
+        if computed >= r.spec.prompt_tokens and computed >= r.resume_len:  # decoding
+            self._fit.observe_decode_growth(num_tokens - computed)
+        new_held = [blocks_held(s, num_tokens, computed) for s in self.ledger.specs]
         decisions: list[Decision] = []
         policy = policies.POLICIES[r.policy]
         if extra_for_growth(r, new_held) > self.ledger.spare and policy.preempts:

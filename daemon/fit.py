@@ -77,6 +77,8 @@ class FitTest:
         self._worst: dict[int, tuple[int, ...]] = {}
         self._worst_total: dict[int, int] = {}
         self._held: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._expected: dict[tuple[int, int, int], tuple[int, ...]] = {}
+        self.decode_ahead_tokens = layout.block_size  # learned: see observe_decode_growth
 
     # ------------------------------------------------------------------ memos
     def worst(self, num_tokens: int) -> tuple[int, ...]:
@@ -108,6 +110,38 @@ class FitTest:
             self._held[key] = held
         return list(held)
 
+    def observe_decode_growth(self, tokens_ahead: int) -> None:
+        """A decoding request asked for slots `tokens_ahead` past what it computed: an
+        engine that grows several blocks at a time holds that many more in a window."""
+        if tokens_ahead > self.decode_ahead_tokens:
+            self.decode_ahead_tokens = min(tokens_ahead, self.F)
+
+    def expected(self, prompt: int, predicted: int, resume_len: int, max_len: int) -> tuple[int, ...]:
+        """The predictive base per group: what the request holds while it decodes at its
+        predicted length n = prompt + predicted — `blocks_held(n + ahead, n - 1)`, ahead
+        being the most the engine was seen to grow past its computed tokens while decoding
+        (one block until then). In a full-attention group that is the worst case at n; in
+        a window group only the window, not the prefill transient (the whole first chunk),
+        which the first chunk holds anyway (charged as held) and which the worst case would
+        keep promised for the request's whole life: that alone cost predictive ~40% of
+        optimistic's throughput on a sliding-window model (Azure, gpt-oss-120b).
+        The transient is reserved where a later allocation must find it: a prompt longer
+        than one chunk (F) grows chunk by chunk, and a request coming back from a
+        preemption reserves at least the worst case of the length it had reached (as
+        under the other policies), so their prefill is covered."""
+        n = min(max_len, prompt + predicted)
+        prefill = max(resume_len, prompt if prompt > self.F else 0)
+        key = (n, prefill, self.decode_ahead_tokens)
+        base = self._expected.get(key)
+        if base is None:
+            if len(self._expected) > _MEMO_LIMIT:
+                self._expected.clear()
+            decoding = map(min, self.worst(n), self.held(n + self.decode_ahead_tokens, n - 1))
+            if prefill:
+                decoding = map(max, decoding, self.worst(min(prefill, max_len)))
+            base = self._expected[key] = tuple(decoding)
+        return base
+
     # ------------------------------------------------------------------ the test
     def plan(self, r: RequestState, policy: Policy) -> Plan:
         spec = r.spec
@@ -119,6 +153,8 @@ class FitTest:
         predicted = self.predictor.predict(spec.tenant, r.max_len - prompt) if policy.uses_prediction else 0
         if policy.charges_naive:
             base = self.naive_base
+        elif policy.uses_prediction:
+            base = self.expected(prompt, predicted, r.resume_len, r.max_len)
         else:
             base = self.worst(policy.reserved_length(prompt, r.max_len, r.resume_len, predicted))
         target = r.resume_len or prompt

@@ -20,7 +20,7 @@ from collections import Counter
 
 from kvbudget.daemon.budget import block_slots, blocks_held
 from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
-from kvbudget.daemon.prefix_hits import PrefixHit
+from kvbudget.daemon.prefix_hits import PrefixHit, cache_keys
 from kvbudget.daemon.records import GroupSnapshot, TenantSnapshot
 from kvbudget.daemon.requests import (
     RequestState,
@@ -141,7 +141,7 @@ class BlockLedger:
             full = min(num_computed, r.spec.prompt_tokens) // self.layout.block_size
             if full > r.cached_upto:
                 for g, table in enumerate(r.tables):
-                    publish_prompt_blocks(pool, g, table, hashes, r.cached_upto, full)
+                    publish_prompt_blocks(pool, self.num_groups, g, table, hashes, r.cached_upto, full)
                 r.cached_upto = full
         if not self.window_groups:
             return 0
@@ -275,8 +275,9 @@ class BlockLedger:
         for r in running.values():
             hashes = r.spec.prefix_hashes
             for g, table in enumerate(r.tables):
+                keys = cache_keys(self.num_groups, g, hashes)
                 for slot, b in enumerate(table):
                     if b != NULL_BLOCK and refs[b] > 1:
-                        assert slot < len(hashes) and self.pool.lookup((g, hashes[slot])) == b, (
+                        assert slot < len(keys) and self.pool.lookup(keys[slot]) == b, (
                             f"block {b} shared by {refs[b]} tables but not a cached prefix block"
                         )

@@ -12,10 +12,21 @@ slots that left a sliding window. A block is in exactly one state:
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 
 NULL_BLOCK = 0
+
+
+_is_block = partial(is_not, None)  # a lookup hit (C-callable, for takewhile)
+
+
+def _exhaust(iterator: Iterable[object]) -> None:
+    """Run an iterator of side effects (map over a bound method) at C speed."""
+    deque(iterator, maxlen=0)
 
 
 class BlockPool:
@@ -25,8 +36,11 @@ class BlockPool:
         self.num_blocks = num_blocks  # including the null block
         # A stack, lowest ids on top so a fresh pool hands out 1, 2, 3, ...
         self._free = array("i", range(num_blocks - 1, 0, -1))
-        self._ref = array("i", bytes(4 * num_blocks))
-        self._evictable: OrderedDict[int, None] = OrderedDict()
+        # A list, not an array: indexing it (and map over its __getitem__) is 2-3x faster.
+        self._ref = [0] * num_blocks
+        # LRU order is insertion order: a plain dict (3.7+) inserts ~5x faster than an
+        # OrderedDict, and eviction takes its oldest entries with islice.
+        self._evictable: dict[int, None] = {}
         self._hash_of: dict[int, Hashable] = {}
         self._block_of: dict[Hashable, int] = {}
         self._num_held = 0
@@ -80,10 +94,12 @@ class BlockPool:
         del free[num_free - take :]
         taken.reverse()
         ids = taken.tolist()
-        for _ in range(n - take):
-            block_id, _ = self._evictable.popitem(last=False)
-            del self._block_of[self._hash_of.pop(block_id)]
-            ids.append(block_id)
+        if n > take:  # evict the n - take least recently used cached blocks, in C loops
+            evictable = self._evictable
+            victims = list(islice(evictable, n - take))
+            _exhaust(map(evictable.pop, victims))
+            _exhaust(map(self._block_of.pop, map(self._hash_of.pop, victims)))
+            ids += victims
         ref = self._ref
         for block_id in ids:
             ref[block_id] = 1
@@ -123,6 +139,18 @@ class BlockPool:
     def lookup(self, block_hash: Hashable) -> int | None:
         return self._block_of.get(block_hash)
 
+    def lookup_all(self, block_hashes: Iterable[Hashable]) -> list[int | None]:
+        """`lookup` of each hash, in one C loop."""
+        return list(map(self._block_of.get, block_hashes))
+
+    def cached_run(self, block_hashes: Iterable[Hashable]) -> list[int]:
+        """The cached ids of the leading hashes, up to the first that is not cached."""
+        return list(takewhile(_is_block, map(self._block_of.get, block_hashes)))
+
+    def num_held_among(self, block_ids: Iterable[int]) -> int:
+        """How many of these blocks have a reference (the null block never does)."""
+        return sum(map(bool, map(self._ref.__getitem__, block_ids)))
+
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cache hits; an evictable block leaves the LRU (charged once)."""
         ref = self._ref
@@ -144,13 +172,35 @@ class BlockPool:
         self._hash_of[block_id] = block_hash
         return True
 
+    def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[Hashable]) -> None:
+        """`cache_block` for each pair in order (null ids skipped), in C loops when it can:
+        a long prompt publishes hundreds of blocks per engine step."""
+        block_of, hash_of = self._block_of, self._hash_of
+        if not (
+            NULL_BLOCK not in block_ids
+            and hash_of.keys().isdisjoint(block_ids)
+            and len(set(block_ids)) == len(block_ids)
+            and min(map(self._ref.__getitem__, block_ids), default=1) > 0
+        ):
+            for block_id, block_hash in zip(block_ids, block_hashes):
+                if block_id != NULL_BLOCK:
+                    self.cache_block(block_id, block_hash)
+            return
+        # Held, distinct, unhashed blocks: a hash already taken (by another request, or
+        # earlier in this prompt) keeps its block, and setdefault hands that one back.
+        kept = list(map(block_of.setdefault, block_hashes, block_ids))
+        if kept == block_ids:
+            hash_of.update(zip(block_ids, block_hashes))
+        else:
+            hash_of.update((b, h) for b, h, k in zip(block_ids, block_hashes, kept) if b == k)
+
     def evict_all_cached(self) -> int:
         """Drop every evictable block back to the free stack (e.g. after a model reload)."""
         n = len(self._evictable)
-        while self._evictable:
-            block_id, _ = self._evictable.popitem(last=False)
+        for block_id in self._evictable:
             del self._block_of[self._hash_of.pop(block_id)]
             self._free.append(block_id)
+        self._evictable.clear()
         return n
 
     # ---------------------------------------------------------------- integrity

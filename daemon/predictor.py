@@ -10,6 +10,13 @@ requests that outgrow their reservation — the ones that may cause a preemption
 which makes a ratio of it meaningless). From SGLang we keep the feedback loop: each
 preemption moves the quantile halfway to 1 (p90 → p95 → p97.5 ...), and every finish
 without one decays it back toward the base by `decay`, so the reservation follows the load.
+
+Why p90 and not a lower quantile or the mean: measured on the Azure trace (4,000 requests,
+3,000 blocks), lowering the base quantile to p75 or p50 bought at most 3% more output
+tokens/s while preemptions went up 1.4-1.7x (llama-3.1-8b) and 2-10x (gpt-oss-120b).
+Predictive's gap to optimistic with gpt-oss-120b (-42%) came from what was reserved for a
+length, not from the length: a sliding-window group was promised the whole prompt (its
+prefill transient) for the request's life. See fit.FitTest.expected.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How much of a prompt the prefix cache already holds, per KV-cache group.
 
 The engine sends chained hashes of the prompt's full blocks; the pool caches a computed
-block under `(group_index, hash)`. A hit of k blocks lets the request skip k·B tokens, so
+block under `(group_index, hash)` (`cache_keys`). A hit of k blocks lets the request skip k·B tokens, so
 every group must be able to serve position k:
   full / MLA       all of the first k blocks are cached;
   sliding / chunk  only the blocks still in view after k·B computed tokens
@@ -15,8 +15,9 @@ one block of the free count (it leaves the LRU when touched) and is charged that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from kvbudget.daemon.budget import blocks_out_of_window, cache_hit_tokens
 from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
@@ -24,6 +25,15 @@ from kvbudget.daemon.spec import KVCacheLayout, LayerKind
 
 _PREFIX_KINDS = frozenset({LayerKind.FULL, LayerKind.MLA})
 _WINDOW_KINDS = frozenset({LayerKind.SLIDING, LayerKind.CHUNKED})
+
+
+def cache_keys(num_groups: int, group_index: int, hashes: Sequence[int]) -> Sequence[Hashable]:
+    """The pool's cache key of each prompt block of a group: `(group, hash)`, or with a
+    single group the hash itself — an int is far cheaper to build and hash than a tuple,
+    and a long prompt publishes and looks up hundreds of keys per call."""
+    if num_groups == 1:
+        return hashes
+    return list(zip(repeat(group_index), hashes))
 
 
 def layout_supports_prefix_cache(layout: KVCacheLayout) -> bool:
@@ -44,19 +54,25 @@ def no_hit(num_groups: int, queried: int = 0) -> PrefixHit:
     return PrefixHit(0, 0, ((),) * num_groups, (0,) * num_groups, 0, queried)
 
 
-def _cached_ids(pool: BlockPool, group_index: int, hashes: Sequence[int], stop_at_miss: bool) -> list[int | None]:
-    ids: list[int | None] = []
-    seen: set[int] = set()
-    for h in hashes:
-        block_id = pool.lookup((group_index, h))
-        if block_id in seen:  # a repeated hash: never put one block twice in a table
-            block_id = None
-        ids.append(block_id)
-        if block_id is None:
-            if stop_at_miss:
-                break
-        else:
-            seen.add(block_id)
+def _cached_ids(
+    pool: BlockPool, num_groups: int, group_index: int, hashes: Sequence[int], stop_at_miss: bool
+) -> list[int | None]:
+    """Cached block id per hash (None: a miss, or a repeat of an id already in the list);
+    with `stop_at_miss`, only the leading run of hits."""
+    keys = cache_keys(num_groups, group_index, hashes)
+    ids: list[int | None] = pool.cached_run(keys) if stop_at_miss else pool.lookup_all(keys)
+    if len(set(ids)) < len(ids) - ids.count(None) + (None in ids):
+        # A repeated hash (rare): never put one block twice in a table.
+        seen: set[int] = set()
+        for j, block_id in enumerate(ids):
+            if block_id is None:
+                continue
+            if block_id in seen:
+                if stop_at_miss:
+                    return ids[:j]
+                ids[j] = None
+            else:
+                seen.add(block_id)
     return ids
 
 
@@ -70,26 +86,36 @@ def find_prefix_hit(
     if k_max <= 0:
         return no_hit(len(groups))
 
-    ids_per_group: list[list[int | None]] = []
+    # Full-attention groups first: the hit can be no longer than their shortest cached run,
+    # so window groups (which must look at every block, hits or not) look no further.
+    # This bounds the work by the hit, not the prompt: Mooncake prompts are ~750 blocks.
+    ids_per_group: list[list[int | None]] = [[] for _ in groups]
     k = k_max
     for g, group in enumerate(groups):
-        full = group.kind in _PREFIX_KINDS
-        ids = _cached_ids(pool, g, hashes[:k_max], stop_at_miss=full)
-        ids_per_group.append(ids)
-        if full:
-            run = len(ids) if ids[-1] is not None else len(ids) - 1
-            k = min(k, run)
+        if group.kind in _PREFIX_KINDS:
+            ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k], stop_at_miss=True)
+            k = min(k, len(ids))
+    if k == 0:
+        return no_hit(len(groups), k_max)
 
-    # Window groups: the largest k whose in-view blocks [out(k·B), k) are all cached.
-    for g, group in enumerate(groups):
-        if group.kind not in _WINDOW_KINDS:
-            continue
-        ids = ids_per_group[g]
-        last_miss = [-1] * (k_max + 1)  # last_miss[j]: last uncached index below j
+    # Window groups: the largest k whose in-view blocks [out(k·B), k) are all cached in
+    # every one of them. A smaller k brings earlier blocks into view, so one group's cut can
+    # undo another's: repeat until no group cuts k further.
+    window = [g for g, group in enumerate(groups) if group.kind in _WINDOW_KINDS]
+    last_miss_per_group: dict[int, list[int]] = {}
+    for g in window:
+        ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k], stop_at_miss=False)
+        last_miss = last_miss_per_group[g] = [-1] * (k + 1)  # last uncached index below j
         for j, block_id in enumerate(ids):
             last_miss[j + 1] = j if block_id is None else last_miss[j]
-        while k > 0 and last_miss[k] >= blocks_out_of_window(group.spec, k * B):
-            k -= 1
+    settled = False
+    while not settled and k > 0:
+        settled = True
+        for g in window:
+            last_miss, spec = last_miss_per_group[g], groups[g].spec
+            while k > 0 and last_miss[k] >= blocks_out_of_window(spec, k * B):
+                k -= 1
+                settled = False
     if k == 0:
         return no_hit(len(groups), k_max)
 
@@ -100,9 +126,9 @@ def find_prefix_hit(
     evictable = 0
     for g, group in enumerate(groups):
         out = min(blocks_out_of_window(group.spec, hit_tokens), k)
-        table = (NULL_BLOCK,) * out + tuple(ids_per_group[g][out:k])  # type: ignore[arg-type]
-        held_by_others = sum(1 for b in table if b != NULL_BLOCK and pool.ref_count(b) > 0)
+        in_view: list[int] = ids_per_group[g][out:k]  # type: ignore[assignment]  # all hits
+        held_by_others = pool.num_held_among(in_view)
         shared.append(held_by_others)
-        evictable += sum(1 for b in table if b != NULL_BLOCK) - held_by_others
-        tables.append(table)
+        evictable += len(in_view) - held_by_others
+        tables.append((NULL_BLOCK,) * out + tuple(in_view))
     return PrefixHit(k, hit_tokens, tuple(tables), tuple(shared), evictable, k_max)

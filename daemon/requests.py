@@ -13,11 +13,12 @@ more than that (it then reserves nothing extra), so its promise per group is
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvbudget.daemon.budget import block_slots, blocks_out_of_window
 from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.prefix_hits import cache_keys
 from kvbudget.daemon.records import Reason, RequestSpec
 from kvbudget.daemon.spec import LayerSpec
 
@@ -120,15 +121,19 @@ def release_table(pool: BlockPool, table: list[int]) -> tuple[int, int]:
 
 def publish_prompt_blocks(
     pool: BlockPool,
+    num_groups: int,
     group_index: int,
     table: Sequence[int],
-    hashes: Sequence[Hashable],
+    hashes: Sequence[int],
     start: int,
     stop: int,
 ) -> None:
-    """Put computed full prompt blocks [start, stop) into the prefix cache under (group, hash)."""
-    for slot in range(start, min(stop, len(table), len(hashes))):
-        block_id = table[slot]
-        if block_id != NULL_BLOCK:
-            # False when another request published the same prefix first: ours stays private.
-            pool.cache_block(block_id, (group_index, hashes[slot]))
+    """Put computed full prompt blocks [start, stop) into the prefix cache (see
+    prefix_hits.cache_keys for the key)."""
+    stop = min(stop, len(table), len(hashes))
+    if start < stop and table[start] == NULL_BLOCK:  # out of a window: null slots lead
+        start = max(start, table.count(NULL_BLOCK))
+    if stop <= start:
+        return
+    # A hash another request published first stays theirs: ours stays private.
+    pool.cache_blocks(table[start:stop], cache_keys(num_groups, group_index, hashes[start:stop]))

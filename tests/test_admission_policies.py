@@ -155,3 +155,28 @@ def test_predictive_reserves_the_learned_quantile_and_raises_it_after_a_preempti
     predictor.on_preemption()  # quantile 0.9 -> 0.95
     assert predictor.quantile == 0.95
     ctrl.check_integrity()
+
+
+def test_predictive_reserves_a_window_not_the_prefill_transient_in_window_groups():
+    """hybrid: sliding W=16, sliding W=16, full; B = 8, F = 64. One finished request taught
+    the predictor 8 output tokens, so "p" (prompt 40) is sized for n = 48 tokens.
+    Full group: worst case at 48 = 48 / 8 = 6 blocks. Sliding groups: what a decoding
+    request holds at 48 with the engine one block (8 tokens) ahead: slots cdiv(56, 8) = 7,
+    minus (47 - 16 + 1) // 8 = 4 out of window = 3 — not the worst case at 48 (6: the
+    whole prompt, which only the prefill holds). The first chunk is the whole prompt,
+    cdiv(40, 8) = 5 blocks per group, so it is charged max(held, base) = (5, 5, 6).
+    Once a decoding request was seen growing 32 tokens ahead, the window base of the next
+    one is cdiv(48 + 32, 8) - 4 = 6 (capped by the worst case at 48, 6)."""
+    hybrid = SMALL_LAYOUTS["hybrid"]
+    predictor = OutputLengthPredictor(quantile=0.9, min_samples=1)
+    predictor.observe("", 8)
+    config = AdmissionConfig(max_model_len=128, max_num_batched_tokens=64, policy="predictive", watermark=0.0)
+    ctrl = AdmissionController(hybrid, 200, config, predictor=predictor)
+    [d] = ctrl.submit(RequestSpec("p", 40, 40), 0.0)
+    assert d.kind is DecisionKind.ADMIT and d.blocks_held == (5, 5, 5)
+    assert ctrl.request("p").base == [3, 3, 6] and d.blocks_reserved == (5, 5, 6)
+    ctrl.progress("p", 40, 0.0)  # prompt computed: the windows keep (40 - 16 + 1) // 8 = 3 out
+    ctrl.grow("p", 41 + 31, 0.0)  # decoding, 32 tokens ahead of the 40 computed
+    [d2] = ctrl.submit(RequestSpec("q", 40, 40), 0.0)
+    assert ctrl.request("q").base == [6, 6, 6]
+    ctrl.check_integrity()
