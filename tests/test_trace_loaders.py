@@ -232,3 +232,30 @@ def test_hash_mapping_properties(prompt, ids, block):
     # the memo changes nothing
     assert pool_prefix_hashes(_req(prompt, ids), block, memo) == hashes
     assert pool_prefix_hashes(_req(prompt, ids), block) == hashes
+
+
+# Values computed by the original per-block implementation (hash((parent, trace id, index
+# in trace block)) & MASK64, chained) before it was optimised: any rewrite must give these.
+PINNED_ROW2_FIRST = (10359927927963141362, 1068496516006076868)  # (root, 0, 0), (root, 0, 1)
+PINNED_DIGESTS = {  # sha256 of repr(list of the first 200 Mooncake rows' hashes)
+    16: (1572761299256902372, "74f9b7fcc889c129b07619392e7e81f6375d85d7e66a11a32ddc52e78044b940"),
+    48: (6338563198694130259, "ee204cb4e4d149a56e9213997c4f3da84de4900bf4dd0c8facc7e337f373ee7a"),
+    1024: (3950151991963200188, "5a2f978585f4af3b7e63cfce146b53fe65fb2c9ed22e82969d6f805b2fba267c"),
+}
+
+
+@pytest.mark.parametrize("block", sorted(PINNED_DIGESTS))
+def test_hash_values_on_real_rows_are_pinned(block):
+    # 16 divides 512 (aligned path), 48 does not, 1024 > 512 (several trace ids per block)
+    trace = load_trace("mooncake", limit=200)
+    memo: dict = {}
+    hashes = [pool_prefix_hashes(r, block, memo) for r in trace.requests]
+    # line 2 has 7322 prompt tokens: 7322 // B full pool blocks (457, 152, 7)
+    assert len(hashes[1]) == 7322 // block
+    last, digest = PINNED_DIGESTS[block]
+    assert hashes[1][-1] == last
+    if block < 512:
+        assert hashes[1][:2] == PINNED_ROW2_FIRST
+    assert hashlib.sha256(repr(hashes).encode()).hexdigest() == digest
+    # a shared memo and none give the same hashes
+    assert hashes == [pool_prefix_hashes(r, block) for r in trace.requests]
