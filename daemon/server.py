@@ -229,6 +229,9 @@ class Daemon:
             setup = setup_pool(config, gpu)
         except Exception as exc:
             raise StartupError(str(exc)) from None
+        # A large pool can take a while to map; ask systemd for more start time rather than
+        # be killed mid-allocation (a no-op outside systemd).
+        sdnotify.extend_timeout(120)
         memory = await asyncio.to_thread(self._allocate_memory, setup)
         if memory is not None:
             stack.callback(memory.close)  # unlinks the shared-memory segment
