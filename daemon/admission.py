@@ -192,8 +192,8 @@ class AdmissionController:
         if request.prompt_tokens > max_model_len:
             return [self._reject(r, Reason.PROMPT_TOO_LONG, now, f"max_model_len {max_model_len}")]
         worst = self._fit.worst_total(r.max_len)
-        if worst > self.pool.capacity:
-            return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {self.pool.capacity}")]
+        if worst > self._fit.capacity:
+            return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {self._fit.capacity}")]
         self._requests[rid] = r
         if request.tenant not in self.ledger.tenants:
             self.ledger.tenant(request.tenant)
@@ -277,7 +277,7 @@ class AdmissionController:
 
     def finish(self, request_id: str, now: float) -> list[Decision]:
         """RELEASE the request's blocks (prefix blocks stay cached), then admit from queue."""
-        r = self._get(request_id)
+        r = self._requests.get(request_id) or self._get(request_id)  # _get raises; one call less
         if r.status is RUNNING:
             self.predictor.observe(r.spec.tenant, max(0, r.num_tokens - r.spec.prompt_tokens))
         return self._end(r, RELEASE, FINISHED, now)
@@ -469,13 +469,16 @@ class AdmissionController:
         r.policy = policy.name
         r.predicted_output = plan.predicted
         hit = plan.hit
-        self.ledger.admit(r, hit, plan.base, plan.num_tokens, plan.held)
+        self.ledger.admit(r, hit, plan.base, plan.num_tokens, plan.held, plan.charge)
         self._running[r.spec.request_id] = r
-        self._prefix_hit_blocks += hit.num_blocks
-        self._prefix_query_blocks += hit.queried
+        if hit.queried:  # snapshot-only counters: only a prefix lookup moves them
+            self._prefix_hit_blocks += hit.num_blocks
+            self._prefix_query_blocks += hit.queried
         reason = PREFIX_HIT if hit.num_blocks else FITS
-        new_ids = tuple(map(tuple, r.tables))
-        return self._decide(ADMIT, reason, r, now, new_ids=new_ids)
+        tables = r.tables
+        # One group (most models): half the cost of mapping tuple over a one-item list.
+        new_ids = (tuple(tables[0]),) if len(tables) == 1 else tuple(map(tuple, tables))
+        return self._decide(ADMIT, reason, r, now, new_ids=new_ids, blocks=(plan.reserved, plan.held_tuple))
 
     def _preempt_for(
         self, r: RequestState, num_tokens: int, new_held: list[int], now: float
@@ -526,22 +529,17 @@ class AdmissionController:
             self._dequeue(r)
         del self._requests[r.spec.request_id]
         decision = self._decide(kind, reason, r, now, freed=freed)
-        self._forget_idle_tenant(r.spec.tenant)
+        self.ledger.forget_idle_tenant(r.spec.tenant)
         if not schedule or not self._queue.size:  # nothing waits: nothing to schedule
             return [decision]
         return [decision, *self.schedule(now)]
-
-    def _forget_idle_tenant(self, tenant: str) -> None:
-        account = self.ledger.tenants.get(tenant)
-        if account and not (account.running or account.waiting or account.max_share) and account.weight == 1.0:
-            del self.ledger.tenants[tenant]
 
     def _reject(self, r: RequestState, reason: Reason, now: float, detail: str) -> Decision:
         if r.queued:
             self._dequeue(r)
         if self._requests.get(r.request_id) is r:
             del self._requests[r.request_id]
-            self._forget_idle_tenant(r.tenant)
+            self.ledger.forget_idle_tenant(r.tenant)
         self._rejections[reason] = self._rejections.get(reason, 0) + 1
         return self._decide(DecisionKind.REJECT, reason, r, now, detail=detail)
 
@@ -558,12 +556,16 @@ class AdmissionController:
         new_ids: tuple[tuple[int, ...], ...] = (),
         freed: int = 0,
         detail: str = "",
+        blocks: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> Decision:
+        """`blocks`: (reserved, held) per group when the caller has them as tuples already."""
         self._seq += 1
         counts = self._decisions_by_kind
         counts[kind] = counts.get(kind, 0) + 1
         spec = r.spec
-        if r.status is RUNNING:
+        if blocks is not None:
+            reserved, held = blocks
+        elif r.status is RUNNING:
             held = r.held
             reserved = tuple(map(max, held, r.base))
             held = tuple(held)

@@ -37,7 +37,9 @@ class Plan:
     hit: PrefixHit
     base: tuple[int, ...]  # the policy's reservation per group
     num_tokens: int  # slots of the first chunk
-    held: list[int]  # blocks per group for those slots, hits included
+    held: list[int]  # blocks per group for those slots, hits included (the request's own list)
+    held_tuple: tuple[int, ...]  # the same, shared: the ADMIT decision's blocks_held
+    reserved: tuple[int, ...]  # max(held, base) per group: the ADMIT decision's blocks_reserved
     predicted: int  # predictive: output tokens reserved for
     charge: int  # Σ max(held, base): what the tenant is charged
     need: int  # what the pool must find: charge - hits held by others (full groups)
@@ -72,8 +74,10 @@ class FitTest:
         self.lookahead_tokens = lookahead_tokens
         self.watermark_blocks = watermark_blocks
         self.reject_over_quota = reject_over_quota
+        self.capacity = ledger.pool.capacity  # fixed for the pool's life; read on every test
         self.naive_base = request_naive(layout, max_model_len).per_group
         self._no_hit = no_hit(len(layout.groups))
+        self._no_base = (0,) * len(layout.groups)  # == worst(0): a request of no tokens holds nothing
         self._worst: dict[int, tuple[int, ...]] = {}
         self._worst_total: dict[int, int] = {}
         self._held: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -100,7 +104,11 @@ class FitTest:
         return total
 
     def held(self, num_tokens: int, num_computed: int) -> list[int]:
-        """budget.blocks_held per group, remembered."""
+        """budget.blocks_held per group, remembered (a fresh list: the caller may keep it)."""
+        return list(self.held_tuple(num_tokens, num_computed))
+
+    def held_tuple(self, num_tokens: int, num_computed: int) -> tuple[int, ...]:
+        """budget.blocks_held per group, remembered (shared: do not mutate)."""
         key = (num_tokens, num_computed)
         held = self._held.get(key)
         if held is None:
@@ -108,7 +116,7 @@ class FitTest:
                 self._held.clear()
             held = tuple(blocks_held(s, num_tokens, num_computed) for s in self.ledger.specs)
             self._held[key] = held
-        return list(held)
+        return held
 
     def observe_decode_growth(self, tokens_ahead: int) -> None:
         """A decoding request asked for slots `tokens_ahead` past what it computed: an
@@ -155,30 +163,35 @@ class FitTest:
             base = self.naive_base
         elif policy.uses_prediction:
             base = self.expected(prompt, predicted, r.resume_len, r.max_len)
-        else:
-            base = self.worst(policy.reserved_length(prompt, r.max_len, r.resume_len, predicted))
+        else:  # length 0 (optimistic, not preempted): nothing reserved, no memo lookup
+            length = policy.reserved_length(prompt, r.max_len, r.resume_len, predicted)
+            base = self.worst(length) if length else self._no_base
         target = r.resume_len or prompt
         if policy.uses_lookahead:
             target = min(target + self.lookahead_tokens, r.max_len)
         num_tokens = min(target, hit.num_tokens + self.F)
-        held = self.held(num_tokens, hit.num_tokens)
-        charge = sum(map(max, held, base))
+        held = self.held_tuple(num_tokens, hit.num_tokens)
+        # Built once here: the charge and, if admitted, the ADMIT decision use it. With no
+        # base (optimistic) it is `held` itself: the map of max costs a third of a plan.
+        reserved = held if base is self._no_base else tuple(map(max, held, base))
+        charge = sum(reserved)
         need = charge
         if hit.num_blocks:  # window-group hits are not free for good: see ledger.py
             need -= sum(hit.shared[g] for g in self.ledger.prefix_groups)
-        return Plan(hit, base, num_tokens, held, predicted, charge, need)
+        return Plan(hit, base, num_tokens, list(held), held, reserved, predicted, charge, need)
 
     def refusal(self, r: RequestState, plan: Plan, policy: Policy, anything_running: bool) -> Refusal | None:
         ledger = self.ledger
-        capacity = ledger.pool.capacity
+        capacity = self.capacity
         charge = plan.charge
         if charge > capacity:
             return Refusal(Reason.NEVER_FITS, True, f"{policy.name} charges {charge} > pool {capacity}")
         account = ledger.tenants[r.spec.tenant]
-        quota = account.quota_blocks(capacity)
-        if quota is not None and account.charged + charge > quota:
-            detail = f"tenant {r.tenant!r} at {account.charged} + {charge} > quota {quota}"
-            return Refusal(Reason.TENANT_QUOTA, charge > quota or self.reject_over_quota, detail)
+        if account.max_share is not None:  # most tenants have no quota: skip the call
+            quota = account.quota_blocks(capacity)
+            if quota is not None and account.charged + charge > quota:
+                detail = f"tenant {r.tenant!r} at {account.charged} + {charge} > quota {quota}"
+                return Refusal(Reason.TENANT_QUOTA, charge > quota or self.reject_over_quota, detail)
         spare = ledger.spare
         if plan.need > spare:
             reason = Reason.POOL_FULL if plan.need > ledger.pool.num_free_blocks else Reason.BUDGET_FULL

@@ -53,6 +53,10 @@ class BlockLedger:
         self.window_share_reserve = 0
         self.share_reserve_per_group = [0] * self.num_groups
         self.tenants: dict[str, TenantAccount] = {}
+        # The last account dropped by `forget_idle_tenant`, reused if its tenant comes back:
+        # one tenant submitting and finishing one request at a time (the common case) would
+        # otherwise build and drop an account on every request.
+        self._retired: TenantAccount | None = None
 
     @property
     def spare(self) -> int:
@@ -69,11 +73,25 @@ class BlockLedger:
     def tenant(self, name: str) -> TenantAccount:
         account = self.tenants.get(name)
         if account is None:
-            account = self.tenants[name] = TenantAccount(name)
+            retired = self._retired
+            if retired is not None and retired.name == name:
+                self._retired = None
+                account = self.tenants[name] = retired  # idle accounts are all defaults
+            else:
+                account = self.tenants[name] = TenantAccount(name)
         return account
 
+    def forget_idle_tenant(self, name: str) -> None:
+        """Drop the account of a tenant with nothing running or waiting and default settings
+        (its snapshot row would be all zeros)."""
+        account = self.tenants.get(name)
+        if account and not (account.running or account.waiting or account.max_share) and account.weight == 1.0:
+            del self.tenants[name]
+            self._retired = account
+
     # ------------------------------------------------------------ totals
-    def _tally(self, r: RequestState, sign: int) -> None:
+    def _tally(self, r: RequestState, sign: int) -> TenantAccount:
+        """Add (sign +1) or take out (-1) `r`'s share of the totals; returns its tenant's account."""
         if r.owed:
             self.owed += sign * r.owed
             per_group = self.owed_per_group
@@ -83,20 +101,23 @@ class BlockLedger:
         account = self.tenants[r.spec.tenant]
         account.charged += sign * r.charged
         account.held += sign * sum(r.held)
+        return account
 
     # ------------------------------------------------------------ changes
     def admit(
-        self, r: RequestState, hit: PrefixHit, base: tuple[int, ...], num_tokens: int, held: list[int]
+        self, r: RequestState, hit: PrefixHit, base: tuple[int, ...], num_tokens: int, held: list[int],
+        charge: int,
     ) -> None:
         """Take the hits, allocate the first chunk; the caller checked that it fits and
-        passes `held` = budget.blocks_held per group for (num_tokens, hit tokens)."""
+        passes `held` = budget.blocks_held per group for (num_tokens, hit tokens) and
+        `charge` = Σ max(held, base), which it computed to test the fit."""
         pool = self.pool
         r.num_tokens = num_tokens
         r.num_computed = hit.num_tokens
         r.hit_blocks = r.cached_upto = hit.num_blocks
         r.base = list(base)
-        tables = [list(t) for t in hit.tables]
         if hit.num_blocks:
+            tables = [list(t) for t in hit.tables]
             # Take every group's hits before allocating anything: an allocation evicts LRU
             # blocks and must not evict a hit another group is about to use.
             for g, table in enumerate(tables):
@@ -106,16 +127,29 @@ class BlockLedger:
                 if g in self.window_groups:
                     self.window_share_reserve += hit.shared[g]
                     self.share_reserve_per_group[g] += hit.shared[g]
-        # Every allocated block is newly held (fresh or evicted from the LRU).
-        held_per_group = self.held_per_group
-        for g, spec in enumerate(self.specs):
-            held_per_group[g] += len(grow_table(pool, spec, tables[g], num_tokens))
+            # Every allocated block is newly held (fresh or evicted from the LRU).
+            for g, spec in enumerate(self.specs):
+                self.held_per_group[g] += len(grow_table(pool, spec, tables[g], num_tokens))
+        else:  # the common case: fresh tables are the allocations themselves
+            tables = self._fresh_tables(held)
         r.tables = tables
         r.held = held
-        r.recount()
+        # r.recount() from the sums the caller has: Σ max(0, b - h) = Σ max(h, b) - Σ h.
+        r.charged = charge
+        r.owed = charge - sum(held)
         r.status = RUNNING
-        self._tally(r, +1)
-        self.tenants[r.spec.tenant].running += 1
+        self._tally(r, +1).running += 1
+
+    def _fresh_tables(self, held: list[int]) -> list[list[int]]:
+        """New block tables of `held[g]` blocks per group, counted as held. With nothing
+        computed yet nothing is out of a window, so blocks_held == block_slots: the tables
+        have no null slots."""
+        pool, held_per_group = self.pool, self.held_per_group
+        tables = []
+        for g, n in enumerate(held):
+            tables.append(pool.allocate(n))
+            held_per_group[g] += n
+        return tables
 
     def grow(self, r: RequestState, num_tokens: int, new_held: list[int]) -> tuple[tuple[int, ...], ...]:
         """Extend to `num_tokens` slots (the caller checked it fits); returns new ids per group."""
@@ -165,7 +199,7 @@ class BlockLedger:
     def release(self, r: RequestState) -> int:
         """Drop every block the request holds; returns how many references went back."""
         pool = self.pool
-        self._tally(r, -1)
+        self._tally(r, -1).running -= 1
         freed = 0
         held_per_group = self.held_per_group
         window_groups = self.window_groups
@@ -175,7 +209,6 @@ class BlockLedger:
             if g in window_groups:
                 self._dropped_shared(g, dropped, returned)
             freed += dropped
-        self.tenants[r.spec.tenant].running -= 1
         r.tables = []
         r.held = [0] * self.num_groups
         r.base = r.held.copy()

@@ -64,12 +64,18 @@ class OutputLengthPredictor:
         self._by_tenant: dict[str, _Window] = {}
 
     def observe(self, tenant: str, output_tokens: int) -> None:
-        """A request finished after `output_tokens` new tokens."""
-        self._all.add(output_tokens)
+        """A request finished after `output_tokens` new tokens.
+
+        Called on every finish whatever the policy (a switch to predictive must find the
+        samples), so the windows are updated in place rather than through _Window.add."""
+        everyone = self._all
+        everyone.values.append(output_tokens)
+        everyone._sorted = None
         window = self._by_tenant.get(tenant)
         if window is None:
             window = self._by_tenant[tenant] = _Window(self.window)
-        window.add(output_tokens)
+        window.values.append(output_tokens)
+        window._sorted = None
         self.quantile = max(self.base_quantile, self.quantile - self.decay)
 
     def on_preemption(self) -> None:
