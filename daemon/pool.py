@@ -166,19 +166,26 @@ class BlockPool:
 
     def num_held_among(self, block_ids: Iterable[int]) -> int:
         """How many of these blocks have a reference (the null block never does)."""
-        return sum(map(bool, map(self._ref.__getitem__, block_ids)))
+        ref = self._ref
+        counts = [ref[block_id] for block_id in block_ids]  # faster than map(ref.__getitem__)
+        return len(counts) - counts.count(0)
 
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cache hits; an evictable block leaves the LRU (charged once)."""
-        ref = self._ref
-        for block_id in block_ids:
-            if ref[block_id] == 0:
-                if block_id not in self._evictable:
-                    raise ValueError(f"block {block_id} is neither held nor cached")
-                del self._evictable[block_id]
-                self._num_held += 1
-                self.num_free_blocks -= 1
-            ref[block_id] += 1
+        ref, evictable = self._ref, self._evictable
+        taken = 0  # counted locally, not two attribute updates per hit block
+        try:
+            for block_id in block_ids:
+                count = ref[block_id]
+                if count == 0:
+                    if block_id not in evictable:
+                        raise ValueError(f"block {block_id} is neither held nor cached")
+                    del evictable[block_id]
+                    taken += 1
+                ref[block_id] = count + 1
+        finally:  # the blocks before a bad id stay taken, and counted
+            self._num_held += taken
+            self.num_free_blocks -= taken
 
     def cache_block(self, block_id: int, block_hash: Hashable) -> bool:
         """Publish a held, full block under its chained hash. False if the hash is taken."""
@@ -193,12 +200,14 @@ class BlockPool:
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[Hashable]) -> None:
         """`cache_block` for each pair in order (null ids skipped), in C loops when it can:
         a long prompt publishes hundreds of blocks per engine step."""
-        block_of, hash_of = self._block_of, self._hash_of
+        block_of, hash_of, ref = self._block_of, self._hash_of, self._ref
+        # "All held" is "no count is 0" (counts never go negative), and it also rules out
+        # the null block, whose count is always 0. A list comprehension over the counts
+        # beats map(ref.__getitem__) by half on 3.11 (specialized list indexing).
         if not (
-            NULL_BLOCK not in block_ids
+            0 not in [ref[block_id] for block_id in block_ids]
             and hash_of.keys().isdisjoint(block_ids)
             and len(set(block_ids)) == len(block_ids)
-            and min(map(self._ref.__getitem__, block_ids), default=1) > 0
         ):
             for block_id, block_hash in zip(block_ids, block_hashes):
                 if block_id != NULL_BLOCK:

@@ -61,7 +61,9 @@ def _cached_ids(
     with `stop_at_miss`, only the leading run of hits."""
     keys = cache_keys(num_groups, group_index, hashes)
     ids: list[int | None] = pool.cached_run(keys) if stop_at_miss else pool.lookup_all(keys)
-    if len(set(ids)) < len(ids) - ids.count(None) + (None in ids):
+    # Distinct ids plus one None for all misses (a leading run has no misses to count).
+    distinct = len(ids) if stop_at_miss else len(ids) - ids.count(None) + (None in ids)
+    if len(set(ids)) < distinct:
         # A repeated hash (rare): never put one block twice in a table.
         seen: set[int] = set()
         for j, block_id in enumerate(ids):

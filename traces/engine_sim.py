@@ -631,14 +631,22 @@ class Simulation:
         steps = 0
         idle_rounds = 0
         engines = self.engines
+        # One engine (the usual offline run): skip the per-step scans over engines.
+        only = engines[0] if len(engines) == 1 else None
         while True:
-            active = [e for e in engines if not e.idle]
-            if not active:
-                break
-            engine = min(active, key=lambda e: (e.clock, e.index))
+            if only is not None:
+                if only.idle:
+                    break
+                engine = only
+                running = only.num_running
+            else:
+                active = [e for e in engines if not e.idle]
+                if not active:
+                    break
+                engine = min(active, key=lambda e: (e.clock, e.index))
+                running = sum(e.num_running for e in engines)
             now = engine.clock
             free = num_free_blocks()
-            running = sum(e.num_running for e in engines)
             usage = 1.0 - free / capacity
             if now > last_t:
                 running_area += running * (now - last_t)
@@ -661,9 +669,13 @@ class Simulation:
             duration = engine.run_step(scheduled, decode_grows)
             engine.stalled = duration == 0.0
             if duration:
-                horizon = min((e.clock for e in engines if e is not engine and not e.idle), default=math.inf)
+                horizon = math.inf if only is not None else min(
+                    (e.clock for e in engines if e is not engine and not e.idle), default=math.inf
+                )
                 engine.skip_quiet_steps(horizon)
-            peak_running = max(peak_running, sum(e.num_running for e in engines))
+            running = only.num_running if only is not None else sum(e.num_running for e in engines)
+            if running > peak_running:
+                peak_running = running
             if duration == 0.0:
                 # Nothing ran: sleep until the next arrival, or a step's worth while others work.
                 if engine.in_flight == 0 and not engine.local_waiting:
