@@ -30,6 +30,8 @@ from kvbudget.v1 import (
 )
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+MAX_WATCH_INTERVAL_MS = 60_000
+MAX_WATCH_DECISIONS = 10_000
 MAX_LEASE_TTL_S = 3600
 MAX_ESTIMATE_TOKENS = 1 << 24
 MAX_QUERY_LIMIT = 10_000
@@ -156,6 +158,11 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
 
     async def Watch(self, request, context):
         await self.auth.require(context, Role.OBSERVER)
+        # Bounded so one watcher cannot ask the daemon to buffer millions of decisions for it.
+        if request.interval_ms > MAX_WATCH_INTERVAL_MS:
+            await context.abort(INVALID, f"interval_ms: at most {MAX_WATCH_INTERVAL_MS}, got {request.interval_ms}")
+        if request.max_decisions > MAX_WATCH_DECISIONS:
+            await context.abort(INVALID, f"max_decisions: at most {MAX_WATCH_DECISIONS}, got {request.max_decisions}")
         interval_s = max((request.interval_ms or 100) / 1000.0, self.min_interval_s)
         try:
             watcher = self.core.watch_hub.add(request.max_decisions or 200)

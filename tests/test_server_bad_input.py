@@ -123,6 +123,8 @@ CASES = [
     ("events-unknown-session", lambda d: next(d.engine.Events(engine_pb2.EventsRequest(session_id="nope"))), Code.FAILED_PRECONDITION, "session_id"),
     ("heartbeat-unknown-session", lambda d: d.engine.Heartbeat(engine_pb2.HeartbeatRequest(session_id="nope")), Code.FAILED_PRECONDITION, "session_id"),
     ("close-no-session", lambda d: d.engine.CloseSession(engine_pb2.CloseSessionRequest()), Code.INVALID_ARGUMENT, "session_id"),
+    ("watch-huge-interval", lambda d: next(d.observer.Watch(observer_pb2.WatchRequest(interval_ms=60_001))), Code.INVALID_ARGUMENT, "interval_ms"),
+    ("watch-huge-buffer", lambda d: next(d.observer.Watch(observer_pb2.WatchRequest(max_decisions=2**32 - 1))), Code.INVALID_ARGUMENT, "max_decisions"),
     ("query-unknown-kind", lambda d: d.observer.QueryDecisions(observer_pb2.QueryDecisionsRequest(kind=99)), Code.INVALID_ARGUMENT, "kind"),
     ("query-negative-since", lambda d: d.observer.QueryDecisions(observer_pb2.QueryDecisionsRequest(since_unix_s=-1)), Code.INVALID_ARGUMENT, "since_unix_s"),
     ("query-since-after-until", lambda d: d.observer.QueryDecisions(observer_pb2.QueryDecisionsRequest(since_unix_s=20, until_unix_s=10)), Code.INVALID_ARGUMENT, "since_unix_s"),
