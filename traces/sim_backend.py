@@ -1,0 +1,77 @@
+"""What one simulated engine step asks of admission, and the backends that answer it.
+
+`Backend` is admission in-process (offline replay); `AsyncBackend` is its awaitable twin
+(the daemon over gRPC). Both take a whole step's asks in one call, as `StepOps`.
+See `engine_sim` for the simulation as a whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvbudget.daemon.records import Decision, RequestSpec
+from kvbudget.daemon.spec import KVCacheLayout
+
+
+@dataclass
+class StepOps:
+    """One engine step's asks, as one `Step` call carries them."""
+
+    submits: list[RequestSpec] = field(default_factory=list)
+    grows: list[tuple[str, int]] = field(default_factory=list)  # (request id, total slots)
+    progress: list[tuple[str, int]] = field(default_factory=list)  # (request id, computed)
+    finishes: list[str] = field(default_factory=list)
+    aborts: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.submits or self.grows or self.progress or self.finishes or self.aborts)
+
+    def __len__(self) -> int:
+        return (
+            len(self.submits) + len(self.grows) + len(self.progress) + len(self.finishes) + len(self.aborts)
+        )
+
+
+class Backend(Protocol):
+    """Where admission happens, in-process (offline). `AsyncBackend` is the gRPC twin."""
+
+    layout: KVCacheLayout
+    num_blocks: int  # usable blocks
+
+    def open_engine(self, engine_id: str) -> None: ...
+
+    def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
+        """Apply the ops (finishes, aborts, progress, grows, submits, in that order) and
+        return every decision that caused, for any engine's requests."""
+        ...
+
+    def poll(self, engine_id: str, now: float) -> list[Decision]:
+        """Decisions that reached this engine outside its own calls."""
+        ...
+
+    def idle(self, engine_id: str, now: float) -> list[Decision]:
+        """The engine ran nothing and has requests waiting: look at the queue again
+        (the daemon does this on its own; the in-process core needs asking)."""
+        ...
+
+    def num_free_blocks(self) -> int: ...
+
+
+class AsyncBackend(Protocol):
+    layout: KVCacheLayout
+    num_blocks: int
+
+    async def open_engine(self, engine_id: str) -> None: ...
+
+    async def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]: ...
+
+    async def poll(self, engine_id: str, now: float) -> list[Decision]:
+        """Also where pacing happens: return no earlier than virtual time `now` allows."""
+        ...
+
+    async def idle(self, engine_id: str, now: float) -> list[Decision]:
+        """Like poll, but wait a little for the daemon to admit something on its own."""
+        ...
+
+    def num_free_blocks(self) -> int: ...

@@ -1,0 +1,268 @@
+"""The driver: K simulated engines sharing one backend, stepped in virtual-time order.
+
+One generator of backend calls (`Simulation._calls`) serves both the in-process backend
+(`run`) and the gRPC one (`run_async`). See `engine_sim` for the simulation as a whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvbudget.daemon.records import Decision
+from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.traces.loaders import TraceRequest
+from kvbudget.traces.sim_backend import AsyncBackend, Backend, StepOps
+from kvbudget.traces.sim_engine import EngineConfig, SimEngine
+from kvbudget.traces.sim_request import (
+    FINISHED,
+    LOST,
+    PENDING,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    SimRequest,
+    spread_arrivals,
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    time_s: float
+    free_blocks: int
+    running: int
+    waiting: int
+    kv_usage: float
+
+
+@dataclass
+class SimRun:
+    """What a simulation produced, before it is summarised."""
+
+    requests: list[SimRequest]
+    samples: list[Sample]
+    decisions_by_kind: dict[str, int]
+    decisions: int
+    calls: int
+    steps: int
+    end_s: float
+    running_area: float  # integral of running over time
+    usage_area: float  # integral of kv usage over time
+    peak_running: int
+    stalled: int  # requests left unfinished because nothing could move
+
+
+ProgressHook = Callable[[int, int, float], None]  # (done, total, virtual now)
+
+
+class Simulation:
+    """K engines sharing one backend, stepped in virtual-time order."""
+
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        layout: KVCacheLayout,
+        config: EngineConfig,
+        *,
+        engines: int = 1,
+        seed: int = 0,
+        id_prefix: str = "",
+        sample_interval_s: float = 1.0,
+        spread_s: float = 0.0,
+        max_idle_rounds: int = 50_000,
+        on_progress: ProgressHook | None = None,
+        progress_every_steps: int = 200,
+    ) -> None:
+        if engines < 1:
+            raise ValueError(f"engines: must be >= 1, got {engines}")
+        self.config = config
+        self.layout = layout
+        self.engines = [
+            SimEngine(f"{id_prefix}engine-{k}", k, config, self.layout) for k in range(engines)
+        ]
+        arrivals = spread_arrivals(trace, seed, spread_s) if spread_s > 0 else [r.arrival_s for r in trace]
+        origin = arrivals[0] if arrivals else 0.0
+        default_cap = max((r.output_tokens for r in trace), default=1)
+        self.requests: dict[str, SimRequest] = {}
+        order = sorted(range(len(trace)), key=lambda i: (arrivals[i], i))
+        for position, i in enumerate(order):
+            t = trace[i]
+            max_new = max(t.output_tokens, config.max_new_tokens or default_cap)
+            request = SimRequest(f"{id_prefix}{i}", t, position % engines, arrivals[i] - origin,
+                                 max_new, config.max_model_len)  # fmt: skip
+            self.requests[request.request_id] = request
+            self.engines[request.engine].arrivals.append(request)
+        self.sample_interval_s = sample_interval_s
+        self.max_idle_rounds = max_idle_rounds
+        self.on_progress = on_progress
+        self.progress_every_steps = progress_every_steps
+        self.decisions_by_kind: dict[str, int] = {}
+        self.decisions = 0
+        self._seen_seqs: set[int] = set()
+
+    def _apply(self, decisions: list[Decision], now: float) -> None:
+        requests = self.requests
+        engines = self.engines
+        by_kind = self.decisions_by_kind
+        seen = self._seen_seqs
+        for d in decisions:
+            if d.seq in seen:
+                continue
+            seen.add(d.seq)
+            self.decisions += 1
+            by_kind[d.kind.value] = by_kind.get(d.kind.value, 0) + 1
+            r = requests.get(d.request_id)
+            # Live, a request's decisions can arrive out of order (its own Step reply
+            # before an event another engine's call caused): an older one is stale.
+            if r is not None and d.seq > r.last_seq:
+                r.last_seq = d.seq
+                engines[r.engine].apply(d, r, now)
+
+    # The loop is a generator of backend calls, so one body serves the in-process
+    # backend (plain calls) and the gRPC one (awaited calls).
+    def _calls(self, num_free_blocks: Callable[[], int], capacity: int):
+        """Yields ("open", engine, None, 0) / ("poll" or "idle", engine, None, now) /
+        ("step", engine, ops, now); receives the decisions of each; returns the SimRun."""
+        for engine in self.engines:
+            yield ("open", engine.engine_id, None, 0.0)
+        samples: list[Sample] = []
+        capacity = max(1, capacity)
+        last_t = 0.0
+        running_area = usage_area = 0.0
+        peak_running = 0
+        next_sample = 0.0
+        total = len(self.requests)
+        steps = 0
+        idle_rounds = 0
+        engines = self.engines
+        # One engine (the usual offline run): skip the per-step scans over engines.
+        only = engines[0] if len(engines) == 1 else None
+        while True:
+            if only is not None:
+                if only.idle:
+                    break
+                engine = only
+                running = only.num_running
+            else:
+                active = [e for e in engines if not e.idle]
+                if not active:
+                    break
+                engine = min(active, key=lambda e: (e.clock, e.index))
+                running = sum(e.num_running for e in engines)
+            now = engine.clock
+            free = num_free_blocks()
+            usage = 1.0 - free / capacity
+            if now > last_t:
+                running_area += running * (now - last_t)
+                usage_area += usage * (now - last_t)
+                last_t = now
+            if now >= next_sample:
+                samples.append(Sample(now, free, running, sum(e.waiting() for e in engines), usage))
+                next_sample = now + self.sample_interval_s
+            # When no engine ran anything and requests wait at the daemon, ask for the
+            # queue to be looked at again ("idle"); otherwise only collect events.
+            kind = "poll"
+            if engine.stalled and engine.num_queued and all(e.stalled or e.idle for e in engines):
+                kind = "idle"
+            self._apply((yield (kind, engine.engine_id, None, now)), now)
+
+            ops, scheduled, decode_grows = engine.build_step()
+            if ops:
+                engine.calls += 1
+                self._apply((yield ("step", engine.engine_id, ops, now)), now)
+            duration = engine.run_step(scheduled, decode_grows)
+            engine.stalled = duration == 0.0
+            if duration:
+                horizon = math.inf if only is not None else min(
+                    (e.clock for e in engines if e is not engine and not e.idle), default=math.inf
+                )
+                engine.skip_quiet_steps(horizon)
+            running = only.num_running if only is not None else sum(e.num_running for e in engines)
+            if running > peak_running:
+                peak_running = running
+            if duration == 0.0:
+                # Nothing ran: sleep until the next arrival, or a step's worth while others work.
+                if engine.in_flight == 0 and not engine.local_waiting:
+                    if engine.arrivals:
+                        engine.clock = max(engine.clock, engine.arrivals[0].arrival_s)
+                else:
+                    idle_rounds += 1
+                    engine.clock += self.config.step_base_s or 0.001
+                if idle_rounds > self.max_idle_rounds:
+                    break  # nothing has run for that long: report what is stuck
+            else:
+                idle_rounds = 0
+            steps += 1
+            if self.on_progress is not None and steps % self.progress_every_steps == 0:
+                self.on_progress(self._done(), total, now)
+        # Release the requests that finished in the very last steps.
+        for engine in engines:
+            ops = StepOps(finishes=engine.pending_finishes)
+            engine.pending_finishes = []
+            if ops:
+                engine.calls += 1
+                self._apply((yield ("step", engine.engine_id, ops, engine.clock)), engine.clock)
+        end = max((e.clock for e in engines), default=0.0)
+        free = num_free_blocks()
+        running = sum(e.num_running for e in engines)
+        if end > last_t:
+            running_area += running * (end - last_t)
+            usage_area += (1.0 - free / capacity) * (end - last_t)
+        samples.append(Sample(end, free, running, sum(e.waiting() for e in engines), 1.0 - free / capacity))
+        if self.on_progress is not None:
+            self.on_progress(self._done(), total, end)
+        return SimRun(
+            requests=list(self.requests.values()),
+            samples=samples,
+            decisions_by_kind=dict(self.decisions_by_kind),
+            decisions=self.decisions,
+            calls=sum(e.calls for e in engines),
+            steps=sum(e.steps for e in engines),
+            end_s=end,
+            running_area=running_area,
+            usage_area=usage_area,
+            peak_running=peak_running,
+            stalled=sum(1 for r in self.requests.values() if r.state in (PENDING, QUEUED, RUNNING)),
+        )
+
+    def _done(self) -> int:
+        return sum(1 for r in self.requests.values() if r.state in (FINISHED, REJECTED, LOST))
+
+    def run(self, backend: Backend) -> SimRun:
+        """Drive the simulation against an in-process backend."""
+        calls = self._calls(backend.num_free_blocks, backend.num_blocks)
+        answer: list[Decision] | None = None
+        try:
+            while True:
+                what, engine_id, ops, now = calls.send(answer)  # type: ignore[arg-type]
+                if what == "step":
+                    answer = backend.step(engine_id, ops, now)
+                elif what == "poll":
+                    answer = backend.poll(engine_id, now)
+                elif what == "idle":
+                    answer = backend.idle(engine_id, now)
+                else:
+                    backend.open_engine(engine_id)
+                    answer = None
+        except StopIteration as stop:
+            return stop.value
+
+    async def run_async(self, backend: AsyncBackend) -> SimRun:
+        """Drive the simulation against an awaitable backend (the daemon over gRPC)."""
+        calls = self._calls(backend.num_free_blocks, backend.num_blocks)
+        answer: list[Decision] | None = None
+        try:
+            while True:
+                what, engine_id, ops, now = calls.send(answer)  # type: ignore[arg-type]
+                if what == "step":
+                    answer = await backend.step(engine_id, ops, now)
+                elif what == "poll":
+                    answer = await backend.poll(engine_id, now)
+                elif what == "idle":
+                    answer = await backend.idle(engine_id, now)
+                else:
+                    await backend.open_engine(engine_id)
+                    answer = None
+        except StopIteration as stop:
+            return stop.value
