@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import repeat
@@ -224,18 +225,29 @@ def _request_id(file: Path, line: int) -> str:
 # ------------------------------------------------------------------------- readers
 
 
-def _read_mooncake(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
-    out = _Collector(file, skip, start, limit)
+def _json_rows(lines: list[str], out: _Collector) -> Iterator[tuple[int, dict]]:
+    """(line number, JSON object) for each non-blank line; bad JSON is reported to `out`."""
     for index, text in enumerate(lines):
         if out.full:
-            break
+            return
         if not text.strip():
             continue
         line = index + 1
         try:
             row = json.loads(text)
-            if not isinstance(row, dict):
-                raise _BadRow("row", "expected a JSON object")
+        except json.JSONDecodeError as exc:
+            out.bad(line, f"not valid JSON ({exc.msg})")
+            continue
+        if not isinstance(row, dict):
+            out.bad(line, _BadRow("row", "expected a JSON object"))
+            continue
+        yield line, row
+
+
+def _read_mooncake(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
+    out = _Collector(file, skip, start, limit)
+    for line, row in _json_rows(lines, out):
+        try:
             for key in ("timestamp", "input_length", "output_length", "hash_ids"):
                 if key not in row:
                     raise _BadRow(key, "missing")
@@ -249,9 +261,6 @@ def _read_mooncake(file: Path, lines: list[str], skip: bool, start: int, limit: 
                     f"{len(hashes)} blocks of {MOONCAKE_BLOCK_SIZE} tokens for a"
                     f" {prompt}-token prompt",
                 )
-        except json.JSONDecodeError as exc:
-            out.bad(line, f"not valid JSON ({exc.msg})")
-            continue
         except _BadRow as exc:
             out.bad(line, exc)
             continue
@@ -353,20 +362,9 @@ def _plain_request(row: dict, file: Path, line: int) -> TraceRequest:
 
 def _read_plain_jsonl(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
     out = _Collector(file, skip, start, limit)
-    for index, text in enumerate(lines):
-        if out.full:
-            break
-        if not text.strip():
-            continue
-        line = index + 1
+    for line, row in _json_rows(lines, out):
         try:
-            row = json.loads(text)
-            if not isinstance(row, dict):
-                raise _BadRow("row", "expected a JSON object")
             request = _plain_request(row, file, line)
-        except json.JSONDecodeError as exc:
-            out.bad(line, f"not valid JSON ({exc.msg})")
-            continue
         except _BadRow as exc:
             out.bad(line, exc)
             continue
