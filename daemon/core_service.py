@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from kvbudget.daemon import convert
 from kvbudget.daemon.admission import AdmissionController, AdmissionError
+from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.decision_schema import DecisionLogError
 from kvbudget.daemon.records import Decision, Snapshot
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
@@ -60,7 +62,7 @@ class CoreService:
     def __init__(
         self,
         controller: AdmissionController,
-        decision_log: object,  # decision_log.DecisionLog
+        decision_log: DecisionLog,
         plan: common_pb2.PoolPlan,
         sessions: SessionTable,
         watch_hub: WatchHub,
@@ -125,18 +127,16 @@ class CoreService:
         Events for `origin_engine` are not streamed: they go back in that caller's reply.
         `started` (perf_counter at the call's arrival) feeds the decision-latency histogram.
         """
-        # A small batch with nothing queued ahead commits right here (no thread hand-off);
-        # its future is then already resolved and needs no cross-thread wake-up.
-        written = self.log.append_inline(decisions) if decisions else None
-        if written is None or written.done():
-            error = written.exception() if written is not None else None
-            if error is None:
-                committed = self._resolved()
-            else:
+        # A small batch with nothing queued ahead commits right here (no thread hand-off,
+        # no cross-thread wake-up); otherwise it queues for the writer thread.
+        committed = self._resolved()
+        if decisions:
+            try:
+                if not self.log.commit_inline(decisions):
+                    committed = asyncio.wrap_future(self.log.append(decisions))
+            except DecisionLogError as error:
                 committed = asyncio.get_running_loop().create_future()
                 committed.set_exception(error)
-        else:
-            committed = asyncio.wrap_future(written)
         if not self._has_audience(decisions, origin_engine):
             return committed  # nobody to stream, publish or count them to: skip the dispatcher
         self._dispatch.put_nowait((decisions, committed, origin_engine, started))

@@ -213,7 +213,8 @@ class Daemon:
         return 0
 
     async def _start(self, stack: contextlib.AsyncExitStack):
-        from kvbudget.daemon.decision_log import DecisionLog, DecisionLogError
+        from kvbudget.daemon.decision_log import DecisionLog
+        from kvbudget.daemon.decision_schema import DecisionLogError
 
         config = self.config
         for address in config.listen:  # fail fast, before any expensive setup

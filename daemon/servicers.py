@@ -41,6 +41,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     def __init__(self, core: CoreService, auth: Authorizer) -> None:
         self.core = core
         self.auth = auth
+        self._block_size = core.plan.block_size_tokens  # fixed for the daemon's life
 
     async def _session(self, context, session_id: str):
         if not session_id:
@@ -103,27 +104,33 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def Step(self, request, context):
         started = time.perf_counter()
         await self.auth.require(context, Role.ENGINE)
-        session = await self._session(context, request.session_id)
-        if self.core.draining and request.submits:
+        core = self.core
+        session = core.sessions.get(request.session_id)
+        if session is None:
+            session = await self._session(context, request.session_id)  # aborts, naming the field
+        session.renew(time.monotonic())
+        engine_id = session.engine_id
+        if core.draining and request.submits:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "submits: daemon is draining, no new requests")
         try:
-            validate_step(request, session.engine_id, self.core.lookup, self.core.plan.block_size_tokens)
+            validate_step(request, engine_id, core.controller.find, self._block_size)
         except StepRejected as exc:
             await context.abort(exc.code, str(exc))
         try:
-            decisions = self.core.apply_step(request, session.engine_id)
+            decisions = core.apply_step(request, engine_id)
         except StepFailed as failed:
             # The controller refused an op validation let through: what was applied
             # stands, is logged and reaches the engine on its Events stream.
-            await self._committed(context, self.core.record(failed.decisions))
+            await self._committed(context, core.record(failed.decisions))
             await context.abort(INVALID, str(failed))
-        committed = self.core.record(decisions, session.engine_id, started)
+        committed = core.record(decisions, engine_id, started)
         # Usually committed inline already; if it was queued behind others, the reply is built
         # while the writer commits (SQLite releases the GIL). It is sent only after.
         # num_free_blocks: the pool as this step left it.
-        reply = engine_pb2.StepResponse(num_free_blocks=self.core.controller.pool.num_free_blocks)
-        convert.add_decisions(reply.decisions, decisions, session.engine_id)
-        await self._committed(context, committed)
+        reply = engine_pb2.StepResponse(num_free_blocks=core.controller.pool.num_free_blocks)
+        convert.add_decisions(reply.decisions, decisions, engine_id)
+        if not committed.done() or committed.exception() is not None:  # else nothing to wait for
+            await self._committed(context, committed)
         return reply
 
     async def Events(self, request, context):
@@ -187,7 +194,8 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         return observer_pb2.GetSnapshotResponse(snapshot=self.core.snapshot_proto(fresh=True))
 
     async def QueryDecisions(self, request, context):
-        from kvbudget.daemon.decision_log import decision_from_row, query_decisions
+        from kvbudget.daemon.decision_query import query_decisions
+        from kvbudget.daemon.decision_schema import decision_from_row
 
         await self.auth.require(context, Role.OBSERVER)
         kind = None

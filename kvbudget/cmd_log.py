@@ -79,7 +79,8 @@ def _parse_limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.daemon.decision_log import DecisionLogError, query_decisions
+    from kvbudget.daemon.decision_query import query_decisions
+    from kvbudget.daemon.decision_schema import DecisionLogError
 
     if args.kind is not None and args.kind not in KINDS:
         raise CLIError(f"--kind: unknown kind {args.kind!r} (expected one of {', '.join(KINDS)})")
@@ -120,7 +121,7 @@ def _print_json_lines(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_csv(rows: list[dict[str, Any]]) -> None:
-    from kvbudget.daemon.decision_log import COLUMNS, JSON_FIELDS
+    from kvbudget.daemon.decision_schema import COLUMNS, JSON_FIELDS
 
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(["id", *COLUMNS])

@@ -45,7 +45,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Known wall-clock times for the time filters: 2026-01-01T00:00:00Z = 1767225600.
     conn = sqlite3.connect(path)
     conn.executemany(
-        "UPDATE decisions SET logged_at = ? WHERE seq = ?",
+        "UPDATE decisions_indexed SET logged_at = ? WHERE seq = ?",  # close() folded every row into it
         [(1767225600.0 + 60 * (seq - 1), seq) for seq in (1, 2, 3, 4)],
     )
     conn.commit()

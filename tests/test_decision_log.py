@@ -16,14 +16,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget.daemon.decision_log import (
+from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.decision_query import open_read_only, query_decisions
+from kvbudget.daemon.decision_schema import (
     COLUMNS,
+    INDEXED,
     INDEXED_COLUMNS,
+    RECENT,
     SCHEMA_VERSION,
-    DecisionLog,
     DecisionLogError,
     decision_from_row,
-    query_decisions,
 )
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
 
@@ -64,29 +66,61 @@ def log(db_path: Path):
     decision_log.close()
 
 
-def count_rows(path: Path, where: str = "1") -> int:
+def count_rows(path: Path, where: str = "1", table: str = "decisions") -> int:
     conn = sqlite3.connect(path)
     try:
-        return conn.execute(f"SELECT count(*) FROM decisions WHERE {where}").fetchone()[0]
+        return conn.execute(f"SELECT count(*) FROM {table} WHERE {where}").fetchone()[0]
     finally:
         conn.close()
+
+
+def update_rows(path: Path, sql_set: str, params: list[tuple]) -> None:
+    """`UPDATE ... SET sql_set` on both tables in ONE transaction: the view cannot be
+    updated, and a fold moving rows between the updates would dodge one of them."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for table in (INDEXED, RECENT):
+            conn.executemany(f"UPDATE {table} SET {sql_set}", params)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def break_writes(path: Path) -> sqlite3.Connection:
+    """Renames the table commits go to, so the next write fails; `mend_writes` undoes it."""
+    other = sqlite3.connect(path)
+    other.execute(f"ALTER TABLE {RECENT} RENAME TO decisions_moved")
+    other.commit()
+    return other
+
+
+def mend_writes(other: sqlite3.Connection) -> None:
+    other.execute(f"ALTER TABLE decisions_moved RENAME TO {RECENT}")
+    other.commit()
+    other.close()
 
 
 # ----------------------------------------------------------------------- schema
 def test_schema_has_one_column_per_decision_field_meta_and_indexes(log: DecisionLog, db_path: Path) -> None:
     conn = sqlite3.connect(db_path)
-    columns = [row[1] for row in conn.execute("PRAGMA table_info(decisions)")]
-    assert columns == ["id", *COLUMNS]
+    # Readers see one name, the view; both tables behind it have the same columns.
+    for name in ("decisions", INDEXED, RECENT):
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({name})")]
+        assert columns == ["id", *COLUMNS]
+    assert conn.execute("SELECT type FROM sqlite_master WHERE name = 'decisions'").fetchone() == ("view",)
     assert COLUMNS[1:] == tuple(Decision.__dataclass_fields__)  # every Decision field, in order
     meta = dict(conn.execute("SELECT key, value FROM meta"))
     assert meta["app"] == "kvbudget"
-    assert meta["schema_version"] == str(SCHEMA_VERSION)
-    indexes = {row[1]: row for row in conn.execute("PRAGMA index_list(decisions)")}
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "2"
+    indexes = {row[1]: row for row in conn.execute(f"PRAGMA index_list({INDEXED})")}
     for column in INDEXED_COLUMNS:
         index_name = f"idx_decisions_{column}"
         assert index_name in indexes
         assert [r[2] for r in conn.execute(f"PRAGMA index_info({index_name})")] == [column]
     assert {"logged_at", "request_id", "kind", "engine_id", "tenant"} <= set(INDEXED_COLUMNS)
+    # Commits go to the unindexed table: that is what keeps them cheap.
+    assert list(conn.execute(f"PRAGMA index_list({RECENT})")) == []
     # WAL is a property of the file: a second connection sees it.
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
@@ -230,15 +264,11 @@ def test_max_batch_bounds_a_transaction(db_path: Path) -> None:
 
 def test_write_failure_reaches_every_caller_and_the_writer_goes_on(log: DecisionLog, db_path: Path) -> None:
     log.append([make_decision(1)]).result()
-    other = sqlite3.connect(db_path)
-    other.execute("ALTER TABLE decisions RENAME TO decisions_moved")
-    other.commit()
+    other = break_writes(db_path)
     failed = log.append([make_decision(2)])
     with pytest.raises(DecisionLogError, match="write failed"):
         failed.result()
-    other.execute("ALTER TABLE decisions_moved RENAME TO decisions")
-    other.commit()
-    other.close()
+    mend_writes(other)
     log.append([make_decision(3)]).result()
     assert count_rows(db_path) == 2
 
@@ -283,8 +313,9 @@ def test_retention_by_age_in_chunks(db_path: Path) -> None:
     with DecisionLog(db_path) as log:
         log.append([make_decision(seq) for seq in range(10)]).result()
     conn = sqlite3.connect(db_path, isolation_level=None)
-    conn.execute("UPDATE decisions SET logged_at = 1000.0 WHERE id <= 5")
-    conn.execute("UPDATE decisions SET logged_at = 2000.0 WHERE id > 5")
+    assert count_rows(db_path, table=RECENT) == 0  # close() folded every row
+    conn.execute(f"UPDATE {INDEXED} SET logged_at = 1000.0 WHERE id <= 5")
+    conn.execute(f"UPDATE {INDEXED} SET logged_at = 2000.0 WHERE id > 5")
     purger = DecisionLog(db_path, retention_s=100.0, retention_chunk_rows=3)
     # now = 2050, keep 100 s -> keep logged_at >= 1950 -> ids 6..10 survive.
     assert purger.apply_retention(conn, now=2050.0) is True  # chunk of 3: ids 1..3 gone, more due
@@ -325,10 +356,7 @@ def test_query_filters(log: DecisionLog, db_path: Path) -> None:
     assert query_decisions(db_path, kind="queue")[0]["reason"] == "pool_full"
     assert [r["seq"] for r in query_decisions(db_path, limit=2)] == [3, 2]
     # Time filters on logged_at: since inclusive, until exclusive.
-    conn = sqlite3.connect(db_path)
-    conn.executemany("UPDATE decisions SET logged_at = ? WHERE seq = ?", [(100.0, 1), (200.0, 2), (300.0, 3)])
-    conn.commit()
-    conn.close()
+    update_rows(db_path, "logged_at = ? WHERE seq = ?", [(100.0, 1), (200.0, 2), (300.0, 3)])
     assert [r["seq"] for r in query_decisions(db_path, since_s=200.0)] == [3, 2]
     assert [r["seq"] for r in query_decisions(db_path, until_s=200.0)] == [1]
     assert [r["seq"] for r in query_decisions(db_path, since_s=150.0, until_s=300.0)] == [2]
@@ -339,11 +367,9 @@ def test_query_opens_read_only(log: DecisionLog, db_path: Path) -> None:
     # query_decisions and open_read_only use mode=ro: they can read but never write.
     rows = query_decisions(db_path)
     assert rows[0]["request_id"] == "req-1"
-    from kvbudget.daemon.decision_log import open_read_only
-
     conn = open_read_only(db_path)
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        conn.execute("DELETE FROM decisions")
+        conn.execute(f"DELETE FROM {INDEXED}")
     conn.close()
 
 
@@ -438,16 +464,12 @@ def test_append_inline_over_max_rows_goes_through_the_writer(log: DecisionLog, d
 
 def test_a_failed_inline_write_fails_its_future_with_decision_log_error(log: DecisionLog, db_path: Path) -> None:
     log.append_inline([make_decision(1)]).result()
-    other = sqlite3.connect(db_path)
-    other.execute("ALTER TABLE decisions RENAME TO decisions_moved")
-    other.commit()
+    other = break_writes(db_path)
     failed = log.append_inline([make_decision(2)])
     assert failed.done()
     with pytest.raises(DecisionLogError, match="write failed"):
         failed.result()
-    other.execute("ALTER TABLE decisions_moved RENAME TO decisions")
-    other.commit()
-    other.close()
+    mend_writes(other)
     # The log goes on, inline, and the failed row was not written.
     assert log.append_inline([make_decision(3)]).exception() is None
     assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 3]
@@ -459,3 +481,151 @@ def test_append_inline_refuses_a_closed_log(db_path: Path) -> None:
     decision_log.close()
     with pytest.raises(RuntimeError, match="not running"):
         decision_log.append_inline([make_decision(1)])
+
+
+# ----------------------------------------------------------------------- folding
+def test_commits_land_unindexed_and_are_folded_into_the_indexed_table(db_path: Path) -> None:
+    with DecisionLog(db_path, fold_interval_s=3600.0, fold_rows=5) as log:
+        log.append_inline([make_decision(1), make_decision(2)]).result()
+        # No fold is due yet (2 rows < 5, an hour to go): the rows wait in the recent table,
+        # and readers of the view see them all the same.
+        assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (2, 0)
+        assert count_rows(db_path) == 2
+        # 2 + 3 = 5 rows reach fold_rows: the writer folds (bounded wait, no timing asserted).
+        log.append([make_decision(seq) for seq in (3, 4, 5)]).result()
+        deadline = time.monotonic() + 30.0
+        while count_rows(db_path, table=RECENT) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (0, 5)
+        assert log.rows_folded == 5
+        log.append_inline([make_decision(6)]).result()
+        assert count_rows(db_path, table=RECENT) == 1
+    # Closing folds the rest: a stopped daemon leaves every row indexed.
+    assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (0, 6)
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_fold_is_timed_from_the_first_unfolded_commit(db_path: Path) -> None:
+    with DecisionLog(db_path, fold_interval_s=0.0) as log:
+        # The inline commit wakes the idle writer, which folds once its timer (0 s) is up.
+        log.append_inline([make_decision(1)]).result()
+        deadline = time.monotonic() + 30.0
+        while count_rows(db_path, table=INDEXED) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (0, 1)
+
+
+def test_readers_see_every_committed_row_exactly_once_while_folds_run(db_path: Path) -> None:
+    seen_counts: list[tuple[int, int]] = []
+    with DecisionLog(db_path, fold_interval_s=0.0, fold_rows=1) as log:
+        reader = sqlite3.connect(db_path, isolation_level=None)
+        for seq in range(200):
+            # Each commit is followed by a fold racing with the reader: a row counted twice
+            # (in both tables) or not at all (in neither) would break count == seq + 1.
+            log.append_inline([make_decision(seq)]).result()
+            seen_counts.append(reader.execute("SELECT count(*), count(DISTINCT id) FROM decisions").fetchone())
+        assert log.rows_folded > 0  # folds really did run meanwhile
+        reader.close()
+    assert seen_counts == [(n, n) for n in range(1, 201)]
+
+
+def test_rows_a_crash_left_unfolded_are_folded_at_start_and_ids_go_on(db_path: Path) -> None:
+    # A daemon killed between a commit and its fold leaves rows in the recent table.
+    log = DecisionLog(db_path, fold_interval_s=3600.0)
+    log.start()
+    log.append_inline([make_decision(1), make_decision(2)]).result()
+    assert count_rows(db_path, table=RECENT) == 2
+    assert log._db is not None
+    log._db.conn.close()  # no close(): as if the process died here (the WAL keeps the commit)
+    log._db = None
+    with DecisionLog(db_path) as restarted:
+        assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (0, 2)
+        restarted.append_inline([make_decision(3)]).result()
+    rows = query_decisions(db_path, limit=None, newest_first=False)
+    assert [(r["id"], r["seq"]) for r in rows] == [(1, 1), (2, 2), (3, 3)]
+
+
+def make_version_1_log(path: Path, decisions: list[Decision]) -> None:
+    """A log as schema version 1 wrote it: one indexed table named `decisions`."""
+    from kvbudget.daemon.decision_schema import COLUMN_TYPES, decision_row
+
+    conn = sqlite3.connect(path)
+    body = ", ".join(f"[{name}] {'INTEGER PRIMARY KEY' if name == 'id' else ''}" for name in COLUMN_TYPES)
+    conn.execute(f"CREATE TABLE decisions ({body})")
+    for column in INDEXED_COLUMNS:
+        conn.execute(f"CREATE INDEX idx_decisions_{column} ON decisions ({column})")
+    conn.execute("CREATE TABLE meta ([key] TEXT PRIMARY KEY, [value] TEXT)")
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("app", "kvbudget"), ("schema_version", "1")])
+    marks = ", ".join("?" * len(COLUMN_TYPES))
+    conn.executemany(f"INSERT INTO decisions VALUES ({marks})",
+                     [decision_row(i + 1, d, 1000.0) for i, d in enumerate(decisions)])
+    conn.commit()
+    conn.close()
+
+
+def test_a_version_1_log_is_readable_and_upgraded_in_place_by_the_daemon(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    make_version_1_log(db_path, [make_decision(1), make_decision(2)])
+    # Readers (kvbudget log, the Observer service) read it as it is, without changing it.
+    assert [r["seq"] for r in query_decisions(db_path, newest_first=False)] == [1, 2]
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
+    conn.close()
+    # The daemon's writer upgrades it: rows and indexes kept, ids go on from 3.
+    with DecisionLog(db_path) as log:
+        log.append_inline([make_decision(3)]).result()
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    indexes = {row[1] for row in conn.execute(f"PRAGMA index_list({INDEXED})")}
+    assert indexes == {f"idx_decisions_{column}" for column in INDEXED_COLUMNS}
+    conn.close()
+    rows = query_decisions(db_path, limit=None, newest_first=False)
+    assert [(r["id"], r["seq"]) for r in rows] == [(1, 1), (2, 2), (3, 3)]
+    assert decision_from_row(rows[0]) == make_decision(1)
+
+
+def test_fold_settings_are_checked(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="fold_interval_s"):
+        DecisionLog(db_path, fold_interval_s=-1)
+    with pytest.raises(ValueError, match="fold_rows"):
+        DecisionLog(db_path, fold_rows=0)
+
+
+def test_a_new_log_uses_small_pages_and_an_existing_one_keeps_its_own(tmp_path: Path) -> None:
+    from kvbudget.daemon.decision_log import PAGE_SIZE
+
+    fresh = tmp_path / "fresh.db"
+    with DecisionLog(fresh):
+        pass
+    conn = sqlite3.connect(fresh)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 1024
+    conn.close()
+    # A version-1 file made with SQLite's default pages is upgraded, not rebuilt.
+    old = tmp_path / "old.db"
+    make_version_1_log(old, [make_decision(1)])
+    with DecisionLog(old):
+        pass
+    conn = sqlite3.connect(old)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+    conn.close()
+
+
+def test_commit_inline_says_when_the_caller_must_queue_instead(log: DecisionLog, db_path: Path) -> None:
+    assert log.commit_inline([make_decision(1)]) is True
+    assert count_rows(db_path) == 1
+    # Over max_rows: nothing written, the caller appends.
+    assert log.commit_inline([make_decision(2), make_decision(3)], max_rows=1) is False
+    # Behind a queued append: nothing written (order), the caller appends.
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    queued = log.append([make_decision(2)])
+    assert log.commit_inline([make_decision(3)]) is False
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    queued.result(timeout=10)
+    # A failed write raises, names the file, and writes nothing.
+    other = break_writes(db_path)
+    with pytest.raises(DecisionLogError, match="decisions.db: write failed"):
+        log.commit_inline([make_decision(99)])
+    mend_writes(other)
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2]

@@ -106,11 +106,11 @@ async def test_a_failing_publish_does_not_stop_the_dispatcher(core: CoreService)
 async def test_a_failed_commit_is_not_published_and_the_next_one_is(core: CoreService, tmp_path) -> None:
     watcher = core.watch_hub.add(100)
     other = sqlite3.connect(tmp_path / "decisions.db")
-    other.execute("ALTER TABLE decisions RENAME TO decisions_moved")
+    other.execute("ALTER TABLE decisions_recent RENAME TO decisions_moved")  # commits go there
     other.commit()
     with pytest.raises(Exception, match="write failed"):
         await core.record(submit(core, "lost"))
-    other.execute("ALTER TABLE decisions_moved RENAME TO decisions")
+    other.execute("ALTER TABLE decisions_moved RENAME TO decisions_recent")
     other.commit()
     other.close()
     await core.record(submit(core, "kept"))
