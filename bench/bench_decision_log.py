@@ -2,18 +2,19 @@
 
     python bench/bench_decision_log.py [--rows 200000] [--batch 1000] [--seconds 3]
 
-1. Raw write paths into the real `decisions` schema (WAL, synchronous=NORMAL), rows/s:
+1. Raw write paths into the log's two tables (WAL, synchronous=NORMAL, 1 KiB pages), rows/s:
    sqlite-utils `insert_all` (dicts), raw `executemany` in batches, one commit per row;
-   each with the log's five indexes and without them (DESIGN.md's reference figures were
-   measured without secondary indexes), plus one commit per row with synchronous=FULL.
+   each into `decisions_indexed` (the five indexes) and into `decisions_recent` (no index,
+   where the daemon's commits land; DESIGN.md's reference figures were measured without
+   secondary indexes), plus one commit per row with synchronous=FULL.
 2. `DecisionLog` end to end (Decision -> row conversion + group commit), rows/s, when one
    producer appends engine steps of `--step` decisions and waits only at the end.
 3. Group-commit latency, append -> future done, p50 / p99: closed loop, N producers each
    appending one step and waiting for its commit before the next (an engine's Step call
    that must not reply before its decisions are durable).
-4. One caller, closed loop: `append` (writer-thread hand-off) vs `append_inline` (the
+4. One caller, closed loop: `append` (writer-thread hand-off) vs `commit_inline` (the
    daemon's path: commit in the caller's thread when nothing is queued ahead), p50 / p99
-   per step of 2 and of `--step` decisions, with the syscall-bound floor of a commit.
+   per step of 1, 2 and `--step` decisions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import sqlite_utils
 
 from kvbudget.daemon import decision_log as dl
+from kvbudget.daemon import decision_schema as schema
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
 
 
@@ -50,14 +52,23 @@ def sample_decisions(n: int, start: int = 0) -> list[Decision]:
 def fresh_db(directory: Path, name: str, *, indexes: bool, synchronous: str = "NORMAL") -> sqlite_utils.Database:
     path = directory / f"{name}.db"
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA page_size={dl.PAGE_SIZE}")
     db = sqlite_utils.Database(conn)
     db.enable_wal()
     conn.execute(f"PRAGMA synchronous={synchronous}")
-    db[dl.TABLE].create(dl._COLUMN_TYPES, pk="id", column_order=["id", *dl.COLUMNS])
+    db[table_of(indexes)].create(schema.COLUMN_TYPES, pk="id", column_order=["id", *schema.COLUMNS])
     if indexes:
-        for column in dl.INDEXED_COLUMNS:
-            db[dl.TABLE].create_index([column], index_name=f"idx_{column}")
+        for column in schema.INDEXED_COLUMNS:
+            db[schema.INDEXED].create_index([column], index_name=f"idx_{column}")
     return db
+
+
+def table_of(indexes: bool) -> str:
+    return schema.INDEXED if indexes else schema.RECENT
+
+
+def insert_sql(indexes: bool) -> str:
+    return f"INSERT INTO {table_of(indexes)} VALUES ({', '.join('?' * (1 + len(schema.COLUMNS)))})"
 
 
 def rate(rows: int, seconds: float) -> str:
@@ -78,15 +89,15 @@ class Timer:
 
 def bench_raw(directory: Path, rows: list[tuple], batch: int, indexes: bool) -> dict[str, tuple[float, float]]:
     """name -> (rows per wall second, rows per CPU second)."""
-    label = "indexes" if indexes else "no-index"
+    label = "indexed" if indexes else "recent (no index)"
     results: dict[str, tuple[float, float]] = {}
-    dicts = [dict(zip(dl.COLUMNS, r)) for r in rows]
+    dicts = [dict(zip(("id", *schema.COLUMNS), r)) for r in rows]
 
     db = fresh_db(directory, f"insert_all-{label}", indexes=indexes)
     with Timer() as t:
         for i in range(0, len(dicts), batch):
             with db.atomic():
-                db[dl.TABLE].insert_all(dicts[i : i + batch], batch_size=batch)
+                db[table_of(indexes)].insert_all(dicts[i : i + batch], batch_size=batch)
     results[f"insert_all, batches of {batch}, {label}"] = (len(dicts) / t.wall, len(dicts) / t.cpu)
     db.conn.close()
 
@@ -94,7 +105,7 @@ def bench_raw(directory: Path, rows: list[tuple], batch: int, indexes: bool) -> 
     with Timer() as t:
         for i in range(0, len(rows), batch):
             db.conn.execute("BEGIN")
-            db.conn.executemany(dl._INSERT_SQL, rows[i : i + batch])
+            db.conn.executemany(insert_sql(indexes), rows[i : i + batch])
             db.conn.execute("COMMIT")
     results[f"executemany, batches of {batch}, {label}"] = (len(rows) / t.wall, len(rows) / t.cpu)
     db.conn.close()
@@ -106,7 +117,7 @@ def bench_raw(directory: Path, rows: list[tuple], batch: int, indexes: bool) -> 
         with Timer() as t:
             for row in some:
                 db.conn.execute("BEGIN")
-                db.conn.execute(dl._INSERT_SQL, row)
+                db.conn.execute(insert_sql(indexes), row)
                 db.conn.execute("COMMIT")
         name = f"one commit per row, synchronous={synchronous}, {label}"
         results[name] = (len(some) / t.wall, len(some) / max(t.cpu, 1e-9))
@@ -163,13 +174,17 @@ def bench_inline(directory: Path, step: int, count: int) -> dict[str, list[float
     log = dl.DecisionLog(directory / f"log-inline-{step}.db")
     log.start()
     decisions = sample_decisions(step)
-    results: dict[str, list[float]] = {"writer thread (append)": [], "inline (append_inline)": []}
+    results: dict[str, list[float]] = {"writer thread (append)": [], "inline (commit_inline)": []}
     for _ in range(count // 100):  # interleaved so drift hits both alike
-        for name, write in zip(results, (log.append, log.append_inline)):
-            for _ in range(100):
-                t0 = time.perf_counter()
-                write(decisions).result()
-                results[name].append(time.perf_counter() - t0)
+        for _ in range(100):
+            t0 = time.perf_counter()
+            log.append(decisions).result()
+            results["writer thread (append)"].append(time.perf_counter() - t0)
+        for _ in range(100):
+            t0 = time.perf_counter()
+            if not log.commit_inline(decisions):  # the writer is folding: it queues
+                log.append(decisions).result()
+            results["inline (commit_inline)"].append(time.perf_counter() - t0)
     log.close()
     return results
 
@@ -192,7 +207,7 @@ def main() -> None:
         now = time.time()
         decisions = sample_decisions(args.rows)
         with Timer() as t:
-            rows = [dl.decision_row(d, now) for d in decisions]
+            rows = [schema.decision_row(i + 1, d, now) for i, d in enumerate(decisions)]
         print(f"cpu count {os.cpu_count()}, sqlite {sqlite3.sqlite_version}, rows {args.rows}")
         print(f"Decision -> row conversion: {rate(args.rows, t.wall)}  {args.rows / t.cpu:>10,.0f} rows/CPU-s")
         print("\n1. raw write paths (WAL, synchronous=NORMAL unless said): rows/s wall, rows per CPU-s")
@@ -218,7 +233,7 @@ def main() -> None:
             )
 
         print("\n4. one caller, closed loop: writer-thread hand-off vs inline commit")
-        for step in (2, args.step):
+        for step in (1, 2, args.step):
             for name, latencies in bench_inline(directory, step, 2000).items():
                 print(f"  {step:>4} decisions, {name:<24} p50 {percentile(latencies, 50) * 1e6:>7,.0f} us  "
                       f"p99 {percentile(latencies, 99) * 1e6:>7,.0f} us")
