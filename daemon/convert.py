@@ -48,7 +48,7 @@ def add_decisions(
 ) -> None:
     """Appends decisions to a message's repeated `decisions` field, built in place.
 
-    Hot path (every decision of every Step reply): `target.add(...)` builds each message
+    Hot path (every decision of every Step reply): `target.add()` builds each message
     where it will live; building them apart and passing the list to the reply's
     constructor costs a copy of each, about a quarter more. With `engine_id`, only the
     decisions of that engine are added.
@@ -59,42 +59,53 @@ def add_decisions(
             _build_decision(make, d)
 
 
-def _build_decision(make: Callable[..., common_pb2.Decision], d: Decision) -> common_pb2.Decision:
-    """`make` is the message class or a repeated field's `add`: both take the fields as keywords.
+def _build_decision(make: Callable[[], common_pb2.Decision], d: Decision) -> common_pb2.Decision:
+    """`make` is the message class or a repeated field's `add`: both make an empty message.
 
-    Default-valued fields are left unset, which is the same message on the wire and
-    cheaper to build.
+    Hot path: fields are set one by one, which upb does in about half the time it takes to
+    read the same fields as constructor keywords, and a field at its default value (0, "")
+    is left unset, which is the same message on the wire.
     """
-    m = make(
-        seq=d.seq,
-        time_unix_s=d.time_s,
-        kind=_KIND_TO_PROTO.get(d.kind) or kind_to_proto(d.kind),
-        reason=_REASON_TEXT.get(d.reason) or Reason(d.reason).value,
-        request_id=d.request_id,
-        engine_id=d.engine_id,
-        policy=_POLICY_TO_PROTO.get(d.policy, common_pb2.POLICY_UNSPECIFIED),
-        prompt_tokens=d.prompt_tokens,
-        # A prompt past max_model_len is rejected with max_len < prompt: no new tokens.
-        max_new_tokens=max(0, d.max_new_tokens),
-        num_tokens=d.num_tokens,
-        num_computed_tokens=d.num_computed,
-        blocks_reserved=d.blocks_reserved,
-        blocks_held=d.blocks_held,
-        num_free_blocks=d.num_free_blocks,
-        num_waiting=d.num_waiting,
-        num_running=d.num_running,
-    )
+    m = make()
+    m.seq = d.seq
+    m.time_unix_s = d.time_s
+    m.kind = _KIND_TO_PROTO.get(d.kind) or kind_to_proto(d.kind)
+    m.reason = _REASON_TEXT.get(d.reason) or Reason(d.reason).value
+    m.request_id = d.request_id
+    m.engine_id = d.engine_id
     if d.tenant:
         m.tenant = d.tenant
-    if d.detail:
-        m.detail = d.detail
+    m.policy = _POLICY_TO_PROTO.get(d.policy, common_pb2.POLICY_UNSPECIFIED)
+    m.prompt_tokens = d.prompt_tokens
+    if d.max_new_tokens > 0:  # a prompt past max_model_len is rejected with max_len < prompt
+        m.max_new_tokens = d.max_new_tokens
+    if d.num_tokens:
+        m.num_tokens = d.num_tokens
+    if d.num_computed:
+        m.num_computed_tokens = d.num_computed
+    if d.blocks_reserved:
+        m.blocks_reserved.extend(d.blocks_reserved)
+    if d.blocks_held:
+        m.blocks_held.extend(d.blocks_held)
+    if d.new_block_ids:
+        new_blocks = m.new_blocks
+        for i, ids in enumerate(d.new_block_ids):
+            if ids:
+                group = new_blocks.add()
+                if i:
+                    group.group_index = i
+                group.block_ids.extend(ids)
     if d.freed_blocks:
         m.freed_blocks = d.freed_blocks
     if d.cached_hit_blocks:
         m.cached_hit_blocks = d.cached_hit_blocks
-    for i, ids in enumerate(d.new_block_ids):
-        if ids:
-            m.new_blocks.add(group_index=i, block_ids=ids)
+    m.num_free_blocks = d.num_free_blocks
+    if d.num_waiting:
+        m.num_waiting = d.num_waiting
+    if d.num_running:
+        m.num_running = d.num_running
+    if d.detail:
+        m.detail = d.detail
     return m
 
 
@@ -132,11 +143,14 @@ def decision_from_proto(m: common_pb2.Decision) -> Decision:
 
 
 def submit_to_spec(submit: engine_pb2.Submit, engine_id: str, now: float) -> RequestSpec:
+    # One per submit of every Step: a set max_new_tokens is almost never 0, so HasField (a
+    # field lookup by name) is asked only then; most submits carry no prefix hashes.
+    hashes = submit.prefix_hashes
     return new_request_spec(
         submit.request_id,
         submit.prompt_tokens,
-        submit.max_new_tokens if submit.HasField("max_new_tokens") else None,
-        tuple(submit.prefix_hashes),
+        submit.max_new_tokens or (0 if submit.HasField("max_new_tokens") else None),
+        tuple(hashes) if hashes else (),
         submit.priority,
         submit.tenant,
         engine_id,

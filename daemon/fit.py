@@ -158,19 +158,24 @@ class FitTest:
             hit = find_prefix_hit(self.ledger.pool, self.layout, spec.prefix_hashes, prompt)
         else:
             hit = self._no_hit
-        predicted = self.predictor.predict(spec.tenant, r.max_len - prompt) if policy.uses_prediction else 0
-        if policy.charges_naive:
-            base = self.naive_base
-        elif policy.uses_prediction:
+        hit_tokens = hit.num_tokens
+        # Hot path (every admission attempt): the memos are read in place, their methods
+        # called only on a miss.
+        if policy.uses_prediction:
+            predicted = self.predictor.predict(spec.tenant, r.max_len - prompt)
             base = self.expected(prompt, predicted, r.resume_len, r.max_len)
+        elif policy.charges_naive:
+            predicted = 0
+            base = self.naive_base
         else:  # length 0 (optimistic, not preempted): nothing reserved, no memo lookup
-            length = policy.reserved_length(prompt, r.max_len, r.resume_len, predicted)
-            base = self.worst(length) if length else self._no_base
+            predicted = 0
+            length = policy.reserved_length(prompt, r.max_len, r.resume_len, 0)
+            base = (self._worst.get(length) or self.worst(length)) if length else self._no_base
         target = r.resume_len or prompt
         if policy.uses_lookahead:
             target = min(target + self.lookahead_tokens, r.max_len)
-        num_tokens = min(target, hit.num_tokens + self.F)
-        held = self.held_tuple(num_tokens, hit.num_tokens)
+        num_tokens = min(target, hit_tokens + self.F)
+        held = self._held.get((num_tokens, hit_tokens)) or self.held_tuple(num_tokens, hit_tokens)
         # Built once here: the charge and, if admitted, the ADMIT decision use it. With no
         # base (optimistic) it is `held` itself: the map of max costs a third of a plan.
         reserved = held if base is self._no_base else tuple(map(max, held, base))

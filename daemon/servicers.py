@@ -35,6 +35,7 @@ MAX_WATCH_DECISIONS = 10_000
 MAX_LEASE_TTL_S = 3600
 MAX_ESTIMATE_TOKENS = 1 << 24
 MAX_QUERY_LIMIT = 10_000
+_ENGINE = Role.ENGINE  # enum member lookups are slow on Python 3.11; Step reads it per call
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -103,7 +104,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     async def Step(self, request, context):
         started = time.perf_counter()
-        await self.auth.require(context, Role.ENGINE)
+        await self.auth.require(context, _ENGINE)
         core = self.core
         session = core.sessions.get(request.session_id)
         if session is None:

@@ -4,10 +4,19 @@ A Step either passes every check here and is applied, or fails one and changes n
 Each failure names the offending field (`grows[2].num_tokens`) and carries the gRPC
 status it deserves: INVALID_ARGUMENT for malformed values, ALREADY_EXISTS for a duplicate
 request id, NOT_FOUND for an id this engine does not own. The request states come from
-the controller itself (`Lookup`), so validation and application cannot disagree.
+the controller itself (`Find`: its live `RequestState`s, read only), so validation and
+application cannot disagree.
 
 "Does not fit" is never an error: a prompt longer than max_model_len, a request larger
 than the pool, a grow the pool cannot serve are all decisions (REJECT, DENY, ...).
+
+Two passes, one set of rules. `_first_problem` is the rules, in field order, each check
+naming its field. Every Step of every engine goes through here and almost none is wrong,
+so `validate_step` first runs `_all_clear`: the same checks with no field names, no
+indexes and each repeated field read once (each read of one builds a wrapper object).
+It must pass exactly what the rules accept: a step it passed wrongly would be applied,
+one it failed wrongly costs both passes (the rules then have the last word). Tests
+check the two agree on random steps one fault away from valid.
 """
 
 from __future__ import annotations
@@ -18,18 +27,18 @@ from typing import NamedTuple
 
 import grpc
 
+from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.v1 import engine_pb2
 
 MAX_ID_CHARS = 256
 MAX_TENANT_CHARS = 128
 MAX_OPS_PER_STEP = 100_000
+_RUNNING = Status.RUNNING  # enum member lookups are slow on Python 3.11
+_INF = math.inf
 
 
 class RequestView(NamedTuple):
-    """What validation needs to know of one live request (read from the controller).
-
-    A NamedTuple, not a frozen dataclass: one is built per op of every step, and a tuple
-    is built several times faster; it is just as immutable."""
+    """What the core service reads of one live request (from the controller)."""
 
     engine_id: str
     running: bool
@@ -38,7 +47,8 @@ class RequestView(NamedTuple):
     max_len: int  # prompt + max new tokens, capped at max_model_len
 
 
-Lookup = Callable[[str], "RequestView | None"]
+# The controller's `find`: a live request's state, or None.
+Find = Callable[[str], "RequestState | None"]
 
 
 class StepRejected(Exception):
@@ -61,24 +71,7 @@ def check_request_id(field: str, request_id: str) -> None:
         raise _invalid(field, "must be printable text")
 
 
-def _plain_id(request_id: str) -> bool:
-    """What check_request_id accepts, without building a field name (the fast path)."""
-    return 0 < len(request_id) <= MAX_ID_CHARS and request_id.isprintable()
-
-
-def _progress_error(field: str, num_computed_tokens: int, live: RequestView) -> None:
-    if num_computed_tokens > live.num_tokens:
-        raise _invalid(
-            f"{field}.num_computed_tokens",
-            f"{num_computed_tokens} exceeds the {live.num_tokens} slots the request holds",
-        )
-    raise _invalid(
-        f"{field}.num_computed_tokens",
-        f"{num_computed_tokens} is below the {live.num_computed} already reported",
-    )
-
-
-def validate_step(step: engine_pb2.StepRequest, engine_id: str, lookup: Lookup, block_size: int) -> None:
+def validate_step(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int) -> None:
     """Raises StepRejected for the first problem, in field order; returns None if all is well.
 
     Ops run in the order finishes, aborts, progress, grows, submits, and each request id
@@ -87,92 +80,171 @@ def validate_step(step: engine_pb2.StepRequest, engine_id: str, lookup: Lookup, 
     of a request that is waiting (preempted) is not an error: the controller answers a
     grow with DENY not_running and ignores the progress, as the engine may not know yet.
     """
+    if not _all_clear(step, engine_id, find, block_size):
+        _first_problem(step, engine_id, find, block_size)
+
+
+def _all_clear(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int) -> bool:
+    """True only if `_first_problem` would find nothing (False: let it look).
+
+    A upb repeated field has no __iter__: a for loop over one indexes it until IndexError,
+    and that exception costs more than the loop's body. A slice is a plain list."""
+    finishes, aborts, progress, grows, submits = step.finishes, step.aborts, step.progress, step.grows, step.submits
+    if len(finishes) + len(aborts) + len(progress) + len(grows) + len(submits) > MAX_OPS_PER_STEP:
+        return False
+    # A found id is one of a live request, but the id check stays: it is a few string tests.
+    ended: set[str] = set()  # ids of the finishes and aborts
+    for ops in (finishes, aborts):
+        if ops:
+            for op in ops[:]:
+                request_id = op.request_id
+                live = find(request_id)
+                if (
+                    live is None
+                    or live.spec.engine_id != engine_id
+                    or request_id in ended
+                    or not (len(request_id) <= MAX_ID_CHARS and request_id.isprintable())
+                ):
+                    return False
+                ended.add(request_id)
+    if progress:
+        reported: set[str] = set()
+        for op in progress[:]:
+            request_id = op.request_id
+            live = find(request_id)
+            if (
+                live is None
+                or live.spec.engine_id != engine_id
+                or request_id in ended
+                or request_id in reported
+                or not (len(request_id) <= MAX_ID_CHARS and request_id.isprintable())
+            ):
+                return False
+            reported.add(request_id)
+            if live.status is _RUNNING and not live.num_computed <= op.num_computed_tokens <= live.num_tokens:
+                return False
+    if grows:
+        grown: set[str] = set()
+        for op in grows[:]:
+            request_id = op.request_id
+            live = find(request_id)
+            if (
+                live is None
+                or live.spec.engine_id != engine_id
+                or request_id in ended
+                or request_id in grown
+                or not (len(request_id) <= MAX_ID_CHARS and request_id.isprintable())
+            ):
+                return False
+            grown.add(request_id)
+            num_tokens = op.num_tokens
+            if num_tokens > live.max_len or (live.status is _RUNNING and num_tokens < live.num_tokens):
+                return False
+    if submits:
+        seen: set[str] = set()
+        for op in submits[:]:
+            request_id = op.request_id
+            prompt_tokens = op.prompt_tokens
+            tenant = op.tenant
+            if (
+                not 0 < len(request_id) <= MAX_ID_CHARS
+                or request_id in seen
+                or find(request_id) is not None
+                or not request_id.isprintable()
+                or prompt_tokens < 1
+                or (op.max_new_tokens < 1 and op.HasField("max_new_tokens"))
+                or len(op.prefix_hashes) > prompt_tokens // block_size
+                or (tenant and (len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable()))
+                or not 0.0 <= op.deadline_unix_s < _INF  # also refuses NaN
+            ):
+                return False
+            seen.add(request_id)
+    return True
+
+
+def _owned(field: str, request_id: str, engine_id: str, find: Find) -> RequestState:
+    check_request_id(field, request_id)
+    live = find(request_id)
+    if live is None or live.spec.engine_id != engine_id:
+        raise StepRejected(grpc.StatusCode.NOT_FOUND, field, f"no live request {request_id!r} of this engine")
+    return live
+
+
+def _first_problem(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int) -> None:
+    """The rules: raises StepRejected naming the first offending field, in field order."""
     total = len(step.submits) + len(step.grows) + len(step.progress)
     total += len(step.finishes) + len(step.aborts)
     if total > MAX_OPS_PER_STEP:
         raise _invalid("submits", f"at most {MAX_OPS_PER_STEP} operations per step, got {total}")
 
-    def owned_request(field: str, request_id: str) -> RequestView:
-        check_request_id(field, request_id)
-        live = lookup(request_id)
-        if live is None or live.engine_id != engine_id:
-            raise StepRejected(
-                grpc.StatusCode.NOT_FOUND, field, f"no live request {request_id!r} of this engine"
-            )
-        return live
-
-    # Field names ("finishes[3].request_id") are formatted only on the way to an error:
-    # a step may carry thousands of ops and the common case has none.
     ended: set[str] = set()  # finished or aborted in this step
     for name, ops in (("finishes", step.finishes), ("aborts", step.aborts)):
         for i, op in enumerate(ops):
-            request_id = op.request_id
-            live = lookup(request_id) if _plain_id(request_id) else None
-            if live is None or live.engine_id != engine_id:
-                owned_request(f"{name}[{i}].request_id", request_id)  # raises, naming the field
-            if request_id in ended:
-                raise _invalid(f"{name}[{i}].request_id", f"{request_id!r} is finished or aborted twice in this step")
-            ended.add(request_id)
+            field = f"{name}[{i}].request_id"
+            _owned(field, op.request_id, engine_id, find)
+            if op.request_id in ended:
+                raise _invalid(field, f"{op.request_id!r} is finished or aborted twice in this step")
+            ended.add(op.request_id)
 
-    computed: dict[str, int] = {}
+    computed: set[str] = set()
     for i, op in enumerate(step.progress):
-        request_id = op.request_id
-        live = lookup(request_id) if _plain_id(request_id) else None
-        if live is None or live.engine_id != engine_id:
-            live = owned_request(f"progress[{i}].request_id", request_id)  # raises, naming the field
-        if request_id in ended or request_id in computed:
-            raise _invalid(f"progress[{i}].request_id", f"{request_id!r} appears twice in this step")
-        computed[request_id] = op.num_computed_tokens
-        if not live.running:
+        field = f"progress[{i}]"
+        live = _owned(f"{field}.request_id", op.request_id, engine_id, find)
+        if op.request_id in ended or op.request_id in computed:
+            raise _invalid(f"{field}.request_id", f"{op.request_id!r} appears twice in this step")
+        computed.add(op.request_id)
+        if live.status is not _RUNNING:
             continue
-        if not live.num_computed <= op.num_computed_tokens <= live.num_tokens:
-            _progress_error(f"progress[{i}]", op.num_computed_tokens, live)
+        if op.num_computed_tokens > live.num_tokens:
+            raise _invalid(
+                f"{field}.num_computed_tokens",
+                f"{op.num_computed_tokens} exceeds the {live.num_tokens} slots the request holds",
+            )
+        if op.num_computed_tokens < live.num_computed:
+            raise _invalid(
+                f"{field}.num_computed_tokens",
+                f"{op.num_computed_tokens} is below the {live.num_computed} already reported",
+            )
 
     grown: set[str] = set()
     for i, op in enumerate(step.grows):
-        request_id = op.request_id
-        live = lookup(request_id) if _plain_id(request_id) else None
-        if live is None or live.engine_id != engine_id:
-            live = owned_request(f"grows[{i}].request_id", request_id)  # raises, naming the field
-        if request_id in ended or request_id in grown:
-            raise _invalid(f"grows[{i}].request_id", f"{request_id!r} appears twice in this step")
-        grown.add(request_id)
+        field = f"grows[{i}]"
+        live = _owned(f"{field}.request_id", op.request_id, engine_id, find)
+        if op.request_id in ended or op.request_id in grown:
+            raise _invalid(f"{field}.request_id", f"{op.request_id!r} appears twice in this step")
+        grown.add(op.request_id)
         if op.num_tokens > live.max_len:
             raise _invalid(
-                f"grows[{i}].num_tokens",
+                f"{field}.num_tokens",
                 f"{op.num_tokens} is past the request's maximum length {live.max_len} "
                 "(prompt + max_new_tokens, capped at max_model_len)",
             )
-        if live.running and op.num_tokens < live.num_tokens:
+        if live.status is _RUNNING and op.num_tokens < live.num_tokens:
             raise _invalid(
-                f"grows[{i}].num_tokens",
+                f"{field}.num_tokens",
                 f"{op.num_tokens} is below the {live.num_tokens} slots the request holds",
             )
 
     seen: set[str] = set()
     for i, op in enumerate(step.submits):
-        request_id = op.request_id
-        if not _plain_id(request_id):
-            check_request_id(f"submits[{i}].request_id", request_id)  # raises, naming the field
-        if request_id in seen or lookup(request_id) is not None:
+        field = f"submits[{i}]"
+        check_request_id(f"{field}.request_id", op.request_id)
+        if op.request_id in seen or find(op.request_id) is not None:
             raise StepRejected(
-                grpc.StatusCode.ALREADY_EXISTS,
-                f"submits[{i}].request_id",
-                f"request {request_id!r} already exists",
+                grpc.StatusCode.ALREADY_EXISTS, f"{field}.request_id", f"request {op.request_id!r} already exists"
             )
-        seen.add(request_id)
+        seen.add(op.request_id)
         if op.prompt_tokens < 1:
-            raise _invalid(f"submits[{i}].prompt_tokens", "must be at least 1")
+            raise _invalid(f"{field}.prompt_tokens", "must be at least 1")
         if op.HasField("max_new_tokens") and op.max_new_tokens < 1:
-            raise _invalid(f"submits[{i}].max_new_tokens", "must be at least 1 when set")
+            raise _invalid(f"{field}.max_new_tokens", "must be at least 1 when set")
         full_blocks = op.prompt_tokens // block_size
         if len(op.prefix_hashes) > full_blocks:
             raise _invalid(
-                f"submits[{i}].prefix_hashes",
+                f"{field}.prefix_hashes",
                 f"{len(op.prefix_hashes)} hashes but the prompt has only {full_blocks} full blocks",
             )
-        tenant = op.tenant
-        if tenant and (len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable()):
-            raise _invalid(f"submits[{i}].tenant", f"printable, at most {MAX_TENANT_CHARS} characters")
+        if op.tenant and (len(op.tenant) > MAX_TENANT_CHARS or not op.tenant.isprintable()):
+            raise _invalid(f"{field}.tenant", f"printable, at most {MAX_TENANT_CHARS} characters")
         if not math.isfinite(op.deadline_unix_s) or op.deadline_unix_s < 0:
-            raise _invalid(f"submits[{i}].deadline_unix_s", "must be a finite time >= 0 (0: none)")
+            raise _invalid(f"{field}.deadline_unix_s", "must be a finite time >= 0 (0: none)")

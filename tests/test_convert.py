@@ -1,0 +1,97 @@
+"""The hot-path converters build exactly the messages and specs the plain way builds.
+
+`convert._build_decision` sets fields one by one and skips defaults, and
+`convert.submit_to_spec` asks HasField only when it must: both for speed (every Step).
+Here they are checked against the obvious construction (every field as a keyword) on
+random values, including the edges: zeros, empty groups, several groups, a negative
+max_new_tokens (a prompt rejected past max_model_len), an explicit max_new_tokens of 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvbudget.daemon import convert
+from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.v1 import common_pb2, engine_pb2
+
+COUNTS = st.integers(0, 2**32 - 1)
+SMALL = st.sampled_from([0, 1, 7, 127, 128, 300])
+GROUPS = st.integers(0, 3)
+
+
+@st.composite
+def decisions(draw) -> Decision:
+    groups = draw(GROUPS)
+    per_group = st.tuples(*[SMALL] * groups)
+    return Decision(
+        seq=draw(st.integers(0, 2**63)),
+        time_s=draw(st.floats(allow_nan=False)),
+        kind=draw(st.sampled_from(list(DecisionKind))),
+        reason=draw(st.sampled_from(list(Reason))),
+        request_id=draw(st.text(max_size=5)),
+        engine_id=draw(st.text(max_size=5)),
+        tenant=draw(st.sampled_from(["", "t", "é"])),
+        policy=draw(st.sampled_from(["", *convert.POLICY_NAMES])),
+        prompt_tokens=draw(COUNTS),
+        max_new_tokens=draw(st.sampled_from([-5, -1, 0, 1, 16, 2**32 - 1])),
+        num_tokens=draw(COUNTS),
+        num_computed=draw(COUNTS),
+        blocks_reserved=draw(per_group),
+        blocks_held=draw(per_group),
+        new_block_ids=tuple(draw(st.lists(st.lists(COUNTS, max_size=3).map(tuple), min_size=groups, max_size=groups))),
+        freed_blocks=draw(SMALL),
+        cached_hit_blocks=draw(SMALL),
+        num_free_blocks=draw(COUNTS),
+        num_waiting=draw(SMALL),
+        num_running=draw(SMALL),
+        detail=draw(st.sampled_from(["", "why"])),
+    )
+
+
+def plain(d: Decision) -> common_pb2.Decision:
+    """Every field as a constructor keyword: slow, and obviously right."""
+    return common_pb2.Decision(
+        seq=d.seq, time_unix_s=d.time_s, kind=convert.kind_to_proto(d.kind), reason=d.reason.value,
+        request_id=d.request_id, engine_id=d.engine_id, tenant=d.tenant, policy=convert.policy_to_proto(d.policy),
+        prompt_tokens=d.prompt_tokens, max_new_tokens=max(0, d.max_new_tokens), num_tokens=d.num_tokens,
+        num_computed_tokens=d.num_computed, blocks_reserved=d.blocks_reserved, blocks_held=d.blocks_held,
+        new_blocks=[
+            common_pb2.GroupBlocks(group_index=i, block_ids=ids) for i, ids in enumerate(d.new_block_ids) if ids
+        ],
+        freed_blocks=d.freed_blocks, cached_hit_blocks=d.cached_hit_blocks, num_free_blocks=d.num_free_blocks,
+        num_waiting=d.num_waiting, num_running=d.num_running, detail=d.detail,
+    )
+
+
+@given(d=decisions())
+def test_decision_to_proto_is_the_plain_message(d: Decision) -> None:
+    built = convert.decision_to_proto(d)
+    assert built == plain(d)
+    assert built.SerializeToString(deterministic=True) == plain(d).SerializeToString(deterministic=True)
+
+
+@given(batch=st.lists(decisions(), max_size=4), engine_id=st.sampled_from([None, "", "a"]))
+def test_add_decisions_appends_the_plain_messages_of_the_engine(batch, engine_id) -> None:
+    reply = engine_pb2.StepResponse()
+    convert.add_decisions(reply.decisions, batch, engine_id)
+    assert list(reply.decisions) == [plain(d) for d in batch if engine_id is None or d.engine_id == engine_id]
+
+
+@given(
+    max_new_tokens=st.sampled_from([None, 0, 1, 2**32 - 1]),
+    hashes=st.lists(st.integers(0, 2**64 - 1), max_size=3),
+    deadline=st.sampled_from([0.0, 2.5, math.inf]),
+)
+def test_submit_to_spec_reads_presence_and_hashes_as_the_plain_way(max_new_tokens, hashes, deadline) -> None:
+    submit = engine_pb2.Submit(request_id="r", prompt_tokens=64, prefix_hashes=hashes, deadline_unix_s=deadline)
+    if max_new_tokens is not None:
+        submit.max_new_tokens = max_new_tokens  # explicitly 0 is 0, not "unset"
+    spec = convert.submit_to_spec(submit, "e", 1.0)
+    assert spec.max_new_tokens == (submit.max_new_tokens if submit.HasField("max_new_tokens") else None)
+    assert spec.max_new_tokens == max_new_tokens
+    assert spec.prefix_hashes == tuple(hashes)
+    assert spec.deadline_s == (deadline or None)
