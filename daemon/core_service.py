@@ -30,7 +30,6 @@ from kvbudget.daemon.decision_schema import DecisionLogError
 from kvbudget.daemon.records import Decision, Snapshot
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
-from kvbudget.daemon.step_validation import RequestView
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import common_pb2, engine_pb2
 
@@ -204,13 +203,6 @@ class CoreService:
             self.metrics.record(decisions, latency)
 
     # ------------------------------------------------------------------ engine ops
-    def lookup(self, request_id: str) -> RequestView | None:
-        """A live request as validation sees it, from the controller's own state."""
-        r = self.controller.find(request_id)
-        if r is None:
-            return None
-        return RequestView(r.spec.engine_id, r.status is _RUNNING, r.num_tokens, r.num_computed, r.max_len)
-
     def requests_of(self, engine_id: str) -> tuple[list, list]:
         """(running, waiting) request states of one engine."""
         c = self.controller
@@ -232,36 +224,48 @@ class CoreService:
         now = time.time()
         c = self.controller
         decisions: list[Decision] = []
+        # A upb repeated field has no __iter__: a for loop over one indexes it until an
+        # IndexError, which costs more than most ops. A slice is a plain list; most steps
+        # leave most lists empty.
+        finishes, aborts, progress, grows = step.finishes, step.aborts, step.progress, step.grows
         find = c.find
-        was_waiting = {
-            op.request_id
-            for op in (*step.progress, *step.grows)
-            if (state := find(op.request_id)) is not None and state.status is not _RUNNING
-        }
-        where = ("", 0)  # the op being applied, named only if it fails
+        was_waiting: set[str] = set()
+        if progress or grows:
+            was_waiting = {
+                op.request_id
+                for op in (*progress[:], *grows[:])
+                if (state := find(op.request_id)) is not None and state.status is not _RUNNING
+            }
+        name, i = "", 0  # the op being applied, named only if it fails
         try:
-            for i, op in enumerate(step.finishes):
-                where = ("finishes", i)
-                decisions += c.finish(op.request_id, now)
-            for i, op in enumerate(step.aborts):
-                where = ("aborts", i)
-                decisions += c.abort(op.request_id, now)
-            for i, op in enumerate(step.progress):
-                where = ("progress", i)
-                if op.request_id not in was_waiting:
-                    decisions += c.progress(op.request_id, op.num_computed_tokens, now)
-            for i, op in enumerate(step.grows):
-                where = ("grows", i)
-                if op.request_id in was_waiting:
-                    view = self.lookup(op.request_id)
-                    if view is None or view.running:  # rejected or admitted meanwhile
-                        continue
-                decisions += c.grow(op.request_id, op.num_tokens, now)  # waiting: DENY not_running
-            for i, op in enumerate(step.submits):
-                where = ("submits", i)
-                decisions += c.submit(convert.submit_to_spec(op, engine_id, now), now)
+            if finishes:
+                name = "finishes"
+                for i, op in enumerate(finishes[:]):
+                    decisions += c.finish(op.request_id, now)
+            if aborts:
+                name = "aborts"
+                for i, op in enumerate(aborts[:]):
+                    decisions += c.abort(op.request_id, now)
+            if progress:
+                name = "progress"
+                for i, op in enumerate(progress[:]):
+                    if op.request_id not in was_waiting:
+                        decisions += c.progress(op.request_id, op.num_computed_tokens, now)
+            if grows:
+                name = "grows"
+                for i, op in enumerate(grows[:]):
+                    if op.request_id in was_waiting:
+                        state = find(op.request_id)
+                        if state is None or state.status is _RUNNING:  # rejected or admitted meanwhile
+                            continue
+                    decisions += c.grow(op.request_id, op.num_tokens, now)  # waiting: DENY not_running
+            submits = step.submits
+            if submits:
+                name = "submits"
+                for i, op in enumerate(submits[:]):
+                    decisions += c.submit(convert.submit_to_spec(op, engine_id, now), now)
         except AdmissionError as exc:
-            raise StepFailed(exc, f"{where[0]}[{where[1]}].{exc.field}", decisions) from exc
+            raise StepFailed(exc, f"{name}[{i}].{exc.field}", decisions) from exc
         return decisions
 
     def close_engine(self, session: Session, *, expire: bool) -> list[Decision]:

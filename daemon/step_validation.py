@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import grpc
 
@@ -35,16 +34,6 @@ MAX_TENANT_CHARS = 128
 MAX_OPS_PER_STEP = 100_000
 _RUNNING = Status.RUNNING  # enum member lookups are slow on Python 3.11
 _INF = math.inf
-
-
-class RequestView(NamedTuple):
-    """What the core service reads of one live request (from the controller)."""
-
-    engine_id: str
-    running: bool
-    num_tokens: int
-    num_computed: int
-    max_len: int  # prompt + max new tokens, capped at max_model_len
 
 
 # The controller's `find`: a live request's state, or None.
