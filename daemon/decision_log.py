@@ -74,14 +74,35 @@ from kvbudget.daemon.decision_schema import (
 from kvbudget.daemon.records import Decision
 
 _ROW_MARKS = f"({', '.join('?' * (1 + len(COLUMNS)))})"
-# A small commit (an engine step's few decisions) is one multi-row INSERT in autocommit
-# mode: one statement, no BEGIN / COMMIT round trips through the sqlite3 module.
-_MULTIROW_MAX = 8
-_MULTIROW_SQL = tuple(
-    f"INSERT INTO {RECENT} VALUES {', '.join([_ROW_MARKS] * n)}" for n in range(_MULTIROW_MAX + 1)
-)
-_INSERT_SQL = f"INSERT INTO {RECENT} VALUES {_ROW_MARKS}"
-PAGE_SIZE = 1024
+# Rows go in as multi-row INSERTs: one statement binds many rows and runs once. A small
+# commit (an engine step's few decisions) is one such statement in autocommit mode, so no
+# BEGIN / COMMIT round trips through the sqlite3 module; a large one is a transaction of
+# statements of at most _CHUNK_ROWS rows. Against executemany (a statement run per row,
+# each run letting go of the GIL and taking it back) this keeps a batch's commit from
+# trading the GIL with the event loop hundreds of times. Sizes: 1.._SMALL_ROWS exactly,
+# then powers of two, so the sqlite3 statement cache holds a dozen statements at most.
+_SMALL_ROWS = 8
+_CHUNK_ROWS = 128  # x 23 columns: well under SQLite's 32,766 bound parameters
+_INSERT_SQL: dict[int, str] = {
+    n: f"INSERT INTO {RECENT} VALUES {', '.join([_ROW_MARKS] * n)}"
+    for n in (*range(1, _SMALL_ROWS + 1), 16, 32, 64, _CHUNK_ROWS)
+}
+
+
+def _chunk_sizes(num_rows: int) -> list[int]:
+    """How `_insert` cuts `num_rows` rows into statements (sizes in _INSERT_SQL)."""
+    sizes = [_CHUNK_ROWS] * (num_rows // _CHUNK_ROWS)
+    rest = num_rows % _CHUNK_ROWS
+    for size in (64, 32, 16, 8):
+        if rest > _SMALL_ROWS and rest >= size:
+            sizes.append(size)
+            rest -= size
+    if rest:
+        sizes.append(rest)
+    return sizes
+
+
+PAGE_SIZE = 1024  # for new files; see start()
 _FOLD_SQL = (f"INSERT INTO {INDEXED} SELECT * FROM {RECENT}", f"DELETE FROM {RECENT}")
 
 
@@ -421,12 +442,16 @@ class DecisionLog:
             return False
         cursor = self._cursor
         assert cursor is not None
-        if len(rows) <= _MULTIROW_MAX:  # one statement: a transaction of its own
-            cursor.execute(_MULTIROW_SQL[len(rows)], [value for row in rows for value in row])
+        if len(rows) <= _SMALL_ROWS:  # one statement: a transaction of its own
+            cursor.execute(_INSERT_SQL[len(rows)], [value for row in rows for value in row])
         else:
             cursor.execute("BEGIN IMMEDIATE")
             try:
-                cursor.executemany(_INSERT_SQL, rows)
+                start = 0
+                for size in _chunk_sizes(len(rows)):
+                    chunk = rows[start : start + size]
+                    cursor.execute(_INSERT_SQL[size], [value for row in chunk for value in row])
+                    start += size
                 cursor.execute("COMMIT")
             except BaseException:
                 cursor.execute("ROLLBACK")

@@ -629,3 +629,30 @@ def test_commit_inline_says_when_the_caller_must_queue_instead(log: DecisionLog,
         log.commit_inline([make_decision(99)])
     mend_writes(other)
     assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2]
+
+
+@pytest.mark.parametrize("num_rows", [1, 8, 9, 15, 16, 17, 127, 128, 129, 300, 1000])
+def test_a_large_commit_is_cut_into_bounded_statements_and_keeps_every_row_in_order(
+    db_path: Path, num_rows: int
+) -> None:
+    from kvbudget.daemon.decision_log import _CHUNK_ROWS, _INSERT_SQL, _SMALL_ROWS, _chunk_sizes
+
+    sizes = _chunk_sizes(num_rows)
+    assert sum(sizes) == num_rows and all(size in _INSERT_SQL for size in sizes)
+    assert all(size <= _CHUNK_ROWS for size in sizes)
+    if num_rows <= _SMALL_ROWS:
+        assert sizes == [num_rows]  # one statement: no BEGIN / COMMIT needed
+    with DecisionLog(db_path) as log:
+        assert log.commit_inline([make_decision(seq) for seq in range(num_rows)], max_rows=num_rows)
+        assert log.batches_committed == 1  # one transaction, however many statements
+    rows = query_decisions(db_path, limit=None, newest_first=False)
+    assert [(r["id"], r["seq"]) for r in rows] == [(seq + 1, seq) for seq in range(num_rows)]
+
+
+def test_chunk_sizes_by_hand() -> None:
+    from kvbudget.daemon.decision_log import _chunk_sizes
+
+    assert _chunk_sizes(5) == [5]  # up to 8 rows: one statement of exactly that many
+    assert _chunk_sizes(9) == [8, 1]  # 9 = 8 + 1
+    assert _chunk_sizes(100) == [64, 32, 4]  # 100 = 64 + 32 + 4
+    assert _chunk_sizes(300) == [128, 128, 32, 8, 4]  # 300 = 2 x 128 + 44, 44 = 32 + 8 + 4
