@@ -17,43 +17,49 @@ llama-3.1-8b, 24,000 blocks, optimistic, one engine, default step model. Growth 
 
 | run | wall | of which | steps | calls | decisions |
 |---|---:|---|---:|---:|---:|
-| offline, grow ahead 16 (default) | 11.6-12.9 s | core 9.1-10.3 s, engine 2.5-2.6 s | 143,786 | 44,907 | |
+| offline, grow ahead 16 (default) | 8.7-10.6 s | core 6.4-8.2 s, engine 2.4-2.5 s | 143,786 | 44,907 | |
+| offline, previous revision       | 11.9-14.6 s | core 9.4-11.8 s, engine 2.5-2.8 s | 143,786 | 44,907 | |
 | live, grow ahead 16 (default)    | 65.0 s | 1.55 ms per call, replayer CPU 20.0 s | 142,519 | 41,922 | 84,385 |
 | offline, grow ahead 4 (earlier)  | 15.3-17.5 s | core 12.0-13.9 s, engine 3.3-3.7 s | 142,927 | 71,442 | |
 | live, grow ahead 4 (earlier)     | 100.4 s | 1.51 ms per call | 140,893 | 66,447 | 131,306 |
 
     .venv/bin/python bench/bench_replay.py --mode offline   # first row
-    .venv/bin/python bench/bench_replay.py --mode live      # second row
+    .venv/bin/python bench/bench_replay.py --mode live      # third row
 
-The first row is four runs (load average 0.8-1.2), each interleaved with a run of the
-previous revision, which took 12.4-13.6 s (core 9.6-10.7 s, engine 2.8-3.0 s): cheaper
-pool checks (a list comprehension over ref counts instead of map over __getitem__; hit
-touches counted once per call) and, in the simulated engine, no per-step scans over the
-engines when there is only one. The figure is the replay alone: the controller and the
-simulation are built and run inside it, prompt hashing included (at submit, in the
-engine's time); parsing the trace file is not. Before the pool and prefix-hit work of
-earlier revisions the same offline run took 20.8 s (core 17.5 s) on the same machine the
-same hour (29.4 s when first measured), and live 120 s and 76 s (1.8 ms per call).
+The first two rows are four runs each, interleaved (each run of this revision next to one
+of the previous revision's pool, prefix-hit, ledger and simulation modules, the rest
+unchanged; load average ~1; this revision took 0.66-0.83x the time of the run beside
+it). The offline goal is met, though not by much on a busy host (three runs of four
+under 10 s, median ~9.3 s; 8.6-8.8 s in a quieter hour). The figure is the replay alone:
+the controller and the simulation are built and run inside it, prompt hashing included;
+parsing the trace file is not. Earlier revisions took 20.8 s (core 17.5 s) and 29.4 s when
+first measured; live 120 s and 76 s (1.8 ms per call).
 
-The goals (10 s offline, 60 s live) are not met. What bounds them now is per-block work,
-not per-call work: Mooncake's 145 M prompt tokens are ~9 M blocks, and optimistic's ~16 k
-preemptions of ~750-block requests add about as many again (the first 3,000 requests
-allocate 3.4 M blocks, evict 3.0 M and publish 3.0 M, 4 of them under a hash already
-cached: nothing is published twice to speak of); each block is allocated (often evicting a
-cached one), published to the prefix cache and freed, a few dict and list operations each
-(~0.2 us per block per operation, already in C loops where Python allows; the cache keys
-are 64-bit ints, hashed again by every dict operation), so grow-ahead barely moves the
-offline time (calls -37%, wall -5%). Timed inside the core on the whole run (by wrappers,
-which add ~0.3 s): publishing 2.5 s, allocating (with eviction) 2.0 s, freeing 1.4 s,
-prefix lookups 1.3 s. C-level rewrites of `free` (map over __setitem__, filter over
-__contains__) and of the leading-run lookup (chunked map with a miss sentinel) measured
-slower than the loops they would replace: on 3.11 a plain loop's list indexing and dict
-operations are specialized. The rest of the offline time is the simulated engine (~2.6 s,
-nearly half of it hashing the trace's prompts into pool-block hashes in traces/loaders.py:
-9.0 M block hashes of which 5.8 M are distinct (182 k (parent, trace id) pairs x 32), each
-one CPython tuple hash, ~170 ns with its mask and int objects, 1.1-1.3 s in all; the memo
-and the aligned-block path leave ~0.17 s of loop around them, so pure Python has little
-left to take there without changing the hash values). Live, a call is a serial round trip:
+What bounds it is per-block work: Mooncake's 145 M prompt tokens are ~9 M blocks, and
+optimistic's ~16 k preemptions of ~750-block requests add more. In the whole run the
+pool allocates 12.2 M blocks (10.7 M of them by evicting a cached block), publishes
+10.7 M, frees 13.5 M (11.9 M of them into the LRU) and looks up 5.3 M cached prefix
+blocks; each costs a few list or dict operations, and the dict ones on the 64-bit hash
+ints are bound by memory more than by the interpreter. What this revision changed:
+- the LRU is a list of hashes read from a moving head (an eviction is one slice and one
+  `map(block_of.pop, ...)`), each block's hash is in a list by block id instead of a
+  second dict (no dict churn), and a hit on an evictable block leaves a counted stale
+  entry behind instead of a dict delete; `cache_blocks` checks held / not yet hashed /
+  listed once in the same loop that records the hashes (undone on misuse);
+- the simulation hashes every prompt up front, in one loop, instead of at submit: the
+  5.8 M hash ints then lie together in memory instead of among the run's garbage, which
+  made every dict operation on them cheaper (~1 s of the whole run);
+- the cyclic garbage collector is paused during the run (~0.5 s: it kept walking the
+  hashes and block tables; the run makes no cycles);
+- prefix lookups stop at the first miss without slicing the prompt's hashes, and a
+  one-group layout skips the per-group lists.
+Pool calls alone, replayed from a recording of the whole run: 5.5-5.8 s -> 4.0-4.2 s.
+Where the time goes now (in-process, whole run): pool ~4.5 s (publishing 1.5, eviction
+and allocation 1.2, freeing 1.2, lookups 0.6), the rest of the core ~2.3 s (per call:
+admission, fit test, decisions), prompt hashing ~1.3 s (5.8 M CPython tuple hashes in
+traces/loaders.py, values pinned by tests), the simulated engine ~1.1 s. Of the 95 k
+prefix lookups, 68 k are for admission attempts that then do not fit.
+Live, a call is a serial round trip:
 the replayer's own CPU (~0.48 ms per call), the daemon's Step (validation, core, decision
 log before the reply) and the gRPC round trip; the core is ~0.2 ms of it. At 1.55 ms per
 call, 60 s allows ~39 k calls; grow-ahead 16 leaves 41.9 k.

@@ -122,7 +122,8 @@ class BlockLedger:
             # blocks and must not evict a hit another group is about to use.
             for g, table in enumerate(tables):
                 before = pool.num_held_blocks
-                pool.touch([b for b in table if b != NULL_BLOCK])
+                # Out-of-window slots (null) lead the table; full-attention tables have none.
+                pool.touch(table if not table or table[0] != NULL_BLOCK else [b for b in table if b != NULL_BLOCK])
                 self.held_per_group[g] += pool.num_held_blocks - before
                 if g in self.window_groups:
                     self.window_share_reserve += hit.shared[g]

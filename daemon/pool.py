@@ -7,15 +7,25 @@ slots that left a sliding window. A block is in exactly one state:
   evictable  ref count 0 but cached under a hash, kept in LRU order; it counts as free
              for admission and is charged exactly once, when a request takes it
              (by a cache hit, `touch`) or when an allocation evicts it.
+
+Every block of a long prompt is allocated (usually by evicting a cached one), published
+and released: millions of blocks in a trace replay. So the per-block work is a few list
+and dict operations, in C loops where it can be:
+- the LRU is a list of the evictable blocks' *hashes*, read from a moving head: an
+  eviction is one slice and one `map(block_of.pop, ...)`, which hands back the blocks;
+- each block's hash is in a list indexed by block id, not a second dict: no dict churn,
+  and "is it cached" is a list index;
+- a cache hit on an evictable block cannot take its entry out of the middle of the LRU
+  (unless it is the last one), so the entry stays behind as stale and `_stale` counts
+  it; eviction skips it when it gets there, and `_drop_stale_entries` bounds them.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from functools import partial
-from itertools import islice, takewhile
-from operator import is_not
+from itertools import compress, islice, takewhile
+from operator import countOf, is_not
 
 NULL_BLOCK = 0
 
@@ -23,9 +33,12 @@ NULL_BLOCK = 0
 _is_block = partial(is_not, None)  # a lookup hit (C-callable, for takewhile)
 
 
-def _exhaust(iterator: Iterable[object]) -> None:
-    """Run an iterator of side effects (map over a bound method) at C speed."""
-    deque(iterator, maxlen=0)
+def _take_one(counts: dict[int, int], key: int) -> None:
+    """Count one `key` off (it is there); a count that reaches 0 leaves the dict."""
+    if counts[key] == 1:
+        del counts[key]
+    else:
+        counts[key] -= 1
 
 
 class BlockPool:
@@ -41,16 +54,23 @@ class BlockPool:
         self._free = list(range(num_blocks - 1, 0, -1))
         # A list, not an array: indexing it (and map over its __getitem__) is 2-3x faster.
         self._ref = [0] * num_blocks
-        # LRU order is insertion order: a plain dict (3.7+) inserts ~5x faster than an
-        # OrderedDict, and eviction takes its oldest entries with islice.
-        self._evictable: dict[int, None] = {}
-        self._hash_of: dict[int, Hashable] = {}
+        # The hashes of the evictable blocks, least recently released first, from
+        # `_lru_head` on. Entries a cache hit took back stay in the list: `_stale[b]` counts
+        # block b's stale entries (few blocks have any), and since a hit takes back b's
+        # newest entry, they are always b's oldest ones. (A stale entry's hash still maps
+        # to b: b is held, or evictable again with a newer entry, so it keeps its hash.)
+        self._lru: list[Hashable] = []
+        self._lru_head = 0
+        self._stale: dict[int, int] = {}
+        self._num_stale = 0
+        self._num_evictable = 0
+        self._hash_of: list[Hashable | None] = [None] * num_blocks  # per block, None: not cached
         self._block_of: dict[Hashable, int] = {}
         self._num_held = 0
         # Blocks an allocation can take now: free plus evictable cached (read-only outside
-        # the pool). A counter, not a property over len(free) + len(evictable): every
-        # decision reads it. Each block being exactly one of free, held or evictable, it
-        # moves opposite to _num_held.
+        # the pool). A counter, not a property over len(free) + evictable: every decision
+        # reads it. Each block being exactly one of free, held or evictable, it moves
+        # opposite to _num_held.
         self.num_free_blocks = num_blocks - 1
 
     # ------------------------------------------------------------------ counts
@@ -65,7 +85,7 @@ class BlockPool:
 
     @property
     def num_evictable_blocks(self) -> int:
-        return len(self._evictable)
+        return self._num_evictable
 
     @property
     def num_held_blocks(self) -> int:
@@ -96,18 +116,45 @@ class BlockPool:
         ids = free[num_free - take :]
         del free[num_free - take :]
         ids.reverse()
-        if n > take:  # evict the n - take least recently used cached blocks, in C loops
-            evictable = self._evictable
-            victims = list(islice(evictable, n - take))
-            _exhaust(map(evictable.pop, victims))
-            _exhaust(map(self._block_of.pop, map(self._hash_of.pop, victims)))
-            ids += victims
         ref = self._ref
         for block_id in ids:
             ref[block_id] = 1
+        if n > take:
+            ids += self._evict(n - take)
         self._num_held += n
         self.num_free_blocks -= n
         return ids
+
+    def _evict(self, n: int) -> list[int]:
+        """Take the n least recently released evictable blocks (ref count 1, no hash)."""
+        lru, head, ref, hash_of = self._lru, self._lru_head, self._ref, self._hash_of
+        if not self._num_stale:  # the usual case: the next n entries are the victims
+            victims = list(map(self._block_of.pop, lru[head : head + n]))
+            for block_id in victims:
+                ref[block_id] = 1
+                hash_of[block_id] = None
+            head += n
+        else:  # one entry at a time, skipping stale ones
+            block_of, stale = self._block_of, self._stale
+            victims = []
+            while len(victims) < n:
+                block_hash = lru[head]
+                head += 1
+                block_id = block_of[block_hash]
+                if block_id in stale:
+                    _take_one(stale, block_id)
+                    self._num_stale -= 1
+                    continue
+                del block_of[block_hash]
+                ref[block_id] = 1
+                hash_of[block_id] = None
+                victims.append(block_id)
+        if head > 1024 and 2 * head > len(lru):  # drop the consumed front now and then
+            del lru[:head]
+            head = 0
+        self._lru_head = head
+        self._num_evictable -= n
+        return victims
 
     def free(self, block_ids: Iterable[int]) -> int:
         """Drop one reference from each block; cached blocks that reach 0 become evictable.
@@ -115,15 +162,14 @@ class BlockPool:
         Null blocks are skipped. Returns how many blocks stopped being held (reached 0).
         Pass a request's blocks tail first so its tail is evicted before its shared head.
         """
-        ref = self._ref
-        hash_of = self._hash_of
-        free, evictable = self._free, self._evictable
+        ref, hash_of = self._ref, self._hash_of
+        free, lru = self._free, self._lru
         push = free.append
-        before = len(free) + len(evictable)
+        num_free, num_lru = len(free), len(lru)
         try:
             # Two copies of one loop: with nothing cached (prefix caching off or unused) no
-            # block can become evictable, so the loop skips a dict lookup per block.
-            if not hash_of:
+            # block can become evictable, so the loop skips a hash lookup per block.
+            if not self._block_of:
                 for block_id in block_ids:
                     count = ref[block_id]
                     if count == 1:
@@ -134,20 +180,25 @@ class BlockPool:
                     elif block_id != NULL_BLOCK:
                         raise ValueError(f"block {block_id} freed more often than referenced")
             else:
+                release = lru.append
                 for block_id in block_ids:
                     count = ref[block_id]
                     if count == 1:
                         ref[block_id] = 0
-                        if block_id in hash_of:
-                            evictable[block_id] = None
-                        else:
+                        block_hash = hash_of[block_id]
+                        if block_hash is None:
                             push(block_id)
+                        else:
+                            release(block_hash)
                     elif count > 1:
                         ref[block_id] = count - 1
                     elif block_id != NULL_BLOCK:  # the null block's count is always 0: skipped
                         raise ValueError(f"block {block_id} freed more often than referenced")
         finally:  # blocks that reached 0 are on the stack or in the LRU, even if a bad id stopped us
-            released = len(free) + len(evictable) - before
+            evictable = len(lru) - num_lru
+            released = len(free) - num_free + evictable
+            if evictable:
+                self._num_evictable += evictable
             self._num_held -= released
             self.num_free_blocks += released
         return released
@@ -172,87 +223,149 @@ class BlockPool:
 
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cache hits; an evictable block leaves the LRU (charged once)."""
-        ref, evictable = self._ref, self._evictable
-        taken = 0  # counted locally, not two attribute updates per hit block
+        ref, hash_of, stale, lru = self._ref, self._hash_of, self._stale, self._lru
+        taken = went_stale = 0  # counted locally, not attribute updates per hit block
         try:
             for block_id in block_ids:
                 count = ref[block_id]
                 if count == 0:
-                    if block_id not in evictable:
+                    # Unreferenced and hashed is evictable: its LRU entry goes, from the
+                    # tail if it is the last one released, else it stays behind as stale.
+                    block_hash = hash_of[block_id]
+                    if block_hash is None:
                         raise ValueError(f"block {block_id} is neither held nor cached")
-                    del evictable[block_id]
+                    if len(lru) > self._lru_head and lru[-1] is block_hash:
+                        lru.pop()
+                    else:
+                        stale[block_id] = stale.get(block_id, 0) + 1
+                        went_stale += 1
                     taken += 1
                 ref[block_id] = count + 1
         finally:  # the blocks before a bad id stay taken, and counted
+            self._num_stale += went_stale
+            self._num_evictable -= taken
             self._num_held += taken
             self.num_free_blocks -= taken
+            if self._num_stale > 1024 + self._num_evictable // 2:
+                self._drop_stale_entries()
 
     def cache_block(self, block_id: int, block_hash: Hashable) -> bool:
         """Publish a held, full block under its chained hash. False if the hash is taken."""
         if self._ref[block_id] <= 0:
             raise ValueError(f"block {block_id} is not held")
-        if block_hash in self._block_of or block_id in self._hash_of:
+        if block_hash in self._block_of or self._hash_of[block_id] is not None:
             return False
         self._block_of[block_hash] = block_id
         self._hash_of[block_id] = block_hash
         return True
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[Hashable]) -> None:
-        """`cache_block` for each pair in order (null ids skipped), in C loops when it can:
-        a long prompt publishes hundreds of blocks per engine step."""
+        """`cache_block` for each pair in order (null ids skipped), in C loops where it can:
+        a long prompt publishes hundreds of blocks per engine step (fastest with a list of ids)."""
         block_of, hash_of, ref = self._block_of, self._hash_of, self._ref
-        # "All held" is "no count is 0" (counts never go negative), and it also rules out
-        # the null block, whose count is always 0. A list comprehension over the counts
-        # beats map(ref.__getitem__) by half on 3.11 (specialized list indexing).
-        if not (
-            0 not in [ref[block_id] for block_id in block_ids]
-            and hash_of.keys().isdisjoint(block_ids)
-            and len(set(block_ids)) == len(block_ids)
-        ):
-            for block_id, block_hash in zip(block_ids, block_hashes):
-                if block_id != NULL_BLOCK:
-                    self.cache_block(block_id, block_hash)
+        if len(block_hashes) != len(block_ids):
+            self._cache_each(block_ids, block_hashes)
             return
-        # Held, distinct, unhashed blocks: a hash already taken (by another request, or
-        # earlier in this prompt) keeps its block, and setdefault hands that one back.
+        # Record each block's hash, checking on the way that the block is held (which also
+        # rules out the null block, whose count is always 0) and had no hash yet (which
+        # also catches a block listed twice). block_of is not touched yet: undoing is easy.
+        done = 0
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            if hash_of[block_id] is not None or not ref[block_id]:
+                for undo in block_ids[:done]:
+                    hash_of[undo] = None
+                self._cache_each(block_ids, block_hashes)
+                return
+            hash_of[block_id] = block_hash
+            done += 1
+        # A hash already taken (by another request, or earlier in this prompt) keeps its
+        # block, and setdefault hands that one back: ours stays private.
         kept = list(map(block_of.setdefault, block_hashes, block_ids))
-        if kept == block_ids:
-            hash_of.update(zip(block_ids, block_hashes))
-        else:
-            hash_of.update((b, h) for b, h, k in zip(block_ids, block_hashes, kept) if b == k)
+        if kept != block_ids:
+            for block_id, kept_id in zip(block_ids, kept):
+                if block_id != kept_id:
+                    hash_of[block_id] = None
+
+    def _cache_each(self, block_ids: Sequence[int], block_hashes: Sequence[Hashable]) -> None:
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            if block_id != NULL_BLOCK:
+                self.cache_block(block_id, block_hash)
+
+    def _evictable_in_order(self) -> list[int]:
+        """The evictable blocks, least recently released first (stale entries skipped)."""
+        entries = map(self._block_of.__getitem__, islice(self._lru, self._lru_head, None))
+        if not self._num_stale:
+            return list(entries)
+        stale_left, out = self._stale.copy(), []
+        for block_id in entries:
+            if block_id in stale_left:  # b's stale entries come before its live one
+                _take_one(stale_left, block_id)
+            else:
+                out.append(block_id)
+        return out
+
+    def _drop_stale_entries(self) -> None:
+        """Rewrite the LRU without its stale entries (same order). Eviction drops them as it
+        passes; this bounds them when hits keep coming and nothing is evicted."""
+        block_of, stale, live = self._block_of, self._stale, []
+        for block_hash in islice(self._lru, self._lru_head, None):
+            block_id = block_of[block_hash]
+            if block_id in stale:  # b's stale entries come before its live one
+                _take_one(stale, block_id)
+            else:
+                live.append(block_hash)
+        self._lru, self._lru_head, self._num_stale = live, 0, 0
 
     def evict_all_cached(self) -> int:
         """Drop every evictable block back to the free stack (e.g. after a model reload)."""
-        n = len(self._evictable)
-        for block_id in self._evictable:
-            del self._block_of[self._hash_of.pop(block_id)]
+        n = self._num_evictable
+        block_of, hash_of = self._block_of, self._hash_of
+        for block_id in self._evictable_in_order():
+            del block_of[hash_of[block_id]]
+            hash_of[block_id] = None
             self._free.append(block_id)
-        self._evictable.clear()
+        self._lru = []
+        self._lru_head = self._num_evictable = self._num_stale = 0
+        self._stale = {}
         return n
 
     # ---------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
         """free + held + evictable == capacity; ref counts ≥ 0; the cache maps agree."""
-        ref = self._ref
+        ref, hash_of, block_of = self._ref, self._hash_of, self._block_of
         assert ref[NULL_BLOCK] == 0, "null block was referenced"
         assert min(ref) >= 0, "negative ref count"
         held = self.num_blocks - ref.count(0)
         assert held == self._num_held, f"held counter {self._num_held} != {held}"
-        free_now = len(self._free) + len(self._evictable)
+        assert sum(self._stale.values()) == self._num_stale and 0 not in self._stale.values(), "stale counter"
+        try:
+            evictable = self._evictable_in_order()
+        except KeyError as e:
+            raise AssertionError(f"LRU entry {e} not cached") from None
+        assert len(evictable) == self._num_evictable, f"evictable counter {self._num_evictable} != {len(evictable)}"
+        free_now = len(self._free) + len(evictable)
         assert self.num_free_blocks == free_now, f"free counter {self.num_free_blocks} != {free_now}"
         # One byte per block instead of Python sets keeps the check cheap on 1M-block pools.
         seen = bytearray(self.num_blocks)
         for block_id in self._free:
             assert block_id != NULL_BLOCK, "null block on the free stack"
             assert not seen[block_id], f"block {block_id} twice on the free stack"
-            assert ref[block_id] == 0 and block_id not in self._hash_of, f"free block {block_id} held or hashed"
+            assert ref[block_id] == 0 and hash_of[block_id] is None, f"free block {block_id} held or hashed"
             seen[block_id] = 1
-        for block_id in self._evictable:
-            assert not seen[block_id], f"block {block_id} both free and evictable"
-            assert ref[block_id] == 0 and block_id in self._hash_of, f"bad evictable block {block_id}"
-        assert len(self._free) + held + len(self._evictable) == self.capacity, (
-            f"free {len(self._free)} + held {held} + evictable {len(self._evictable)}"
+        for block_id in evictable:
+            assert not seen[block_id], f"block {block_id} twice free or evictable"
+            assert ref[block_id] == 0 and hash_of[block_id] is not None, f"bad evictable block {block_id}"
+            seen[block_id] = 1
+        assert len(self._free) + held + len(evictable) == self.capacity, (
+            f"free {len(self._free)} + held {held} + evictable {len(evictable)}"
             f" != {self.capacity}"
         )
-        assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "cache maps disagree"
-        assert len(self._block_of) == len(self._hash_of), "cache maps differ in size"
+        # Every hashed block is held or in the LRU (none lost behind a stale entry), and is
+        # the block its hash maps to.
+        num_hashed = self.num_blocks - hash_of.count(None)
+        num_held_hashed = held - countOf(compress(hash_of, ref), None)
+        assert num_hashed == num_held_hashed + len(evictable), "a cached block is neither held nor in the LRU"
+        # block_of maps each hash to a block that carries it, and has one entry per hashed
+        # block: the two maps are inverse.
+        assert [hash_of[block_id] for block_id in block_of.values()] == list(block_of), "cache maps disagree"
+        assert len(block_of) == num_hashed, "cache maps differ in size"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import islice, repeat
 
 from kvbudget.daemon.budget import blocks_out_of_window, cache_hit_tokens
 from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
@@ -54,15 +54,27 @@ def no_hit(num_groups: int, queried: int = 0) -> PrefixHit:
     return PrefixHit(0, 0, ((),) * num_groups, (0,) * num_groups, 0, queried)
 
 
-def _cached_ids(
-    pool: BlockPool, num_groups: int, group_index: int, hashes: Sequence[int], stop_at_miss: bool
-) -> list[int | None]:
-    """Cached block id per hash (None: a miss, or a repeat of an id already in the list);
-    with `stop_at_miss`, only the leading run of hits."""
-    keys = cache_keys(num_groups, group_index, hashes)
-    ids: list[int | None] = pool.cached_run(keys) if stop_at_miss else pool.lookup_all(keys)
-    # Distinct ids plus one None for all misses (a leading run has no misses to count).
-    distinct = len(ids) if stop_at_miss else len(ids) - ids.count(None) + (None in ids)
+def _leading_run(pool: BlockPool, num_groups: int, group_index: int, hashes: Sequence[int], k: int) -> list[int]:
+    """Cached block ids of the first k hashes, up to the first miss (or repeated id).
+
+    Lazily: the lookups stop at the first miss, so the work is the hit, not the prompt
+    (a slice or a key list of the whole prompt would touch every one of its hashes)."""
+    keys = islice(hashes if num_groups == 1 else zip(repeat(group_index), hashes), k)
+    ids = pool.cached_run(keys)
+    if len(set(ids)) < len(ids):  # a repeated hash (rare): never put one block twice in a table
+        seen: set[int] = set()
+        for j, block_id in enumerate(ids):
+            if block_id in seen:
+                return ids[:j]
+            seen.add(block_id)
+    return ids
+
+
+def _cached_ids(pool: BlockPool, num_groups: int, group_index: int, hashes: Sequence[int]) -> list[int | None]:
+    """Cached block id per hash (None: a miss, or a repeat of an id already in the list)."""
+    ids = pool.lookup_all(cache_keys(num_groups, group_index, hashes))
+    # Distinct ids plus one None for all misses.
+    distinct = len(ids) - ids.count(None) + (None in ids)
     if len(set(ids)) < distinct:
         # A repeated hash (rare): never put one block twice in a table.
         seen: set[int] = set()
@@ -70,8 +82,6 @@ def _cached_ids(
             if block_id is None:
                 continue
             if block_id in seen:
-                if stop_at_miss:
-                    return ids[:j]
                 ids[j] = None
             else:
                 seen.add(block_id)
@@ -87,6 +97,15 @@ def find_prefix_hit(
     groups = layout.groups
     if k_max <= 0:
         return no_hit(len(groups))
+    if len(groups) == 1 and groups[0].kind in _PREFIX_KINDS:
+        # One full-attention group (most models): the hit is the leading run itself. The
+        # general path below gives the same, with lists per group around it.
+        ids = _leading_run(pool, 1, 0, hashes, k_max)
+        if not ids:
+            return no_hit(1, k_max)
+        shared = pool.num_held_among(ids)
+        k = len(ids)  # <= k_max, so k·B leaves the last prompt token to compute
+        return PrefixHit(k, k * B, (tuple(ids),), (shared,), k - shared, k_max)
 
     # Full-attention groups first: the hit can be no longer than their shortest cached run,
     # so window groups (which must look at every block, hits or not) look no further.
@@ -95,8 +114,8 @@ def find_prefix_hit(
     k = k_max
     for g, group in enumerate(groups):
         if group.kind in _PREFIX_KINDS:
-            ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k], stop_at_miss=True)
-            k = min(k, len(ids))
+            ids_per_group[g] = ids = _leading_run(pool, len(groups), g, hashes, k)
+            k = len(ids)
     if k == 0:
         return no_hit(len(groups), k_max)
 
@@ -106,7 +125,7 @@ def find_prefix_hit(
     window = [g for g, group in enumerate(groups) if group.kind in _WINDOW_KINDS]
     last_miss_per_group: dict[int, list[int]] = {}
     for g in window:
-        ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k], stop_at_miss=False)
+        ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k])
         last_miss = last_miss_per_group[g] = [-1] * (k + 1)  # last uncached index below j
         for j, block_id in enumerate(ids):
             last_miss[j + 1] = j if block_id is None else last_miss[j]

@@ -114,7 +114,8 @@ def release_table(pool: BlockPool, table: list[int]) -> tuple[int, int]:
 
     Returns (references dropped, blocks that stopped being held: not shared with others)."""
     returned = pool.free(reversed(table))  # the pool skips null (released) slots
-    dropped = len(table) - table.count(NULL_BLOCK)
+    # Released slots are the leading ones: most tables have none to count.
+    dropped = len(table) - (table.count(NULL_BLOCK) if table and table[0] == NULL_BLOCK else 0)
     table.clear()
     return dropped, returned
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from kvbudget.daemon.budget import cache_hit_tokens
 from kvbudget.daemon.records import Decision, DecisionKind, RequestSpec
 from kvbudget.daemon.spec import KVCacheLayout
-from kvbudget.traces.loaders import pool_prefix_hashes
 from kvbudget.traces.sim_backend import StepOps
 from kvbudget.traces.sim_request import FINISHED, LOST, QUEUED, REJECTED, RUNNING, SimRequest
 
@@ -70,7 +69,6 @@ class SimEngine:
         self.admitted_now: list[SimRequest] = []  # admitted during the current call
         self.pending_finishes: list[str] = []
         self.pending_progress: dict[str, int] = {}  # request id -> computed tokens
-        self.hash_memo: dict[tuple[int, int], tuple[int, ...]] = {}
         self.stalled = False  # the last step ran nothing
 
     # ----------------------------------------------------------------- queries
@@ -189,7 +187,6 @@ class SimEngine:
             self.local_waiting.append(arrivals.popleft())
         while self.local_waiting and self.in_flight < cfg.max_num_seqs:
             r = self.local_waiting.popleft()
-            r.hashes = pool_prefix_hashes(r.trace, B, self.hash_memo)
             r.state = QUEUED
             self.in_flight += 1
             self.num_queued += 1
