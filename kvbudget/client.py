@@ -83,14 +83,24 @@ def step_message(
     finishes: Iterable[str] = (),
     aborts: Iterable[str] = (),
 ) -> engine_pb2.StepRequest:
-    return engine_pb2.StepRequest(
-        session_id=session_id,
-        submits=[submit_message(s) for s in submits],
-        grows=[engine_pb2.Grow(request_id=r, num_tokens=n) for r, n in grows],
-        progress=[engine_pb2.Progress(request_id=r, num_computed_tokens=n) for r, n in progress],
-        finishes=[engine_pb2.Finish(request_id=r) for r in finishes],
-        aborts=[engine_pb2.Abort(request_id=r) for r in aborts],
-    )
+    # Each op is built in place with the repeated field's `add`: building them apart and
+    # handing lists to the constructor copies every one (twice the cost of a replay step).
+    message = engine_pb2.StepRequest(session_id=session_id)
+    if submits:
+        message.submits.extend([submit_message(s) for s in submits])
+    add = message.grows.add
+    for request_id, num_tokens in grows:
+        add(request_id=request_id, num_tokens=num_tokens)
+    add = message.progress.add
+    for request_id, num_computed_tokens in progress:
+        add(request_id=request_id, num_computed_tokens=num_computed_tokens)
+    add = message.finishes.add
+    for request_id in finishes:
+        add(request_id=request_id)
+    add = message.aborts.add
+    for request_id in aborts:
+        add(request_id=request_id)
+    return message
 
 
 class StepBatch:
