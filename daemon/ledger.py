@@ -95,9 +95,12 @@ class BlockLedger:
         if r.owed:
             self.owed += sign * r.owed
             per_group = self.owed_per_group
-            for g, (h, b) in enumerate(zip(r.held, r.base)):
-                if b > h:
-                    per_group[g] += sign * (b - h)
+            if len(per_group) == 1:  # owed is Σ max(0, base - held): one group owes it all
+                per_group[0] += sign * r.owed
+            else:
+                for g, (h, b) in enumerate(zip(r.held, r.base)):
+                    if b > h:
+                        per_group[g] += sign * (b - h)
         account = self.tenants[r.spec.tenant]
         account.charged += sign * r.charged
         account.held += sign * sum(r.held)
