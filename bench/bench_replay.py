@@ -18,13 +18,15 @@ llama-3.1-8b, 24,000 blocks, optimistic, one engine, default step model. Growth 
 | run | wall | of which | steps | calls | decisions |
 |---|---:|---|---:|---:|---:|
 | offline, grow ahead 16 (default) | 8.7-10.6 s | core 6.4-8.2 s, engine 2.4-2.5 s | 143,786 | 44,907 | |
+| offline, same, quieter hour      | 8.8-9.6 s | core 6.4-7.2 s, engine 2.4-2.5 s | 143,786 | 44,907 | |
 | offline, previous revision       | 11.9-14.6 s | core 9.4-11.8 s, engine 2.5-2.8 s | 143,786 | 44,907 | |
-| live, grow ahead 16 (default)    | 65.0 s | 1.55 ms per call, replayer CPU 20.0 s | 142,519 | 41,922 | 84,385 |
+| live, grow ahead 16 (default)    | 47.6-53.5 s | 1.14-1.28 ms per call, replayer CPU 16.6-17.9 s | 142,519 | 41,922 | 84,385 |
+| live, previous revision          | 65.0 s | 1.55 ms per call, replayer CPU 20.0 s | 142,519 | 41,922 | 84,385 |
 | offline, grow ahead 4 (earlier)  | 15.3-17.5 s | core 12.0-13.9 s, engine 3.3-3.7 s | 142,927 | 71,442 | |
 | live, grow ahead 4 (earlier)     | 100.4 s | 1.51 ms per call | 140,893 | 66,447 | 131,306 |
 
     .venv/bin/python bench/bench_replay.py --mode offline   # first row
-    .venv/bin/python bench/bench_replay.py --mode live      # third row
+    .venv/bin/python bench/bench_replay.py --mode live      # fourth row
 
 The first two rows are four runs each, interleaved (each run of this revision next to one
 of the previous revision's pool, prefix-hit, ledger and simulation modules, the rest
@@ -59,10 +61,15 @@ and allocation 1.2, freeing 1.2, lookups 0.6), the rest of the core ~2.3 s (per 
 admission, fit test, decisions), prompt hashing ~1.3 s (5.8 M CPython tuple hashes in
 traces/loaders.py, values pinned by tests), the simulated engine ~1.1 s. Of the 95 k
 prefix lookups, 68 k are for admission attempts that then do not fit.
-Live, a call is a serial round trip:
-the replayer's own CPU (~0.48 ms per call), the daemon's Step (validation, core, decision
-log before the reply) and the gRPC round trip; the core is ~0.2 ms of it. At 1.55 ms per
-call, 60 s allows ~39 k calls; grow-ahead 16 leaves 41.9 k.
+Live, a call is a serial round trip: the replayer's own CPU (~0.40 ms per call), the
+daemon's Step (validation ~0.01 ms, core ~0.27 ms, decision log ~0.09 ms before the
+reply, means over a 4,000-request slice) and the gRPC round trip. The live row is four
+runs between 12:00 and 12:15 (load average 0.9-1.6); one more run in a slower minute,
+at the start of that stretch, took 60.1 s (1.43 ms per call): the host's speed drifts by
+15-20% from minute to minute. What took it from 65 s: the pool work above (the core is
+most of a call's daemon time), the decision log's cheaper commit (issue 4: commits land
+in an unindexed table), a faster Step validation and reply, and on the replayer's side
+Step messages built in place and reply decisions read into a light tuple.
 """
 
 from __future__ import annotations
