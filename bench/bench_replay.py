@@ -173,21 +173,11 @@ def bench_live(args: argparse.Namespace, trace) -> dict:
 
 
 def _wait_serving(target: str, daemon: subprocess.Popen) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from kvbudget.target import wait_until_serving
 
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        for _ in range(1200):
-            if daemon.poll() is not None:
-                raise SystemExit(f"daemon exited with {daemon.returncode}")
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.05)
-    raise SystemExit("daemon did not start")
+    why = wait_until_serving(target, daemon)
+    if why is not None:
+        raise SystemExit(f"daemon {why}")
 
 
 def _figures(summary: dict) -> dict:

@@ -36,6 +36,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient, step_message
+from kvbudget.target import wait_until_serving
 from kvbudget.v1 import engine_pb2
 
 
@@ -50,18 +51,9 @@ def start_daemon(workdir: Path, num_blocks: int, metrics: bool = False) -> tuple
          *(["--metrics-address", "127.0.0.1:0"] if metrics else [])],
         stdout=subprocess.DEVNULL,
     )
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    break
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit("daemon did not start")
-            time.sleep(0.05)
+    why = wait_until_serving(target, process)
+    if why is not None:
+        raise SystemExit(f"daemon {why}")
     return process, target
 
 

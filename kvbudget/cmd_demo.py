@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from kvbudget.errors import CLIError
@@ -100,25 +99,14 @@ def _start_daemon(args: argparse.Namespace, workdir: Path) -> subprocess.Popen:
 
 
 def _wait_serving(process: subprocess.Popen, target: str, log: Path) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from kvbudget.target import wait_until_serving
 
-    deadline = time.monotonic() + START_TIMEOUT_S
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if process.poll() is not None:
-                last = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
-                raise CLIError(f"the demo daemon exited ({process.returncode}): {last}")
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise CLIError(f"the demo daemon did not come up within {START_TIMEOUT_S:g} s")
-            time.sleep(0.05)
+    if wait_until_serving(target, process, timeout_s=START_TIMEOUT_S) is None:
+        return
+    if process.poll() is not None:
+        last = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+        raise CLIError(f"the demo daemon exited ({process.returncode}): {last}")
+    raise CLIError(f"the demo daemon did not come up within {START_TIMEOUT_S:g} s")
 
 
 def _stop(process: subprocess.Popen, timeout: float = 15.0) -> None:

@@ -13,6 +13,8 @@ import argparse
 import os
 import re
 import stat
+import subprocess
+import time
 from typing import TYPE_CHECKING
 
 from kvbudget.errors import CLIError
@@ -144,3 +146,29 @@ def rpc_error_line(target: str, exc: BaseException) -> str:
     name = code().name if callable(code) and code() is not None else type(exc).__name__
     text = " ".join(((details() if callable(details) else None) or "").split())[:300]
     return f"{target}: {name}: {text or name}"
+
+
+def wait_until_serving(target: str, process: subprocess.Popen | None = None, *, timeout_s: float = 60.0) -> str | None:
+    """Polls the standard health service at `target` until it says SERVING.
+
+    None once it does; otherwise why not, in a few words: the daemon `process` exited
+    (its code), or `timeout_s` passed. For whoever starts a daemon and must wait for it:
+    `kvbudget demo`, the test harness, the benches.
+    """
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process is not None and process.poll() is not None:
+                return f"exited with {process.returncode}"
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == health_pb2.HealthCheckResponse.SERVING:
+                    return None
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                return f"not SERVING after {timeout_s:g} s"
+            time.sleep(0.05)

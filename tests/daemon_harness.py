@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kvbudget.target import wait_until_serving
 
 # Small and hand-checkable: llama-3.1-8b, 16-token blocks; 65 blocks = 64 usable + null.
 DEFAULT_ARGS = (
@@ -56,21 +55,9 @@ class DaemonProcess:
         return self
 
     def wait_serving(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"daemon exited with {self.process.returncode}: {self.stderr()}")
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon not SERVING after {START_TIMEOUT_S}s: {self.stderr()}")
-                time.sleep(0.05)
+        why = wait_until_serving(self.target, self.process, timeout_s=START_TIMEOUT_S)
+        if why is not None:
+            raise RuntimeError(f"daemon {why}: {self.stderr()}")
 
     def stderr(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""

@@ -19,7 +19,7 @@ from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.spec import KVCacheLayout
-from kvbudget.traces.engine_sim import EngineConfig, Simulation, SimRun, StepOps
+from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
 
