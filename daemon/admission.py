@@ -143,6 +143,7 @@ class AdmissionController:
         self.policy = policies.POLICIES[config.policy]
         self.predictor = predictor or OutputLengthPredictor(quantile=config.predictor_quantile)
         self._num_groups = len(layout.groups)
+        self._max_model_len = config.max_model_len  # read on every submit
         self._fit = FitTest(
             layout,
             self.ledger,
@@ -181,22 +182,23 @@ class AdmissionController:
         max_new = request.max_new_tokens
         if max_new is not None and max_new < 0:
             raise AdmissionError("max_new_tokens", f"must not be negative, got {max_new}")
-        max_model_len = self.config.max_model_len
+        max_model_len = self._max_model_len
+        max_len = request.prompt_tokens + (max_model_len if max_new is None else max_new)
+        if max_len > max_model_len:
+            max_len = max_model_len
         self._order += 1
-        r = RequestState(  # positional (spec, max_len, order, num_groups): hot path
-            request,
-            min(request.prompt_tokens + (max_model_len if max_new is None else max_new), max_model_len),
-            self._order,
-            self._num_groups,
-        )
+        # positional (spec, max_len, order, num_groups): hot path
+        r = RequestState(request, max_len, self._order, self._num_groups)
         if request.prompt_tokens > max_model_len:
             return [self._reject(r, Reason.PROMPT_TOO_LONG, now, f"max_model_len {max_model_len}")]
-        worst = self._fit.worst_total(r.max_len)
-        if worst > self._fit.capacity:
-            return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {self._fit.capacity}")]
+        fit = self._fit
+        worst = fit._worst_total.get(max_len) or fit.worst_total(max_len)  # the memo, read in place
+        if worst > fit.capacity:
+            return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {fit.capacity}")]
         self._requests[rid] = r
-        if request.tenant not in self.ledger.tenants:
-            self.ledger.tenant(request.tenant)
+        tenant = request.tenant
+        if tenant not in self.ledger.tenants:
+            self.ledger.tenant(tenant)
         if not self._queue.size:
             decision = self._try_admit(r, now)
         else:
@@ -279,7 +281,9 @@ class AdmissionController:
         """RELEASE the request's blocks (prefix blocks stay cached), then admit from queue."""
         r = self._requests.get(request_id) or self._get(request_id)  # _get raises; one call less
         if r.status is RUNNING:
-            self.predictor.observe(r.spec.tenant, max(0, r.num_tokens - r.spec.prompt_tokens))
+            spec = r.spec
+            output = r.num_tokens - spec.prompt_tokens
+            self.predictor.observe(spec.tenant, output if output > 0 else 0)
         return self._end(r, RELEASE, FINISHED, now)
 
     def abort(self, request_id: str, now: float) -> list[Decision]:
@@ -455,8 +459,10 @@ class AdmissionController:
     def _try_admit(self, r: RequestState, now: float) -> Decision | None:
         """ADMIT or REJECT `r` now, or None (with `r.wait_reason`) if it must wait."""
         policy = self.policy
-        plan = self._fit.plan(r, policy)
-        refusal = self._fit.refusal(r, plan, policy, bool(self._running))
+        fit = self._fit
+        running = self._running
+        plan = fit.plan(r, policy)
+        refusal = fit.refusal(r, plan, policy, bool(running))
         if refusal is not None:
             if refusal.final:
                 return self._reject(r, refusal.reason, now, refusal.detail)
@@ -466,19 +472,29 @@ class AdmissionController:
             return None
         if r.queued:
             self._dequeue(r)
-        r.policy = policy.name
+        r.policy = policy_name = policy.name
         r.predicted_output = plan.predicted
         hit = plan.hit
         self.ledger.admit(r, hit, plan.base, plan.num_tokens, plan.held, plan.charge)
-        self._running[r.spec.request_id] = r
+        spec = r.spec
+        running[spec.request_id] = r
         if hit.queried:  # snapshot-only counters: only a prefix lookup moves them
             self._prefix_hit_blocks += hit.num_blocks
             self._prefix_query_blocks += hit.queried
-        reason = PREFIX_HIT if hit.num_blocks else FITS
         tables = r.tables
         # One group (most models): half the cost of mapping tuple over a one-item list.
         new_ids = (tuple(tables[0]),) if len(tables) == 1 else tuple(map(tuple, tables))
-        return self._decide(ADMIT, reason, r, now, new_ids=new_ids, blocks=(plan.reserved, plan.held_tuple))
+        # self._decide(ADMIT, ...) spelled out: one admission per submit, and the plan
+        # already has the reserved and held tuples.
+        self._seq += 1
+        counts = self._decisions_by_kind
+        counts[ADMIT] = counts.get(ADMIT, 0) + 1
+        return new_decision(
+            self._seq, now, ADMIT, PREFIX_HIT if hit.num_blocks else FITS, spec.request_id,
+            spec.engine_id, spec.tenant, policy_name, spec.prompt_tokens, r.max_len - spec.prompt_tokens,
+            r.num_tokens, r.num_computed, plan.reserved, plan.held_tuple, new_ids, 0, r.hit_blocks,
+            self.pool.num_free_blocks, self._queue.size, len(running), "",
+        )
 
     def _preempt_for(
         self, r: RequestState, num_tokens: int, new_held: list[int], now: float
@@ -520,16 +536,28 @@ class AdmissionController:
     def _end(
         self, r: RequestState, kind: DecisionKind, reason: Reason, now: float, *, schedule: bool = True
     ) -> list[Decision]:
+        spec = r.spec
+        running = self._running
         freed = 0
         if r.status is RUNNING:
             freed = self.ledger.release(r)
-            del self._running[r.spec.request_id]
+            del running[spec.request_id]
             self._dirty = True
         elif r.queued:
             self._dequeue(r)
-        del self._requests[r.spec.request_id]
-        decision = self._decide(kind, reason, r, now, freed=freed)
-        self.ledger.forget_idle_tenant(r.spec.tenant)
+        del self._requests[spec.request_id]
+        # self._decide(kind, reason, r, now, freed=freed) spelled out (every finish): `r`
+        # is not running now, so it reserves and holds nothing.
+        self._seq += 1
+        counts = self._decisions_by_kind
+        counts[kind] = counts.get(kind, 0) + 1
+        decision = new_decision(
+            self._seq, now, kind, reason, spec.request_id, spec.engine_id, spec.tenant,
+            r.policy or self.policy.name, spec.prompt_tokens, r.max_len - spec.prompt_tokens,
+            r.num_tokens, r.num_computed, (), (), (), freed, 0,
+            self.pool.num_free_blocks, self._queue.size, len(running), "",
+        )
+        self.ledger.forget_idle_tenant(spec.tenant)
         if not schedule or not self._queue.size:  # nothing waits: nothing to schedule
             return [decision]
         return [decision, *self.schedule(now)]

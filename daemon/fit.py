@@ -174,12 +174,21 @@ class FitTest:
         target = r.resume_len or prompt
         if policy.uses_lookahead:
             target = min(target + self.lookahead_tokens, r.max_len)
-        num_tokens = min(target, hit_tokens + self.F)
+        first_chunk = hit_tokens + self.F
+        num_tokens = target if target < first_chunk else first_chunk
         held = self._held.get((num_tokens, hit_tokens)) or self.held_tuple(num_tokens, hit_tokens)
         # Built once here: the charge and, if admitted, the ADMIT decision use it. With no
-        # base (optimistic) it is `held` itself: the map of max costs a third of a plan.
-        reserved = held if base is self._no_base else tuple(map(max, held, base))
-        charge = sum(reserved)
+        # base (optimistic) it is `held` itself: the map of max costs a third of a plan;
+        # with one group (most models) it is whichever of the two tuples is larger.
+        if base is self._no_base:
+            reserved = held
+            charge = sum(held)
+        elif len(held) == 1:
+            reserved = held if held[0] >= base[0] else base
+            charge = reserved[0]
+        else:
+            reserved = tuple(map(max, held, base))
+            charge = sum(reserved)
         need = charge
         if hit.num_blocks:  # window-group hits are not free for good: see ledger.py
             need -= sum(hit.shared[g] for g in self.ledger.prefix_groups)
@@ -197,7 +206,7 @@ class FitTest:
             if quota is not None and account.charged + charge > quota:
                 detail = f"tenant {r.tenant!r} at {account.charged} + {charge} > quota {quota}"
                 return Refusal(Reason.TENANT_QUOTA, charge > quota or self.reject_over_quota, detail)
-        spare = ledger.spare
+        spare = ledger.pool.num_free_blocks - ledger.owed - ledger.window_share_reserve  # ledger.spare
         if plan.need > spare:
             reason = Reason.POOL_FULL if plan.need > ledger.pool.num_free_blocks else Reason.BUDGET_FULL
             return Refusal(reason, False)

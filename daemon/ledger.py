@@ -94,17 +94,21 @@ class BlockLedger:
         """Add (sign +1) or take out (-1) `r`'s share of the totals; returns its tenant's account."""
         if r.owed:
             self.owed += sign * r.owed
-            per_group = self.owed_per_group
-            if len(per_group) == 1:  # owed is Σ max(0, base - held): one group owes it all
-                per_group[0] += sign * r.owed
-            else:
-                for g, (h, b) in enumerate(zip(r.held, r.base)):
-                    if b > h:
-                        per_group[g] += sign * (b - h)
+            self._owe_per_group(r, sign)
         account = self.tenants[r.spec.tenant]
         account.charged += sign * r.charged
         account.held += sign * sum(r.held)
         return account
+
+    def _owe_per_group(self, r: RequestState, sign: int) -> None:
+        """Add (+1) or take out (-1) what `r` is owed, per group (its `owed` is not 0)."""
+        per_group = self.owed_per_group
+        if len(per_group) == 1:  # owed is Σ max(0, base - held): one group owes it all
+            per_group[0] += sign * r.owed
+        else:
+            for g, (h, b) in enumerate(zip(r.held, r.base)):
+                if b > h:
+                    per_group[g] += sign * (b - h)
 
     # ------------------------------------------------------------ changes
     def admit(
@@ -134,15 +138,29 @@ class BlockLedger:
             # Every allocated block is newly held (fresh or evicted from the LRU).
             for g, spec in enumerate(self.specs):
                 self.held_per_group[g] += len(grow_table(pool, spec, tables[g], num_tokens))
-        else:  # the common case: fresh tables are the allocations themselves
+        elif len(held) == 1:  # the common case, one group: its table is one allocation
+            tables = [pool.allocate(held[0])]
+            self.held_per_group[0] += held[0]
+        else:  # fresh tables are the allocations themselves
             tables = self._fresh_tables(held)
         r.tables = tables
         r.held = held
         # r.recount() from the sums the caller has: Σ max(0, b - h) = Σ max(h, b) - Σ h.
         r.charged = charge
-        r.owed = charge - sum(held)
+        held_total = sum(held)
+        r.owed = owed = charge - held_total
         r.status = RUNNING
-        self._tally(r, +1).running += 1
+        # self._tally(r, +1), inlined (every admission) with the sums at hand.
+        if owed:
+            self.owed += owed
+            if self.num_groups == 1:  # one group owes it all (see _owe_per_group)
+                self.owed_per_group[0] += owed
+            else:
+                self._owe_per_group(r, +1)
+        account = self.tenants[r.spec.tenant]
+        account.charged += charge
+        account.held += held_total
+        account.running += 1
 
     def _fresh_tables(self, held: list[int]) -> list[list[int]]:
         """New block tables of `held[g]` blocks per group, counted as held. With nothing
@@ -203,16 +221,36 @@ class BlockLedger:
     def release(self, r: RequestState) -> int:
         """Drop every block the request holds; returns how many references went back."""
         pool = self.pool
-        self._tally(r, -1).running -= 1
-        freed = 0
+        owed = r.owed
+        if owed:  # self._tally(r, -1), inlined (every finish)
+            self.owed -= owed
+            if self.num_groups == 1:  # one group owes it all (see _owe_per_group)
+                self.owed_per_group[0] -= owed
+            else:
+                self._owe_per_group(r, -1)
+        account = self.tenants[r.spec.tenant]
+        account.charged -= r.charged
+        account.held -= sum(r.held)
+        account.running -= 1
         held_per_group = self.held_per_group
         window_groups = self.window_groups
-        for g, table in enumerate(r.tables):
-            dropped, returned = release_table(pool, table)
-            held_per_group[g] -= returned
-            if g in window_groups:
-                self._dropped_shared(g, dropped, returned)
-            freed += dropped
+        tables = r.tables
+        if not window_groups and len(tables) == 1:
+            # The common case, one full-attention group: no null slots (only windows
+            # release leading blocks) and no share reserve, so release_table's counting
+            # and its tuple are not needed.
+            table = tables[0]
+            freed = len(table)
+            held_per_group[0] -= pool.free(reversed(table))
+            table.clear()
+        else:
+            freed = 0
+            for g, table in enumerate(tables):
+                dropped, returned = release_table(pool, table)
+                held_per_group[g] -= returned
+                if g in window_groups:
+                    self._dropped_shared(g, dropped, returned)
+                freed += dropped
         r.tables = []
         r.held = [0] * self.num_groups
         r.base = r.held.copy()
