@@ -15,6 +15,9 @@
 4. One caller, closed loop: `append` (writer-thread hand-off) vs `commit_inline` (the
    daemon's path: commit in the caller's thread when nothing is queued ahead), p50 / p99
    per step of 1, 2 and `--step` decisions.
+5. Folding recent rows into the indexed table (`decision_upkeep.fold_below`, one
+   transaction a chunk): us per row and per chunk, by chunk size. A commit waits for at
+   most one chunk, so the chunk size bounds that wait.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 import sqlite_utils
 
 from kvbudget.daemon import decision_log as dl
+from kvbudget.daemon import decision_upkeep as upkeep
 from kvbudget.daemon import decision_schema as schema
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
 
@@ -189,6 +193,29 @@ def bench_inline(directory: Path, step: int, count: int) -> dict[str, list[float
     return results
 
 
+def bench_fold(directory: Path, chunk_rows: int, rounds: int = 10, per_round: int = 4096) -> tuple[float, float]:
+    """(us per folded row, p50 ms per chunk) moving `per_round` committed rows per round."""
+    path = directory / f"fold-{chunk_rows}.db"
+    log = dl.DecisionLog(path, fold_interval_s=1e9, fold_rows=10**9, checkpoint_interval_s=None)
+    log.start()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    upkeep.prepare_fold_below(conn)
+    chunks: list[float] = []
+    for r in range(rounds):
+        steps = sample_decisions(per_round, r * per_round)
+        for i in range(0, per_round, 512):
+            log.commit_inline(steps[i : i + 512])
+        first = r * per_round + 1
+        for below in range(first + chunk_rows, first + per_round + chunk_rows, chunk_rows):
+            t0 = time.perf_counter()
+            upkeep.fold_below(conn, min(below, first + per_round))
+            chunks.append(time.perf_counter() - t0)
+    conn.close()
+    log.close()
+    return sum(chunks) / (rounds * per_round) * 1e6, statistics.median(chunks) * 1e3
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
 
@@ -237,6 +264,11 @@ def main() -> None:
             for name, latencies in bench_inline(directory, step, 2000).items():
                 print(f"  {step:>4} decisions, {name:<24} p50 {percentile(latencies, 50) * 1e6:>7,.0f} us  "
                       f"p99 {percentile(latencies, 99) * 1e6:>7,.0f} us")
+
+        print("\n5. folding into the five indexes, one transaction a chunk")
+        for chunk_rows in (128, 256, 512, 1024, 4096):
+            per_row_us, chunk_ms = bench_fold(directory, chunk_rows)
+            print(f"  chunks of {chunk_rows:>4} rows: {per_row_us:5.2f} us per row, p50 {chunk_ms:6.2f} ms per chunk")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,11 @@ class Authorizer:
         self._tokens = [(token.encode(), Role(role)) for token, role in (tokens or {}).items()]
         self._trust_tcp = trust_tcp
 
+    @property
+    def trusts_everyone(self) -> bool:
+        """Every caller gets full access (no tokens): `require` never refuses."""
+        return self._trust_tcp
+
     def role_of(self, peer: str, metadata: object) -> Role:
         if self._trust_tcp or is_local_peer(peer):
             return Role.ADMIN

@@ -44,7 +44,7 @@ def decision_to_proto(d: Decision) -> common_pb2.Decision:
 
 
 def add_decisions(
-    target: MutableSequence[common_pb2.Decision], decisions: Iterable[Decision], engine_id: str | None = None
+    target: MutableSequence[common_pb2.Decision], decisions: Sequence[Decision], engine_id: str | None = None
 ) -> None:
     """Appends decisions to a message's repeated `decisions` field, built in place.
 
@@ -54,6 +54,11 @@ def add_decisions(
     decisions of that engine are added.
     """
     make = target.add  # type: ignore[attr-defined]
+    if len(decisions) == 1:  # a step's own decision, as a rule
+        (d,) = decisions
+        if engine_id is None or d.engine_id == engine_id:
+            _build_decision(make, d)
+        return
     for d in decisions:
         if engine_id is None or d.engine_id == engine_id:
             _build_decision(make, d)

@@ -30,6 +30,7 @@ from kvbudget.daemon.decision_schema import DecisionLogError
 from kvbudget.daemon.records import Decision, Snapshot
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
+from kvbudget.daemon.step_validation import StepOps
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import common_pb2, engine_pb2
 
@@ -128,7 +129,7 @@ class CoreService:
         """
         # A small batch with nothing queued ahead commits right here (no thread hand-off,
         # no cross-thread wake-up); otherwise it queues for the writer thread.
-        committed = self._resolved()
+        committed = self._resolved_future or self._resolved()
         if decisions:
             try:
                 if not self.log.commit_inline(decisions):
@@ -157,8 +158,11 @@ class CoreService:
         """Whether anyone but the caller hears of these: metrics, a watcher, another engine."""
         if not decisions:
             return False
-        if self.metrics is not None or len(self.watch_hub):
+        if self.metrics is not None or self.watch_hub.has_watchers:
             return True
+        if len(decisions) == 1:  # a step's own decision, as a rule
+            engine_id = decisions[0].engine_id
+            return bool(engine_id) and engine_id != origin_engine
         for d in decisions:
             if d.engine_id != origin_engine and d.engine_id:
                 return True
@@ -210,7 +214,7 @@ class CoreService:
         waiting = [r for r in c.waiting_requests() if r.spec.engine_id == engine_id]
         return running, waiting
 
-    def apply_step(self, step: engine_pb2.StepRequest, engine_id: str) -> list[Decision]:
+    def apply_step(self, ops: StepOps, now: float) -> list[Decision]:
         """Applies a validated step: finishes, aborts, progress, grows, submits.
 
         Freeing first lets this step's own submits use the blocks. A request preempted by
@@ -221,49 +225,46 @@ class CoreService:
         it): the engine wrote it against the old state; the ADMIT in this reply tells it
         the new one. A grow of one still waiting gets the controller's DENY not_running.
         """
-        now = time.time()
         c = self.controller
         decisions: list[Decision] = []
-        # A upb repeated field has no __iter__: a for loop over one indexes it until an
-        # IndexError, which costs more than most ops. A slice is a plain list; most steps
-        # leave most lists empty.
-        finishes, aborts, progress, grows = step.finishes, step.aborts, step.progress, step.grows
+        finishes, aborts, progress, grows, submits = ops
         find = c.find
         was_waiting: set[str] = set()
         if progress or grows:
             was_waiting = {
-                op.request_id
-                for op in (*progress[:], *grows[:])
-                if (state := find(op.request_id)) is not None and state.status is not _RUNNING
+                request_id
+                for request_id, _ in (*progress, *grows)
+                if (state := find(request_id)) is not None and state.status is not _RUNNING
             }
         name, i = "", 0  # the op being applied, named only if it fails
         try:
             if finishes:
                 name = "finishes"
-                for i, op in enumerate(finishes[:]):
-                    decisions += c.finish(op.request_id, now)
+                finish = c.finish
+                for i, request_id in enumerate(finishes):
+                    decisions += finish(request_id, now)
             if aborts:
                 name = "aborts"
-                for i, op in enumerate(aborts[:]):
-                    decisions += c.abort(op.request_id, now)
+                for i, request_id in enumerate(aborts):
+                    decisions += c.abort(request_id, now)
             if progress:
                 name = "progress"
-                for i, op in enumerate(progress[:]):
-                    if op.request_id not in was_waiting:
-                        decisions += c.progress(op.request_id, op.num_computed_tokens, now)
+                for i, (request_id, num_computed) in enumerate(progress):
+                    if request_id not in was_waiting:
+                        decisions += c.progress(request_id, num_computed, now)
             if grows:
                 name = "grows"
-                for i, op in enumerate(grows[:]):
-                    if op.request_id in was_waiting:
-                        state = find(op.request_id)
+                for i, (request_id, num_tokens) in enumerate(grows):
+                    if request_id in was_waiting:
+                        state = find(request_id)
                         if state is None or state.status is _RUNNING:  # rejected or admitted meanwhile
                             continue
-                    decisions += c.grow(op.request_id, op.num_tokens, now)  # waiting: DENY not_running
-            submits = step.submits
+                    decisions += c.grow(request_id, num_tokens, now)  # waiting: DENY not_running
             if submits:
                 name = "submits"
-                for i, op in enumerate(submits[:]):
-                    decisions += c.submit(convert.submit_to_spec(op, engine_id, now), now)
+                submit = c.submit
+                for i, spec in enumerate(submits):
+                    decisions += submit(spec, now)
         except AdmissionError as exc:
             raise StepFailed(exc, f"{name}[{i}].{exc.field}", decisions) from exc
         return decisions

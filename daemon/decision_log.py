@@ -17,11 +17,15 @@ and rows get their ids, and stay, in append order either way.
 Two tables, one view. Commits go into `decisions_recent`, which has no index, so a commit
 writes one or two pages instead of one per index: measured on the 2-core machine, an
 engine step's inline commit went from ~80 us to ~30 us. The writer thread then "folds"
-them into `decisions_indexed` (one INSERT ... SELECT and one DELETE, in C, the GIL
-released, on the second core) `fold_interval_s` after the first unfolded commit, or at
-once past `fold_rows`; and on start (after a crash) and close. Readers query the view
-`decisions` and see every committed row at once, folded or not; the fold moves rows in one
-transaction, so a reader never sees a row twice or not at all.
+them into `decisions_indexed` (`decision_upkeep.fold`: INSERT ... SELECT and DELETE, in C,
+the GIL released, on the second core) `fold_interval_s` after the first unfolded commit,
+or at once past `fold_rows`; and on start (after a crash) and close. Readers query the
+view `decisions` and see every committed row at once, folded or not; each fold moves rows
+in one transaction, so a reader never sees a row twice or not at all. A fold holds the
+write lock, so it moves at most `fold_chunk_rows` rows per transaction and lets the
+commits queued meanwhile go first: a commit waits for one chunk (~3 ms), not for a whole
+fold (~25 ms for 4,096 rows), which had left the event loop idle a third of the time
+under batched load (37-44k decisions/s; 60k/s with folds off).
 
 Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
   * a resolved future means the transaction is committed to the WAL file: it survives the
@@ -44,7 +48,8 @@ SQLite's default); `journal_size_limit` lets the WAL shrink back after a burst.
 
 Retention by age (`retention_s`) and/or size (`max_rows`) is applied by the writer thread
 itself, every `retention_interval_s`, to the indexed table, in bounded chunks so a large
-purge never holds up commits for long.
+purge never holds up commits for long. Folding, purging and checkpointing are in
+`decision_upkeep`.
 """
 
 from __future__ import annotations
@@ -57,13 +62,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 
 import sqlite_utils
 
+from kvbudget.daemon import decision_upkeep as upkeep
 from kvbudget.daemon.decision_schema import (
     COLUMNS,
-    INDEXED,
     RECENT,
     VIEW,
     DecisionLogError,
@@ -74,26 +80,28 @@ from kvbudget.daemon.decision_schema import (
 from kvbudget.daemon.records import Decision
 
 _ROW_MARKS = f"({', '.join('?' * (1 + len(COLUMNS)))})"
-# Rows go in as multi-row INSERTs: one statement binds many rows and runs once. A small
-# commit (an engine step's few decisions) is one such statement in autocommit mode, so no
-# BEGIN / COMMIT round trips through the sqlite3 module; a large one is a transaction of
-# statements of at most _CHUNK_ROWS rows. Against executemany (a statement run per row,
-# each run letting go of the GIL and taking it back) this keeps a batch's commit from
-# trading the GIL with the event loop hundreds of times. Sizes: 1.._SMALL_ROWS exactly,
-# then powers of two, so the sqlite3 statement cache holds a dozen statements at most.
+# Rows go in as multi-row INSERTs: one statement binds many rows and runs once. A commit
+# of 1-8 rows or of a power of two up to _CHUNK_ROWS is one such statement in autocommit
+# mode: one sqlite3_step, so one hand-back of the GIL and no BEGIN / COMMIT round trips
+# through the sqlite3 module; another is a transaction of a few statements (powers of
+# two, then the rest). Against executemany (a statement run per row, each run
+# letting go of the GIL and taking it back) this keeps a batch's commit from trading
+# the GIL with the event loop hundreds of times. Sizes: 1.._SMALL_ROWS exactly, then
+# powers of two, so the sqlite3 statement cache holds a dozen statements at most.
 _SMALL_ROWS = 8
-_CHUNK_ROWS = 128  # x 23 columns: well under SQLite's 32,766 bound parameters
+_CHUNK_ROWS = 1024  # x 23 columns: under SQLite's 32,766 bound parameters
 _INSERT_SQL: dict[int, str] = {
     n: f"INSERT INTO {RECENT} VALUES {', '.join([_ROW_MARKS] * n)}"
-    for n in (*range(1, _SMALL_ROWS + 1), 16, 32, 64, _CHUNK_ROWS)
+    for n in (*range(1, _SMALL_ROWS + 1), 16, 32, 64, 128, 256, 512, _CHUNK_ROWS)
 }
+_POWERS = (512, 256, 128, 64, 32, 16, 8)
 
 
 def _chunk_sizes(num_rows: int) -> list[int]:
     """How `_insert` cuts `num_rows` rows into statements (sizes in _INSERT_SQL)."""
     sizes = [_CHUNK_ROWS] * (num_rows // _CHUNK_ROWS)
     rest = num_rows % _CHUNK_ROWS
-    for size in (64, 32, 16, 8):
+    for size in _POWERS:
         if rest > _SMALL_ROWS and rest >= size:
             sizes.append(size)
             rest -= size
@@ -103,7 +111,6 @@ def _chunk_sizes(num_rows: int) -> list[int]:
 
 
 PAGE_SIZE = 1024  # for new files; see start()
-_FOLD_SQL = (f"INSERT INTO {INDEXED} SELECT * FROM {RECENT}", f"DELETE FROM {RECENT}")
 
 
 # ----------------------------------------------------------------------- writer
@@ -129,10 +136,12 @@ class DecisionLog:
         max_rows: int | None = None,
         max_batch: int = 2000,
         retention_interval_s: float = 60.0,
-        retention_chunk_rows: int = 50_000,
+        retention_chunk_rows: int = 5_000,
         checkpoint_interval_s: float | None = 1.0,
         fold_interval_s: float = 0.05,
         fold_rows: int = 4096,
+        fold_chunk_rows: int = 512,
+        inline_wait_s: float = 0.05,
     ) -> None:
         if retention_s is not None and retention_s <= 0:
             raise ValueError(f"retention_s must be positive or None, got {retention_s}")
@@ -140,8 +149,11 @@ class DecisionLog:
             raise ValueError(f"max_rows must be positive or None, got {max_rows}")
         if max_batch <= 0:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
-        if fold_interval_s < 0 or fold_rows <= 0:
-            raise ValueError(f"fold_interval_s must be >= 0 and fold_rows positive, got {fold_interval_s}, {fold_rows}")
+        if fold_interval_s < 0 or fold_rows <= 0 or fold_chunk_rows <= 0:
+            raise ValueError(
+                "fold_interval_s must be >= 0, fold_rows and fold_chunk_rows positive, "
+                f"got {fold_interval_s}, {fold_rows}, {fold_chunk_rows}"
+            )
         self.path = Path(path)
         self.retention_s = retention_s
         self.max_rows = max_rows
@@ -151,6 +163,8 @@ class DecisionLog:
         self.checkpoint_interval_s = checkpoint_interval_s
         self.fold_interval_s = fold_interval_s
         self.fold_rows = fold_rows
+        self.fold_chunk_rows = fold_chunk_rows
+        self.inline_wait_s = inline_wait_s
         self.rows_written = 0
         self.rows_deleted = 0
         self.rows_folded = 0
@@ -168,7 +182,9 @@ class DecisionLog:
         # commit_inline when nothing is queued ahead of it (see there).
         self._conn_lock = threading.Lock()
         self._queued = 0  # appended, not yet committed (or failed); guarded by _lock
-        # Guarded by _conn_lock: the next row id, and rows committed but not folded yet.
+        self._inline_waiting = 0  # commit_inline callers waiting for the connection
+        # Guarded by _conn_lock: the next row id, and rows committed but not folded yet
+        # (ids _next_id - _unfolded .. _next_id - 1).
         self._next_id = 1
         self._unfolded = 0
         self._unfolded_since = 0.0  # monotonic time of the first unfolded commit
@@ -203,7 +219,8 @@ class DecisionLog:
             create_or_upgrade(db, str(self.path))
             (last_id,) = conn.execute(f"SELECT max(id) FROM {VIEW}").fetchone()
             self._next_id = (last_id or 0) + 1
-            self._fold(conn)  # rows a crash left in the recent table
+            self.rows_folded += upkeep.fold(conn)  # rows a crash left in the recent table
+            upkeep.prepare_fold_below(conn)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise DecisionLogError(f"{self.path}: {exc}") from exc
@@ -218,7 +235,10 @@ class DecisionLog:
         self._thread.start()
         if self.checkpoint_interval_s is not None:
             self._checkpointer = threading.Thread(
-                target=self._checkpoint_loop, name="kvbudget-decision-log-checkpoint", daemon=True
+                target=upkeep.checkpoint_loop,
+                args=(self.path, self.checkpoint_interval_s, self._stop_checkpoints),
+                name="kvbudget-decision-log-checkpoint",
+                daemon=True,
             )
             self._checkpointer.start()
 
@@ -236,31 +256,50 @@ class DecisionLog:
         """Commits in the caller's thread when that keeps the order; the daemon's path.
 
         True: the rows are committed (one transaction). False: nothing was written, the
-        caller must `append` instead, because something is queued ahead, the writer is
-        folding or purging, or there are more than `max_rows` rows. Raises
-        DecisionLogError when the write failed (nothing was written), RuntimeError when
-        the log is not running. A small step's decisions then cost one commit and no
-        thread hand-off, wake-up or Future (about half the latency of the writer round
-        trip). The durability contract is the same as `append`'s.
+        caller must `append` instead, because something is queued ahead, there are more
+        than `max_rows` rows, or the writer kept the connection (a fold, purge or queued
+        batch) past `inline_wait_s`. Raises DecisionLogError when the write failed
+        (nothing was written), RuntimeError when the log is not running. A small step's
+        decisions then cost one commit and no thread hand-off, wake-up or Future (about
+        half the latency of the writer round trip). The durability contract is the same
+        as `append`'s.
+
+        Waiting for the writer (the GIL released meanwhile) beats queueing behind it: a
+        queued batch is written by the writer thread, which must win the GIL back from the
+        event loop for every statement (up to the 5 ms switch interval each), so under
+        batched load queued commits took ~18 ms and left the loop idle a third of the time.
+        The writer holds the connection for one bounded chunk at a time and lets a waiting
+        caller in between chunks.
         """
         if len(decisions) > max_rows:
             return False
         with self._lock:
             if self._closed or self._thread is None:
                 raise RuntimeError("decision log is not running (start() not called, or closed)")
-            if self._queued or not self._conn_lock.acquire(blocking=False):
+            if self._queued:
                 return False
+            conn_lock = self._conn_lock
+            if not conn_lock.acquire(blocking=False):
+                self._inline_waiting += 1
+                try:
+                    if not conn_lock.acquire(timeout=self.inline_wait_s):
+                        return False
+                finally:
+                    self._inline_waiting -= 1
             try:
                 assert self._db is not None
                 logged_at = time.time()
                 first_id = self._next_id
-                rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(decisions)]
+                if len(decisions) == 1:  # most steps of a live engine: no comprehension frame
+                    rows = [decision_row(first_id, decisions[0], logged_at)]
+                else:
+                    rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(decisions)]
                 try:
                     first_to_fold = self._insert(rows)
                 except sqlite3.Error as exc:
                     raise DecisionLogError(f"{self.path}: write failed: {exc}") from exc
             finally:
-                self._conn_lock.release()
+                conn_lock.release()
         if first_to_fold:
             self._queue.put(_WAKE)  # the first rows to fold: the writer starts its timer
         return True
@@ -324,11 +363,10 @@ class DecisionLog:
             if self._unfolded and (
                 stopping or self._unfolded >= self.fold_rows or now >= self._unfolded_since + self.fold_interval_s
             ):
-                with self._conn_lock:
-                    self._fold_safely(conn)
+                self._fold_chunks(conn, everything=stopping)
             if self._has_retention and (retention_behind or now >= next_retention):
-                with self._conn_lock:
-                    self._fold_safely(conn)  # retention counts and purges indexed rows
+                self._let_inline_in()
+                with self._conn_lock:  # (purges folded rows only: unfolded ones are the newest)
                     retention_behind = self._apply_retention_safely(conn)
                 next_retention = time.monotonic() + self.retention_interval_s
         # Anything appended races with close() only before _closed was set; drain it.
@@ -336,8 +374,7 @@ class DecisionLog:
         while leftover:
             self._commit_queued(conn, leftover)
             leftover, _ = self._take_batch(0.0)
-        with self._conn_lock:
-            self._fold_safely(conn)  # a cleanly closed log has every row indexed
+        self._fold_chunks(conn, everything=True)  # a cleanly closed log has every row indexed
 
     def _wait_s(self, next_retention: float, retention_behind: bool) -> float | None:
         """How long the writer may block for the next batch: until a fold or purge is due."""
@@ -349,22 +386,6 @@ class DecisionLog:
         if retention_behind:
             return 0.0
         return max(0.0, min(due) - time.monotonic()) if due else None
-
-    def _checkpoint_loop(self) -> None:
-        """Copy the WAL into the database file every checkpoint_interval_s, on its own
-        connection. PASSIVE never blocks the writer (or readers), so a commit never pays
-        for a checkpoint's fsync; sqlite3 releases the GIL meanwhile, so on a second core
-        it costs the daemon nothing. The last connection to close checkpoints the rest."""
-        assert self.checkpoint_interval_s is not None
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            while not self._stop_checkpoints.wait(self.checkpoint_interval_s):
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error:
-                    pass  # busy or I/O trouble: the next round tries again
-        finally:
-            conn.close()
 
     @property
     def _has_retention(self) -> bool:
@@ -442,20 +463,23 @@ class DecisionLog:
             return False
         cursor = self._cursor
         assert cursor is not None
-        if len(rows) <= _SMALL_ROWS:  # one statement: a transaction of its own
-            cursor.execute(_INSERT_SQL[len(rows)], [value for row in rows for value in row])
+        if len(rows) == 1:  # the row is the parameter sequence
+            cursor.execute(_INSERT_SQL[1], rows[0])
         else:
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                start = 0
-                for size in _chunk_sizes(len(rows)):
-                    chunk = rows[start : start + size]
-                    cursor.execute(_INSERT_SQL[size], [value for row in chunk for value in row])
-                    start += size
-                cursor.execute("COMMIT")
-            except BaseException:
-                cursor.execute("ROLLBACK")
-                raise
+            sizes = _chunk_sizes(len(rows))
+            if len(sizes) == 1:  # one statement: a transaction of its own
+                cursor.execute(_INSERT_SQL[sizes[0]], list(chain.from_iterable(rows)))
+            else:
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    start = 0
+                    for size in sizes:
+                        cursor.execute(_INSERT_SQL[size], list(chain.from_iterable(rows[start : start + size])))
+                        start += size
+                    cursor.execute("COMMIT")
+                except BaseException:
+                    cursor.execute("ROLLBACK")
+                    raise
         self._next_id += len(rows)
         self.rows_written += len(rows)
         self.batches_committed += 1
@@ -465,26 +489,33 @@ class DecisionLog:
         self._unfolded += len(rows)
         return first_to_fold
 
-    def _fold(self, conn: sqlite3.Connection) -> None:
-        """Moves every committed row from the recent table into the indexed one, in one
-        transaction (readers of the view see each row exactly once throughout)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            moved = conn.execute(_FOLD_SQL[0]).rowcount
-            conn.execute(_FOLD_SQL[1])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        self.rows_folded += max(0, moved)
-        self._unfolded = 0
+    def _fold_chunks(self, conn: sqlite3.Connection, *, everything: bool) -> None:
+        """Folds unfolded rows, at most `fold_chunk_rows` per transaction, until none is left
+        or (unless `everything`) a commit is queued: the run loop commits it, then comes
+        back (the fold is still due). At least one chunk per call, so folding keeps up. An
+        inline commit waiting for the connection goes in before the next chunk."""
+        while self._unfolded:
+            self._let_inline_in()
+            with self._conn_lock:
+                first_id = self._next_id - self._unfolded  # the recent table holds ids first_id..
+                below_id = min(first_id + self.fold_chunk_rows, self._next_id)
+                try:
+                    upkeep.fold_below(conn, below_id)
+                except sqlite3.Error:
+                    # The rows stay in the recent table, visible through the view; try again soon.
+                    self._unfolded_since = time.monotonic()
+                    return
+                self.rows_folded += below_id - first_id
+                self._unfolded = self._next_id - below_id
+            if self._queued and not everything:
+                return
 
-    def _fold_safely(self, conn: sqlite3.Connection) -> None:
-        try:
-            self._fold(conn)
-        except sqlite3.Error:
-            # The rows stay in the recent table, visible through the view; try again soon.
-            self._unfolded_since = time.monotonic()
+    def _let_inline_in(self) -> None:
+        """Waits (briefly) while a commit_inline caller waits for the connection: a released
+        lock is not handed over, and this thread would otherwise take it straight back."""
+        deadline = time.monotonic() + self.inline_wait_s
+        while self._inline_waiting and time.monotonic() < deadline:
+            time.sleep(50e-6)
 
     def _apply_retention_safely(self, conn: sqlite3.Connection) -> bool:
         try:
@@ -496,32 +527,15 @@ class DecisionLog:
         """Delete the oldest indexed rows beyond the age / size limits, one bounded chunk.
 
         Returns True when more rows are due (the writer runs it again right after the next
-        batch). Only the writer thread calls this (tests call it on a stopped log's file).
-        Rows not folded yet are the newest; they count toward `max_rows` but are not purged
-        before they are folded.
+        batch). Only the writer thread calls this (tests call it on a stopped log's file);
+        see `decision_upkeep.purge_oldest`.
         """
-        now = time.time() if now is None else now
-        (first_id,) = conn.execute(f"SELECT min(id) FROM {INDEXED}").fetchone()
-        if first_id is None:
-            return False
-        (last_id,) = conn.execute(f"SELECT max(id) FROM {VIEW}").fetchone()
-        keep_from = first_id  # rows with id >= keep_from survive
-        if self.max_rows is not None:
-            keep_from = max(keep_from, last_id - self.max_rows + 1)
-        if self.retention_s is not None:
-            (first_recent,) = conn.execute(
-                f"SELECT min(id) FROM {INDEXED} WHERE logged_at >= ?", (now - self.retention_s,)
-            ).fetchone()
-            keep_from = max(keep_from, last_id + 1 if first_recent is None else first_recent)
-        if keep_from <= first_id:
-            return False
-        delete_below = min(keep_from, first_id + self.retention_chunk_rows)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            deleted = conn.execute(f"DELETE FROM {INDEXED} WHERE id < ?", (delete_below,)).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        deleted, more = upkeep.purge_oldest(
+            conn,
+            retention_s=self.retention_s,
+            max_rows=self.max_rows,
+            chunk_rows=self.retention_chunk_rows,
+            now=time.time() if now is None else now,
+        )
         self.rows_deleted += deleted
-        return delete_below < keep_from
+        return more

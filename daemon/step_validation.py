@@ -13,19 +13,24 @@ than the pool, a grow the pool cannot serve are all decisions (REJECT, DENY, ...
 Two passes, one set of rules. `_first_problem` is the rules, in field order, each check
 naming its field. Every Step of every engine goes through here and almost none is wrong,
 so `validate_step` first runs `_all_clear`: the same checks with no field names, no
-indexes and each repeated field read once (each read of one builds a wrapper object).
+indexes and each field read once (each read of a upb field builds an object), which
+also reads the ops out into a `StepOps` for `apply_step`, so no field is read twice.
 It must pass exactly what the rules accept: a step it passed wrongly would be applied,
 one it failed wrongly costs both passes (the rules then have the last word). Tests
-check the two agree on random steps one fault away from valid.
+check the two agree on random steps one fault away from valid, and that the ops it
+reads are the plain reading's (`read_ops`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import grpc
 
+from kvbudget.daemon.convert import submit_to_spec
+from kvbudget.daemon.records import RequestSpec, new_request_spec
 from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.v1 import engine_pb2
 
@@ -60,30 +65,67 @@ def check_request_id(field: str, request_id: str) -> None:
         raise _invalid(field, "must be printable text")
 
 
-def validate_step(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int) -> None:
-    """Raises StepRejected for the first problem, in field order; returns None if all is well.
+class StepOps(NamedTuple):
+    """A validated step, read out of its message once: what `CoreService.apply_step` applies.
+
+    Request ids of the finishes and aborts, (request id, tokens) of the progress reports
+    and grows, and the submits as the controller takes them."""
+
+    finishes: list[str]
+    aborts: list[str]
+    progress: list[tuple[str, int]]  # (request_id, num_computed_tokens)
+    grows: list[tuple[str, int]]  # (request_id, num_tokens)
+    submits: list[RequestSpec]
+
+
+def validate_step(
+    step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int, now: float = 0.0
+) -> StepOps:
+    """The step's ops, or StepRejected for the first problem, in field order.
 
     Ops run in the order finishes, aborts, progress, grows, submits, and each request id
     may appear once among finishes, aborts, progress and grows (once per list for
     progress + grows together is allowed: report progress, then grow). A grow or progress
     of a request that is waiting (preempted) is not an error: the controller answers a
     grow with DENY not_running and ignores the progress, as the engine may not know yet.
+    `now` is the submits' arrival time.
     """
-    if not _all_clear(step, engine_id, find, block_size):
+    ops = _all_clear(step, engine_id, find, block_size, now)
+    if ops is None:
         _first_problem(step, engine_id, find, block_size)
+        ops = read_ops(step, engine_id, now)  # the screen was over-cautious: the rules passed it
+    return ops
 
 
-def _all_clear(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int) -> bool:
-    """True only if `_first_problem` would find nothing (False: let it look).
+def read_ops(step: engine_pb2.StepRequest, engine_id: str, now: float) -> StepOps:
+    """The ops of a step the rules accept, read the plain way (what `_all_clear` returns)."""
+    return StepOps(
+        [op.request_id for op in step.finishes],
+        [op.request_id for op in step.aborts],
+        [(op.request_id, op.num_computed_tokens) for op in step.progress],
+        [(op.request_id, op.num_tokens) for op in step.grows],
+        [submit_to_spec(op, engine_id, now) for op in step.submits],
+    )
 
-    A upb repeated field has no __iter__: a for loop over one indexes it until IndexError,
-    and that exception costs more than the loop's body. A slice is a plain list."""
+
+def _all_clear(
+    step: engine_pb2.StepRequest, engine_id: str, find: Find, block_size: int, now: float = 0.0
+) -> StepOps | None:
+    """The step's ops if `_first_problem` would find nothing; None: let it look.
+
+    Each field of each op is read once, here, and handed on: every read of a upb field
+    builds a new object, and a repeated field's wrapper costs about as much as a dict
+    lookup. A upb repeated field has no __iter__ either: a for loop over one indexes it
+    until IndexError, and that exception costs more than the loop's body. A slice is a
+    plain list."""
     finishes, aborts, progress, grows, submits = step.finishes, step.aborts, step.progress, step.grows, step.submits
     if len(finishes) + len(aborts) + len(progress) + len(grows) + len(submits) > MAX_OPS_PER_STEP:
-        return False
+        return None
     # A found id is one of a live request, but the id check stays: it is a few string tests.
     ended: set[str] = set()  # ids of the finishes and aborts
-    for ops in (finishes, aborts):
+    finished: list[str] = []
+    aborted: list[str] = []
+    for ops, ids in ((finishes, finished), (aborts, aborted)):
         if ops:
             for op in ops[:]:
                 request_id = op.request_id
@@ -94,8 +136,10 @@ def _all_clear(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_s
                     or request_id in ended
                     or not (len(request_id) <= MAX_ID_CHARS and request_id.isprintable())
                 ):
-                    return False
+                    return None
                 ended.add(request_id)
+                ids.append(request_id)
+    reports: list[tuple[str, int]] = []
     if progress:
         reported: set[str] = set()
         for op in progress[:]:
@@ -108,10 +152,13 @@ def _all_clear(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_s
                 or request_id in reported
                 or not (len(request_id) <= MAX_ID_CHARS and request_id.isprintable())
             ):
-                return False
+                return None
             reported.add(request_id)
-            if live.status is _RUNNING and not live.num_computed <= op.num_computed_tokens <= live.num_tokens:
-                return False
+            computed = op.num_computed_tokens
+            if live.status is _RUNNING and not live.num_computed <= computed <= live.num_tokens:
+                return None
+            reports.append((request_id, computed))
+    growths: list[tuple[str, int]] = []
     if grows:
         grown: set[str] = set()
         for op in grows[:]:
@@ -124,31 +171,44 @@ def _all_clear(step: engine_pb2.StepRequest, engine_id: str, find: Find, block_s
                 or request_id in grown
                 or not (len(request_id) <= MAX_ID_CHARS and request_id.isprintable())
             ):
-                return False
+                return None
             grown.add(request_id)
             num_tokens = op.num_tokens
             if num_tokens > live.max_len or (live.status is _RUNNING and num_tokens < live.num_tokens):
-                return False
+                return None
+            growths.append((request_id, num_tokens))
+    specs: list[RequestSpec] = []
     if submits:
         seen: set[str] = set()
         for op in submits[:]:
             request_id = op.request_id
             prompt_tokens = op.prompt_tokens
+            max_new_tokens = op.max_new_tokens
+            hashes = op.prefix_hashes
             tenant = op.tenant
+            deadline = op.deadline_unix_s
             if (
                 not 0 < len(request_id) <= MAX_ID_CHARS
                 or request_id in seen
                 or find(request_id) is not None
                 or not request_id.isprintable()
                 or prompt_tokens < 1
-                or (op.max_new_tokens < 1 and op.HasField("max_new_tokens"))
-                or len(op.prefix_hashes) > prompt_tokens // block_size
+                or (max_new_tokens < 1 and op.HasField("max_new_tokens"))
+                or len(hashes) > prompt_tokens // block_size
                 or (tenant and (len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable()))
-                or not 0.0 <= op.deadline_unix_s < _INF  # also refuses NaN
+                or not 0.0 <= deadline < _INF  # also refuses NaN
             ):
-                return False
+                return None
             seen.add(request_id)
-    return True
+            # convert.submit_to_spec, with the fields already read: a set max_new_tokens
+            # is at least 1 (checked above), so 0 means "not set".
+            specs.append(
+                new_request_spec(
+                    request_id, prompt_tokens, max_new_tokens or None, tuple(hashes) if hashes else (),
+                    op.priority, tenant, engine_id, deadline or None, now,
+                )
+            )
+    return StepOps(finished, aborted, reports, growths, specs)
 
 
 def _owned(field: str, request_id: str, engine_id: str, find: Find) -> RequestState:

@@ -59,6 +59,10 @@ class WatchHub:
     def __len__(self) -> int:
         return len(self._watchers)
 
+    @property
+    def has_watchers(self) -> bool:
+        return bool(self._watchers)
+
     def add(self, max_decisions: int) -> Watcher:
         if len(self._watchers) >= self.max_watchers:
             raise TooManyWatchers()

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvbudget.daemon import decision_upkeep as upkeep
 from kvbudget.daemon.decision_log import DecisionLog
 from kvbudget.daemon.decision_query import open_read_only, query_decisions
 from kvbudget.daemon.decision_schema import (
@@ -301,7 +302,9 @@ def test_flush_waits_for_everything_appended_before(log: DecisionLog, db_path: P
 
 # ----------------------------------------------------------------------- retention
 def test_retention_by_rows_keeps_the_newest(db_path: Path) -> None:
-    with DecisionLog(db_path, max_rows=10, retention_interval_s=0.0) as log:
+    # Retention purges folded rows only (unfolded ones are the newest); folding at once
+    # (fold_interval_s=0) makes the pass after the 25-row batch see all of them.
+    with DecisionLog(db_path, max_rows=10, retention_interval_s=0.0, fold_interval_s=0.0) as log:
         log.append([make_decision(seq) for seq in range(25)]).result()
         log.flush()  # the pass after the 25-row batch has run before the flush batch
         # ids 1..25; keep the newest 10 -> ids 16..25 (25 - 10 + 1 = 16), seqs 15..24.
@@ -589,6 +592,91 @@ def test_fold_settings_are_checked(db_path: Path) -> None:
         DecisionLog(db_path, fold_interval_s=-1)
     with pytest.raises(ValueError, match="fold_rows"):
         DecisionLog(db_path, fold_rows=0)
+    with pytest.raises(ValueError, match="fold_chunk_rows"):
+        DecisionLog(db_path, fold_chunk_rows=0)
+
+
+def test_a_chunk_fold_moves_exactly_the_rows_below_its_bound(db_path: Path) -> None:
+    with DecisionLog(db_path, fold_interval_s=3600.0) as log:
+        log.commit_inline([make_decision(seq) for seq in range(1, 8)])  # ids 1..7, unfolded
+    # (close() folded them; put them back to fold by hand on the writer's kind of connection)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute(f"INSERT INTO {RECENT} SELECT * FROM {INDEXED}")
+    conn.execute(f"DELETE FROM {INDEXED}")
+    upkeep.prepare_fold_below(conn)
+    upkeep.fold_below(conn, 4)  # ids 1, 2, 3 move; 4..7 stay
+    assert [r for (r,) in conn.execute(f"SELECT id FROM {INDEXED} ORDER BY id")] == [1, 2, 3]
+    assert [r for (r,) in conn.execute(f"SELECT id FROM {RECENT} ORDER BY id")] == [4, 5, 6, 7]
+    upkeep.fold_below(conn, 8)
+    assert (count_rows(db_path, table=INDEXED), count_rows(db_path, table=RECENT)) == (7, 0)
+    conn.close()
+
+
+def test_the_fold_trigger_is_private_to_the_writers_connection(db_path: Path) -> None:
+    with DecisionLog(db_path) as log:
+        log.commit_inline([make_decision(1)])
+        other = sqlite3.connect(db_path)
+        names = {name for (name,) in other.execute("SELECT name FROM sqlite_master")}
+        other.close()
+    # TEMP objects live in the connection's own temp schema, never in the file.
+    assert not {n for n in names if "fold" in n}
+    assert {"decisions", RECENT, INDEXED, "meta"} <= names
+
+
+def test_a_fold_in_chunks_leaves_every_row_once(db_path: Path) -> None:
+    with DecisionLog(db_path, fold_interval_s=0.0, fold_chunk_rows=3) as log:
+        for seq in range(20):
+            assert log.commit_inline([make_decision(seq), make_decision(100 + seq)])
+        log.flush()
+        deadline = time.monotonic() + 30
+        while log.rows_folded < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert log.rows_folded == 40
+    rows = query_decisions(db_path, limit=None, newest_first=False)
+    assert [r["id"] for r in rows] == list(range(1, 41))
+
+
+def test_an_inline_commit_waits_for_the_writer_rather_than_queue_behind_it(db_path: Path) -> None:
+    # The writer holds the connection (a fold chunk, say): commit_inline waits for it
+    # (the GIL let go) and commits in the caller's thread; nothing goes through the queue.
+    with DecisionLog(db_path, inline_wait_s=60.0) as log:
+        log._conn_lock.acquire()
+        result: list[bool] = []
+        caller = threading.Thread(target=lambda: result.append(log.commit_inline([make_decision(1)])))
+        caller.start()
+        deadline = time.monotonic() + 30
+        while not log._inline_waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert log._inline_waiting == 1 and count_rows(db_path) == 0
+        log._conn_lock.release()
+        caller.join()
+        assert result == [True] and log._queued == 0
+        assert count_rows(db_path) == 1
+
+
+def test_an_inline_commit_gives_up_after_inline_wait_s_and_writes_nothing(db_path: Path) -> None:
+    with DecisionLog(db_path, inline_wait_s=0.01) as log:
+        log._conn_lock.acquire()
+        try:
+            assert log.commit_inline([make_decision(1)]) is False  # the caller appends instead
+            assert log._inline_waiting == 0
+        finally:
+            log._conn_lock.release()
+        assert count_rows(db_path) == 0
+        log.append([make_decision(1)]).result()
+    assert [r["seq"] for r in query_decisions(db_path, limit=None)] == [1]
+
+
+@pytest.mark.parametrize(
+    ("ids", "text"),
+    [((), "[]"), (((),), "[[]]"), (((17,),), "[[17]]"), (((1, 2),), "[[1, 2]]"), (((1,), (2, 3)), "[[1], [2, 3]]")],
+)
+def test_block_ids_per_group_are_stored_as_json_text(ids, text) -> None:
+    from kvbudget.daemon.decision_schema import _int_list, _nested_int_list
+
+    assert _nested_int_list(ids) == text and json.loads(text) == [list(g) for g in ids]
+    assert _int_list((3, 4)) == "[3, 4]" and _int_list(()) == "[]"
+    assert _int_list((3, 4)) is _int_list((3, 4))  # remembered
 
 
 def test_a_new_log_uses_small_pages_and_an_existing_one_keeps_its_own(tmp_path: Path) -> None:
@@ -631,7 +719,7 @@ def test_commit_inline_says_when_the_caller_must_queue_instead(log: DecisionLog,
     assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2]
 
 
-@pytest.mark.parametrize("num_rows", [1, 8, 9, 15, 16, 17, 127, 128, 129, 300, 1000])
+@pytest.mark.parametrize("num_rows", [1, 2, 8, 9, 15, 16, 17, 127, 128, 129, 300, 512, 1000, 1024, 1025, 2500])
 def test_a_large_commit_is_cut_into_bounded_statements_and_keeps_every_row_in_order(
     db_path: Path, num_rows: int
 ) -> None:
@@ -655,4 +743,6 @@ def test_chunk_sizes_by_hand() -> None:
     assert _chunk_sizes(5) == [5]  # up to 8 rows: one statement of exactly that many
     assert _chunk_sizes(9) == [8, 1]  # 9 = 8 + 1
     assert _chunk_sizes(100) == [64, 32, 4]  # 100 = 64 + 32 + 4
-    assert _chunk_sizes(300) == [128, 128, 32, 8, 4]  # 300 = 2 x 128 + 44, 44 = 32 + 8 + 4
+    assert _chunk_sizes(300) == [256, 32, 8, 4]  # 300 = 256 + 32 + 8 + 4
+    assert _chunk_sizes(512) == [512]  # a batched engine step (256 submits + 256 finishes): one statement
+    assert _chunk_sizes(2500) == [1024, 1024, 256, 128, 64, 4]  # 2 x 1024 + 452

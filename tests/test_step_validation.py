@@ -2,7 +2,8 @@
 
 `validate_step` trusts `_all_clear` to let a step through without running the rules, so
 `_all_clear` must never pass a step the rules refuse; and it should pass every step the
-rules accept, or the daemon pays for both passes. Hypothesis builds random steps from ids
+rules accept, or the daemon pays for both passes. What it passes, it also reads out (the
+ops `apply_step` applies): they must be what the plain reading (`read_ops`) gives. Hypothesis builds random steps from ids
 and numbers chosen to sit on every edge of every rule; the gRPC statuses and field names
 themselves are pinned in test_server_bad_input.py.
 
@@ -27,7 +28,7 @@ from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.records import RequestSpec
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.spec import KV_DTYPES, AttentionSpec, group_layers
-from kvbudget.daemon.step_validation import StepRejected, _all_clear, _first_problem, validate_step
+from kvbudget.daemon.step_validation import StepRejected, _all_clear, _first_problem, read_ops, validate_step
 from kvbudget.v1 import engine_pb2
 
 B = 16
@@ -158,7 +159,11 @@ def rules_accept(step: engine_pb2.StepRequest, engine_id: str) -> bool:
 
 @given(step=STEPS, engine_id=st.sampled_from(["e1", "e2"]))
 def test_the_fast_screen_passes_exactly_what_the_rules_accept(step, engine_id) -> None:
-    assert _all_clear(step, engine_id, CTRL.find, B) == rules_accept(step, engine_id)
+    ops = _all_clear(step, engine_id, CTRL.find, B, 3.5)
+    assert (ops is not None) == rules_accept(step, engine_id)
+    if ops is not None:
+        assert ops == read_ops(step, engine_id, 3.5)
+        assert validate_step(step, engine_id, CTRL.find, B, 3.5) == ops
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f"{t}.{f}={v!r:.12}" for t, f, v in FAULTS])
@@ -166,7 +171,10 @@ def test_the_fast_screen_passes_exactly_what_the_rules_accept(step, engine_id) -
 @given(data=st.data())
 def test_the_fast_screen_agrees_on_steps_one_fault_away(fault, data) -> None:
     step = data.draw(near_valid_steps(fault))
-    assert _all_clear(step, "e1", CTRL.find, B) == rules_accept(step, "e1")
+    ops = _all_clear(step, "e1", CTRL.find, B, 3.5)
+    assert (ops is not None) == rules_accept(step, "e1")
+    if ops is not None:
+        assert ops == read_ops(step, "e1", 3.5)
 
 
 @given(step=st.sampled_from(FAULTS).flatmap(near_valid_steps))
@@ -190,11 +198,17 @@ def test_a_typical_step_is_all_clear_and_each_rule_names_its_field() -> None:
         grows=[engine_pb2.Grow(request_id="wait", num_tokens=200)],  # waiting: no slot check
         submits=[engine_pb2.Submit(request_id="new-1", prompt_tokens=32, max_new_tokens=8, prefix_hashes=[1, 2])],
     )
-    assert _all_clear(step, "e1", CTRL.find, B)
-    validate_step(step, "e1", CTRL.find, B)
+    ops = _all_clear(step, "e1", CTRL.find, B, 7.0)
+    assert ops is not None
+    assert validate_step(step, "e1", CTRL.find, B, 7.0) == ops
+    assert ops.finishes == ["run-1"] and ops.aborts == [] and ops.progress == []
+    assert ops.grows == [("wait", 200)]
+    assert ops.submits == [
+        RequestSpec("new-1", 32, 8, prefix_hashes=(1, 2), engine_id="e1", arrival_s=7.0)
+    ]
     # prompt 32 = 2 full blocks of 16: a third hash cannot be right.
     step.submits[0].prefix_hashes.append(3)
-    assert not _all_clear(step, "e1", CTRL.find, B)
+    assert _all_clear(step, "e1", CTRL.find, B) is None
     with pytest.raises(StepRejected) as info:
         validate_step(step, "e1", CTRL.find, B)
     assert (info.value.code, info.value.field) == (grpc.StatusCode.INVALID_ARGUMENT, "submits[0].prefix_hashes")
