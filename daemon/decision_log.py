@@ -17,15 +17,19 @@ and rows get their ids, and stay, in append order either way.
 Two tables, one view. Commits go into `decisions_recent`, which has no index, so a commit
 writes one or two pages instead of one per index: measured on the 2-core machine, an
 engine step's inline commit went from ~80 us to ~30 us. The writer thread then "folds"
-them into `decisions_indexed` (`decision_upkeep.fold`: INSERT ... SELECT and DELETE, in C,
-the GIL released, on the second core) `fold_interval_s` after the first unfolded commit,
-or at once past `fold_rows`; and on start (after a crash) and close. Readers query the
-view `decisions` and see every committed row at once, folded or not; each fold moves rows
-in one transaction, so a reader never sees a row twice or not at all. A fold holds the
-write lock, so it moves at most `fold_chunk_rows` rows per transaction and lets the
-commits queued meanwhile go first: a commit waits for one chunk (~3 ms), not for a whole
-fold (~25 ms for 4,096 rows), which had left the event loop idle a third of the time
-under batched load (37-44k decisions/s; 60k/s with folds off).
+them into `decisions_indexed` `fold_interval_s` after the first unfolded commit, or at
+once past `fold_rows`; and on start (after a crash) and close. Readers query the view
+`decisions` and see every committed row at once, folded or not; each fold moves rows in
+one transaction, so a reader never sees a row twice or not at all.
+
+A fold holds SQLite's one write lock, and so would keep commits waiting. So it moves at
+most `fold_chunk_rows` rows per transaction, each chunk a single statement
+(`decision_upkeep.fold_below`: the lock is taken and let go inside one sqlite3_step, the
+GIL released, on the second core), lets an inline commit waiting for the connection in
+between chunks, and gives way to queued commits. A commit then waits for one chunk of
+512 rows (~3 ms) at most, not for a whole fold (~25 ms for 4,096 rows): under batched
+load the whole-fold version left the event loop idle a third of the time (37-44k
+decisions/s against 60k with folds off; 54-70k now, bench_roundtrip).
 
 Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
   * a resolved future means the transaction is committed to the WAL file: it survives the
@@ -375,6 +379,8 @@ class DecisionLog:
             self._commit_queued(conn, leftover)
             leftover, _ = self._take_batch(0.0)
         self._fold_chunks(conn, everything=True)  # a cleanly closed log has every row indexed
+        # (nothing is committed after the drain above: close() has stopped appends and
+        # the caller's inline commits)
 
     def _wait_s(self, next_retention: float, retention_behind: bool) -> float | None:
         """How long the writer may block for the next batch: until a fold or purge is due."""
@@ -490,15 +496,17 @@ class DecisionLog:
         return first_to_fold
 
     def _fold_chunks(self, conn: sqlite3.Connection, *, everything: bool) -> None:
-        """Folds unfolded rows, at most `fold_chunk_rows` per transaction, until none is left
-        or (unless `everything`) a commit is queued: the run loop commits it, then comes
-        back (the fold is still due). At least one chunk per call, so folding keeps up. An
-        inline commit waiting for the connection goes in before the next chunk."""
-        while self._unfolded:
+        """Folds the rows unfolded when called, at most `fold_chunk_rows` per transaction,
+        then returns to the run loop, which checks the queue and retention before it folds
+        what came meanwhile. It also returns early (unless `everything`) when a commit is
+        queued: the loop commits it, then comes back (the fold is still due). An inline
+        commit waiting for the connection goes in before the next chunk."""
+        end_id = self._next_id  # not beyond: under steady load new rows never stop coming
+        while self._unfolded and self._next_id - self._unfolded < end_id:
             self._let_inline_in()
             with self._conn_lock:
                 first_id = self._next_id - self._unfolded  # the recent table holds ids first_id..
-                below_id = min(first_id + self.fold_chunk_rows, self._next_id)
+                below_id = min(first_id + self.fold_chunk_rows, end_id)
                 try:
                     upkeep.fold_below(conn, below_id)
                 except sqlite3.Error:

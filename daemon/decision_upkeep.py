@@ -57,7 +57,9 @@ def fold(conn: sqlite3.Connection) -> int:
 
 
 def prepare_fold_below(conn: sqlite3.Connection) -> None:
-    """Creates the connection's TEMP table and trigger `fold_below` uses (idempotent)."""
+    """Creates the connection's TEMP table and trigger `fold_below` uses (idempotent).
+    The TEMP schema is kept in memory: no temporary file to create under a hardened unit."""
+    conn.execute("PRAGMA temp_store=MEMORY")
     for sql in _FOLD_TRIGGER:
         conn.execute(sql)
 

@@ -636,6 +636,32 @@ def test_a_fold_in_chunks_leaves_every_row_once(db_path: Path) -> None:
     assert [r["id"] for r in rows] == list(range(1, 41))
 
 
+def test_a_fold_takes_the_rows_there_when_it_starts(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under steady load a commit lands between every two chunks; a fold that chased them
+    # would never hand back to the writer's loop (queued batches wait, retention starves).
+    from kvbudget.daemon.decision_schema import decision_row
+
+    with DecisionLog(db_path, fold_interval_s=3600.0, fold_chunk_rows=1) as log:
+        for seq in range(3):
+            assert log.commit_inline([make_decision(seq)])  # ids 1..3; no fold due for an hour
+        real_fold_below = upkeep.fold_below
+        folded_below: list[int] = []
+
+        def fold_then_commit(conn: sqlite3.Connection, below_id: int) -> None:
+            real_fold_below(conn, below_id)
+            folded_below.append(below_id)
+            if len(folded_below) <= 20:  # (bounded: a fold that chased them fails, not hangs)
+                log._insert([decision_row(log._next_id, make_decision(100 + below_id), 0.0)])  # lock held
+
+        monkeypatch.setattr(upkeep, "fold_below", fold_then_commit)
+        assert log._db is not None
+        log._fold_chunks(log._db.conn, everything=False)
+        assert folded_below == [2, 3, 4]  # one row a chunk, the three there at the start
+        assert (log.rows_folded, log._unfolded) == (3, 3)  # the three committed meanwhile wait
+        monkeypatch.setattr(upkeep, "fold_below", real_fold_below)
+    assert count_rows(db_path, table=INDEXED) == 6 and count_rows(db_path, table=RECENT) == 0
+
+
 def test_an_inline_commit_waits_for_the_writer_rather_than_queue_behind_it(db_path: Path) -> None:
     # The writer holds the connection (a fold chunk, say): commit_inline waits for it
     # (the GIL let go) and commits in the caller's thread; nothing goes through the queue.
