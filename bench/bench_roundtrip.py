@@ -40,16 +40,21 @@ from kvbudget.target import wait_until_serving
 from kvbudget.v1 import engine_pb2
 
 
-def start_daemon(workdir: Path, num_blocks: int, metrics: bool = False) -> tuple[subprocess.Popen, str]:
-    socket_path = workdir / "kvbudget.sock"
+def start_daemon(
+    workdir: Path, num_blocks: int, metrics: bool = False, *, python: str = sys.executable,
+    cwd: str | None = None, name: str = "kvbudget",
+) -> tuple[subprocess.Popen, str]:
+    """A daemon of `python`'s kvbudget (another checkout's venv: bench_revisions.py)."""
+    socket_path = workdir / f"{name}.sock"
     target = f"unix://{socket_path}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvbudget", "daemon", "--model", "llama-3.1-8b",
+        [python, "-m", "kvbudget", "daemon", "--model", "llama-3.1-8b",
          "--num-gpu-blocks", str(num_blocks), "--memory-mode", "accounting", "--device", "cpu",
          "--max-model-len", "2048", "--policy", "guaranteed", "--listen", target,
-         "--db-path", str(workdir / "decisions.db"), "--retention-days", "0", "--log-level", "warning",
+         "--db-path", str(workdir / f"{name}.db"), "--retention-days", "0", "--log-level", "warning",
          *(["--metrics-address", "127.0.0.1:0"] if metrics else [])],
         stdout=subprocess.DEVNULL,
+        cwd=cwd,
     )
     why = wait_until_serving(target, process)
     if why is not None:
@@ -157,7 +162,7 @@ def main() -> None:
         try:
             lat = asyncio.run(latency(target, args.calls))
             done, elapsed, steps = asyncio.run(throughput(target, args.engines, args.batch, args.seconds))
-            rows = subprocess.run(["sqlite3", str(Path(tmp) / "decisions.db"), "SELECT count(*) FROM decisions"],
+            rows = subprocess.run(["sqlite3", str(Path(tmp) / "kvbudget.db"), "SELECT count(*) FROM decisions"],
                                   capture_output=True, text=True).stdout.strip() or "?"
         finally:
             process.terminate()
