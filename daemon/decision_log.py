@@ -283,7 +283,7 @@ class DecisionLog:
             if self._queued:
                 return False
             conn_lock = self._conn_lock
-            if not conn_lock.acquire(blocking=False):
+            if not conn_lock.acquire(False):  # (positional: no keyword parsing per commit)
                 self._inline_waiting += 1
                 try:
                     if not conn_lock.acquire(timeout=self.inline_wait_s):
