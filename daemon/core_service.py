@@ -32,7 +32,7 @@ from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
 from kvbudget.daemon.step_validation import StepOps
 from kvbudget.daemon.watch import WatchHub
-from kvbudget.v1 import common_pb2, engine_pb2
+from kvbudget.v1 import common_pb2
 
 log = logging.getLogger("kvbudget.daemon")
 _RUNNING = Status.RUNNING  # enum member lookups are slow on Python 3.11; this runs per op

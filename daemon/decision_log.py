@@ -153,6 +153,8 @@ class DecisionLog:
             raise ValueError(f"max_rows must be positive or None, got {max_rows}")
         if max_batch <= 0:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
+        if inline_wait_s < 0:  # (a negative lock timeout would mean: wait for ever)
+            raise ValueError(f"inline_wait_s must be >= 0, got {inline_wait_s}")
         if fold_interval_s < 0 or fold_rows <= 0 or fold_chunk_rows <= 0:
             raise ValueError(
                 "fold_interval_s must be >= 0, fold_rows and fold_chunk_rows positive, "

@@ -9,8 +9,8 @@ commits what queued up between chunks.
 Folding moves committed rows from `decisions_recent` (no index: cheap commits) into
 `decisions_indexed`. A chunk is one transaction (INSERT ... SELECT, then DELETE), so a
 reader of the `decisions` view sees each row exactly once throughout. On the 2-core
-machine a row costs ~6 us to fold into the five indexes, ~7 us in chunks of 512 (~3 ms a
-chunk, against ~22 ms for 4,096 rows in one go): see bench/bench_decision_log.py.
+machine a row costs ~6 us to fold into the five indexes: ~3 ms a chunk of 512 rows,
+against ~23 ms for 4,096 rows in one go (bench/bench_decision_log.py, section 5).
 """
 
 from __future__ import annotations

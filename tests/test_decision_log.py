@@ -594,6 +594,8 @@ def test_fold_settings_are_checked(db_path: Path) -> None:
         DecisionLog(db_path, fold_rows=0)
     with pytest.raises(ValueError, match="fold_chunk_rows"):
         DecisionLog(db_path, fold_chunk_rows=0)
+    with pytest.raises(ValueError, match="inline_wait_s"):
+        DecisionLog(db_path, inline_wait_s=-1)
 
 
 def test_a_chunk_fold_moves_exactly_the_rows_below_its_bound(db_path: Path) -> None:
