@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -42,13 +43,14 @@ from kvbudget.v1 import engine_pb2
 
 def start_daemon(
     workdir: Path, num_blocks: int, metrics: bool = False, *, python: str = sys.executable,
-    cwd: str | None = None, name: str = "kvbudget",
+    cwd: str | None = None, name: str = "kvbudget", launcher: Sequence[str] = ("-m", "kvbudget"),
 ) -> tuple[subprocess.Popen, str]:
-    """A daemon of `python`'s kvbudget (another checkout's venv: bench_revisions.py)."""
+    """A daemon of `python`'s kvbudget (another checkout's venv: bench_revisions.py), started
+    by `launcher` (bench_step_parts.py: step_variant.py with a part of Step changed)."""
     socket_path = workdir / f"{name}.sock"
     target = f"unix://{socket_path}"
     process = subprocess.Popen(
-        [python, "-m", "kvbudget", "daemon", "--model", "llama-3.1-8b",
+        [python, *launcher, "daemon", "--model", "llama-3.1-8b",
          "--num-gpu-blocks", str(num_blocks), "--memory-mode", "accounting", "--device", "cpu",
          "--max-model-len", "2048", "--policy", "guaranteed", "--listen", target,
          "--db-path", str(workdir / f"{name}.db"), "--retention-days", "0", "--log-level", "warning",
