@@ -48,7 +48,10 @@ Checkpoints. SQLite's automatic checkpoint runs inside a commit every 1000 WAL p
 fsyncs the database file, which shows up as a latency spike for whichever engine step
 triggered it. The log turns it off and runs PASSIVE checkpoints every
 `checkpoint_interval_s` on a connection of its own (`checkpoint_interval_s=None` restores
-SQLite's default); `journal_size_limit` lets the WAL shrink back after a burst.
+SQLite's default). Under steady commits the WAL would never start over (a PASSIVE pass
+never catches up with what is written meanwhile) and grew without bound; past
+`wal_limit_bytes` the checkpoint thread catches up and starts it over, holding commits off for
+the last frames only (`decision_upkeep.checkpoint`).
 
 Retention by age (`retention_s`) and/or size (`max_rows`) is applied by the writer thread
 itself, every `retention_interval_s`, to the indexed table, in bounded chunks so a large
@@ -115,6 +118,10 @@ def _chunk_sizes(num_rows: int) -> list[int]:
 
 
 PAGE_SIZE = 1024  # for new files; see start()
+# The WAL's size bound: past it the checkpoint thread starts the WAL over (under steady
+# commits it would otherwise never start over: decision_upkeep.checkpoint), and a WAL
+# SQLite starts over is cut back to it.
+WAL_LIMIT_BYTES = 64 * 2**20
 
 
 # ----------------------------------------------------------------------- writer
@@ -146,6 +153,7 @@ class DecisionLog:
         fold_rows: int = 4096,
         fold_chunk_rows: int = 512,
         inline_wait_s: float = 0.05,
+        wal_limit_bytes: int = WAL_LIMIT_BYTES,
     ) -> None:
         if retention_s is not None and retention_s <= 0:
             raise ValueError(f"retention_s must be positive or None, got {retention_s}")
@@ -153,6 +161,8 @@ class DecisionLog:
             raise ValueError(f"max_rows must be positive or None, got {max_rows}")
         if max_batch <= 0:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
+        if wal_limit_bytes <= 0:
+            raise ValueError(f"wal_limit_bytes must be positive, got {wal_limit_bytes}")
         if inline_wait_s < 0:  # (a negative lock timeout would mean: wait for ever)
             raise ValueError(f"inline_wait_s must be >= 0, got {inline_wait_s}")
         if fold_interval_s < 0 or fold_rows <= 0 or fold_chunk_rows <= 0:
@@ -171,6 +181,8 @@ class DecisionLog:
         self.fold_rows = fold_rows
         self.fold_chunk_rows = fold_chunk_rows
         self.inline_wait_s = inline_wait_s
+        self.wal_limit_bytes = wal_limit_bytes
+        self.wal_resets = 0  # times the checkpoint thread started over a WAL past wal_limit_bytes
         self.rows_written = 0
         self.rows_deleted = 0
         self.rows_folded = 0
@@ -217,7 +229,7 @@ class DecisionLog:
             db.enable_wal()
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")  # a reader's checkpoint may hold the lock briefly
-            conn.execute(f"PRAGMA journal_size_limit={64 * 2**20}")  # WAL shrinks back after a burst
+            conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")  # WAL shrinks back after a burst
             if self.checkpoint_interval_s is not None:
                 # Checkpoints (copying the WAL into the file, with an fsync) move off the
                 # commit path onto their own thread; see _checkpoint_loop.
@@ -243,6 +255,7 @@ class DecisionLog:
             self._checkpointer = threading.Thread(
                 target=upkeep.checkpoint_loop,
                 args=(self.path, self.checkpoint_interval_s, self._stop_checkpoints),
+                kwargs={"wal_reset_bytes": self.wal_limit_bytes, "on_reset": self._count_wal_reset},
                 name="kvbudget-decision-log-checkpoint",
                 daemon=True,
             )
@@ -346,6 +359,9 @@ class DecisionLog:
             self._cursor = None
             self._db.conn.close()
             self._db = None
+
+    def _count_wal_reset(self) -> None:
+        self.wal_resets += 1  # (only the checkpoint thread writes it)
 
     def __enter__(self) -> DecisionLog:
         self.start()

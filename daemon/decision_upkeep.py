@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
 
 from kvbudget.daemon.decision_schema import INDEXED, RECENT, VIEW
 
@@ -107,18 +108,63 @@ def purge_oldest(
     return deleted, delete_below < keep_from
 
 
-def checkpoint_loop(path: str | os.PathLike[str], interval_s: float, stop: threading.Event) -> None:
-    """Copies the WAL into the database file every `interval_s` until `stop` is set, on a
-    connection of its own. PASSIVE never blocks the writer (or readers), so a commit never
-    pays for a checkpoint's fsync; sqlite3 releases the GIL meanwhile, so on a second core
-    it costs the daemon nothing. The last connection to close checkpoints the rest."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+# A RESTART checkpoint stops the writer while it finishes: it gives up after this long
+# waiting for the write lock or for readers of the old WAL (an operator's long query),
+# rather than hold the daemon's commits longer. The next interval tries again.
+RESET_WAIT_MS = 100
+_CATCH_UP_PASSES = 8
+
+
+def checkpoint_loop(
+    path: str | os.PathLike[str],
+    interval_s: float,
+    stop: threading.Event,
+    *,
+    wal_reset_bytes: int,
+    on_reset: Callable[[], None] = lambda: None,
+) -> None:
+    """`checkpoint` every `interval_s` until `stop` is set, on a connection of its own;
+    `on_reset` after each that started the WAL over. The last connection to close checkpoints
+    the rest."""
+    conn, page_size = connect_checkpointer(path)
     try:
         while not stop.wait(interval_s):
             try:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                if checkpoint(conn, page_size, wal_reset_bytes):
+                    on_reset()
             except sqlite3.Error:
                 pass  # busy or I/O trouble: the next round tries again
     finally:
         conn.close()
 
+
+def connect_checkpointer(path: str | os.PathLike[str]) -> tuple[sqlite3.Connection, int]:
+    """A connection for `checkpoint`, and the file's page size."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout={RESET_WAIT_MS}")
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    return conn, page_size
+
+
+def checkpoint(conn: sqlite3.Connection, page_size: int, wal_reset_bytes: int) -> bool:
+    """Copies the WAL into the database file; returns True when it also started it over.
+
+    PASSIVE never blocks the writer (or readers), so a commit never pays for a
+    checkpoint's fsync, and sqlite3 releases the GIL meanwhile. But SQLite starts the WAL
+    over only when a commit finds every frame copied, and under steady commits a PASSIVE
+    pass never catches up with the frames written while it ran: under bench_roundtrip's
+    batched load the WAL grew by 30-40 MB/s (1.9 GB in a minute; a disk's worth within
+    hours for a daemon that runs for weeks). So once the WAL is past `wal_reset_bytes`, further PASSIVE passes
+    copy what came meanwhile (each has less to do), and a RESTART, which holds the
+    writer off while it runs, copies the last frames: the next commit writes at the
+    start of the WAL again (over the same file blocks, which is cheaper than growing a
+    truncated file back; `journal_size_limit` cuts a larger file back to the limit)."""
+    _, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    if wal_frames * page_size <= wal_reset_bytes:
+        return False
+    for _ in range(_CATCH_UP_PASSES):  # the writer waits only for what is left after these
+        if (wal_frames - copied) * page_size <= wal_reset_bytes // 64:
+            break
+        _, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+    return not busy

@@ -431,6 +431,107 @@ def test_checkpoints_run_off_the_commit_path(db_path: Path) -> None:
         assert log._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's default
 
 
+def _wal_bytes(db_path: Path) -> int:
+    wal = Path(f"{db_path}-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def _fill_wal(db_path: Path, rows: int) -> sqlite3.Connection:
+    """A writer that never checkpoints, with `rows` decisions committed into the WAL."""
+    with DecisionLog(db_path, checkpoint_interval_s=None):  # the schema, then closed
+        pass
+    writer = sqlite3.connect(db_path, isolation_level=None)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("PRAGMA journal_size_limit=-1")  # the WAL keeps its size when it starts over
+    blob = json.dumps([0] * 50)
+    for i in range(rows):
+        writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind, request_id, detail) VALUES (?, ?, 'admit', ?, ?)",
+                       (i + 1, 1.0, f"r{i}", blob))
+    return writer
+
+
+def _wal_frames(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+
+
+def test_checkpoint_starts_a_wal_past_its_bound_over_and_keeps_every_row(db_path: Path) -> None:
+    writer = _fill_wal(db_path, 2000)
+    before = _wal_bytes(db_path)
+    assert before > 256 * 1024
+    conn, page_size = upkeep.connect_checkpointer(db_path)
+    assert page_size == 1024
+    assert _wal_frames(conn) * page_size > 256 * 1024
+    assert upkeep.checkpoint(conn, page_size, wal_reset_bytes=256 * 1024) is True
+    assert count_rows(db_path, table=RECENT) == 2000
+    # The writer's next commit goes to the start of the WAL: the file does not grow, and
+    # it holds that commit's frames only.
+    writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind) VALUES (2001, 1.0, 'admit')")
+    assert _wal_bytes(db_path) == before
+    assert _wal_frames(conn) <= 4
+    assert count_rows(db_path, table=RECENT) == 2001
+    conn.close()
+    writer.close()
+
+
+def test_checkpoint_leaves_a_wal_under_its_bound_alone(db_path: Path) -> None:
+    writer = _fill_wal(db_path, 200)
+    before = _wal_bytes(db_path)
+    conn, page_size = upkeep.connect_checkpointer(db_path)
+    # Nothing would stop a RESTART here (it would succeed and say True): it is not tried.
+    assert upkeep.checkpoint(conn, page_size, wal_reset_bytes=before * 2) is False
+    _, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert frames == copied > 0  # every frame copied into the file (PASSIVE)
+    assert count_rows(db_path, table=RECENT) == 200
+    conn.close()
+    writer.close()
+
+
+def test_checkpoint_gives_way_to_a_reader_of_the_old_wal(db_path: Path) -> None:
+    writer = _fill_wal(db_path, 2000)
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute(f"SELECT count(*) FROM {RECENT}").fetchone()[0] == 2000  # holds its snapshot
+    writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind) VALUES (2001, 1.0, 'admit')")
+    conn, page_size = upkeep.connect_checkpointer(db_path)
+    # The reader's snapshot needs the WAL: the RESTART gives up (after RESET_WAIT_MS) and
+    # the writer goes on, appending; nothing is lost on either side.
+    frames = _wal_frames(conn)
+    assert upkeep.checkpoint(conn, page_size, wal_reset_bytes=256 * 1024) is False
+    writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind) VALUES (2002, 1.0, 'admit')")
+    assert _wal_frames(conn) > frames
+    assert reader.execute(f"SELECT count(*) FROM {RECENT}").fetchone()[0] == 2000
+    reader.execute("COMMIT")
+    assert upkeep.checkpoint(conn, page_size, wal_reset_bytes=256 * 1024) is True  # the next round
+    writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind) VALUES (2003, 1.0, 'admit')")
+    assert _wal_frames(conn) <= 4
+    assert count_rows(db_path, table=RECENT) == 2003
+    conn.close()
+    reader.close()
+    writer.close()
+
+
+def test_steady_commits_do_not_grow_the_wal_without_bound(db_path: Path) -> None:
+    limit = 256 * 1024
+    with DecisionLog(db_path, checkpoint_interval_s=0.01, wal_limit_bytes=limit) as log:
+        # Commits without a pause: a PASSIVE checkpoint alone never finds the WAL all
+        # copied, so it would never start over. Wait (bounded) for the thread to empty it.
+        seq = 0
+        deadline = time.monotonic() + 60.0
+        while log.wal_resets < 2 and time.monotonic() < deadline:
+            log.append([make_decision(seq + i) for i in range(200)]).result()
+            seq += 200
+        assert log.wal_resets >= 2
+        log.flush()
+        written = seq
+    assert count_rows(db_path) == written
+    assert count_rows(db_path, table=INDEXED) == written  # closed cleanly: every row folded
+
+
+def test_wal_limit_must_be_positive(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="wal_limit_bytes"):
+        DecisionLog(db_path, wal_limit_bytes=0)
+
+
 # ----------------------------------------------------------------------- inline commits
 def test_append_inline_commits_before_returning(log: DecisionLog, db_path: Path) -> None:
     future = log.append_inline([make_decision(1), make_decision(2)])
