@@ -333,7 +333,7 @@ class CoreService:
                     self._gpu = await asyncio.to_thread(self._gpu_probe)
                 if self.metrics is not None and now_mono - last_metrics >= self.options.metrics_refresh_s:
                     last_metrics = now_mono
-                    self.metrics.update(self.snapshot(), self._gpu)
+                    self.metrics.update(self.snapshot(), self._gpu, self.log.figures())
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep the daemon alive; the next tick retries

@@ -124,9 +124,27 @@ PAGE_SIZE = 1024  # for new files; see start()
 WAL_LIMIT_BYTES = 64 * 2**20
 
 
+def _file_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 # ----------------------------------------------------------------------- writer
 _STOP = object()
 _WAKE = object()  # an inline commit left rows to fold: the writer sets its fold timer
+
+
+@dataclasses.dataclass(frozen=True)
+class LogFigures:
+    """What the metrics show of the log: its files' sizes and its upkeep's counts."""
+
+    database_bytes: int
+    wal_bytes: int
+    rows_written: int
+    rows_folded: int
+    wal_resets: int
 
 
 @dataclasses.dataclass
@@ -359,6 +377,16 @@ class DecisionLog:
             self._cursor = None
             self._db.conn.close()
             self._db = None
+
+    def figures(self) -> LogFigures:
+        """The files' sizes now (two stat calls) and the counts so far."""
+        return LogFigures(
+            database_bytes=_file_bytes(self.path),
+            wal_bytes=_file_bytes(Path(f"{self.path}-wal")),
+            rows_written=self.rows_written,
+            rows_folded=self.rows_folded,
+            wal_resets=self.wal_resets,
+        )
 
     def _count_wal_reset(self) -> None:
         self.wal_resets += 1  # (only the checkpoint thread writes it)

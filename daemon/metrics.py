@@ -39,6 +39,16 @@ class GpuMemory(Protocol):
     free_bytes: int
 
 
+class LogFigures(Protocol):
+    """What metrics read from `decision_log.LogFigures`."""
+
+    database_bytes: int
+    wal_bytes: int
+    rows_written: int
+    rows_folded: int
+    wal_resets: int
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -92,6 +102,16 @@ class Metrics:
             "Time from an engine's call to its decisions being ready (log commit included)",
             buckets=LATENCY_BUCKETS_S, registry=r,
         )
+        self.log_bytes = Gauge(
+            "kvbudget_decision_log_bytes", "Size of the decision log's files (database, wal)", ["file"], registry=r
+        )
+        self.log_rows = Counter(
+            "kvbudget_decision_log_rows", "Decision log rows committed, and moved into the indexed table",
+            ["state"], registry=r,
+        )
+        self.log_wal_resets = Counter(
+            "kvbudget_decision_log_wal_resets", "Times the WAL was past its bound and was started over", registry=r
+        )
         self.policy = Gauge("kvbudget_policy", "The admission policy in force (1 for it)", ["policy"], registry=r)
         self.gpu_present = Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=r)
         self.gpu_memory = Gauge(
@@ -134,8 +154,8 @@ class Metrics:
         preempt = self.preemptions.labels(reason=reason_text) if kind_text == DecisionKind.PREEMPT.value else None
         return self.decisions.labels(kind=kind_text, reason=reason_text), preempt
 
-    def update(self, snapshot: Snapshot, gpu: GpuMemory | None = None) -> None:
-        """Set the gauges from a snapshot (and the GPU probe, when there is one)."""
+    def update(self, snapshot: Snapshot, gpu: GpuMemory | None = None, log: LogFigures | None = None) -> None:
+        """Set the gauges from a snapshot (and the GPU probe and the decision log, when given)."""
         with self._lock:
             self.kv_cache_usage.set(snapshot.usage)
             self.requests_waiting.set(snapshot.num_waiting)
@@ -168,6 +188,13 @@ class Metrics:
 
             self._add_increase(self.prefix_queries, ("prefix_queries",), snapshot.prefix_query_blocks)
             self._add_increase(self.prefix_hits, ("prefix_hits",), snapshot.prefix_hit_blocks)
+
+            if log is not None:
+                self.log_bytes.labels(file="database").set(log.database_bytes)
+                self.log_bytes.labels(file="wal").set(log.wal_bytes)
+                self._add_increase(self.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)
+                self._add_increase(self.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)
+                self._add_increase(self.log_wal_resets, ("log_wal_resets",), log.wal_resets)
 
             if gpu is not None:
                 self.gpu_present.set(1.0 if gpu.present else 0.0)

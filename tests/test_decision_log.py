@@ -527,6 +527,15 @@ def test_steady_commits_do_not_grow_the_wal_without_bound(db_path: Path) -> None
     assert count_rows(db_path, table=INDEXED) == written  # closed cleanly: every row folded
 
 
+def test_figures_are_the_files_sizes_and_the_counts(log: DecisionLog, db_path: Path) -> None:
+    log.append([make_decision(seq) for seq in range(50)]).result()
+    figures = log.figures()
+    assert figures.rows_written == 50
+    assert figures.database_bytes == db_path.stat().st_size > 0
+    assert figures.wal_bytes == Path(f"{db_path}-wal").stat().st_size > 0
+    assert figures.wal_resets == 0
+
+
 def test_wal_limit_must_be_positive(db_path: Path) -> None:
     with pytest.raises(ValueError, match="wal_limit_bytes"):
         DecisionLog(db_path, wal_limit_bytes=0)

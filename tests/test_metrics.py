@@ -152,6 +152,31 @@ def test_gpu_memory() -> None:
     assert value(metrics, "kvbudget_gpu_present") == 0.0
 
 
+@dataclass
+class FakeLog:
+    database_bytes: int = 5 * 2**20
+    wal_bytes: int = 2**20
+    rows_written: int = 100
+    rows_folded: int = 90
+    wal_resets: int = 1
+
+
+def test_decision_log_sizes_and_counts() -> None:
+    metrics = Metrics()
+    metrics.update(snapshot(), log=FakeLog())
+    assert value(metrics, "kvbudget_decision_log_bytes", file="database") == 5 * 2**20
+    assert value(metrics, "kvbudget_decision_log_bytes", file="wal") == 2**20
+    assert value(metrics, "kvbudget_decision_log_rows_total", state="written") == 100
+    assert value(metrics, "kvbudget_decision_log_rows_total", state="folded") == 90
+    assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 1
+    metrics.update(snapshot(), log=FakeLog(wal_bytes=0, rows_written=150, rows_folded=150, wal_resets=3))
+    assert value(metrics, "kvbudget_decision_log_bytes", file="wal") == 0
+    assert value(metrics, "kvbudget_decision_log_rows_total", state="written") == 150  # counters: the increase
+    assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 3
+    metrics.update(snapshot())  # no log given: its figures stay as they were
+    assert value(metrics, "kvbudget_decision_log_rows_total", state="folded") == 150
+
+
 def test_each_instance_has_its_own_registry() -> None:
     first, second = Metrics(), Metrics()
     first.record([decision(1, DecisionKind.ADMIT, Reason.FITS)])

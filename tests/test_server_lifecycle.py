@@ -168,6 +168,12 @@ async def test_metrics_endpoint_counts_decisions(tmp_path) -> None:
             text = await await_until(usage_seen, timeout=30, interval=0.2)
         assert 'kvbudget_decisions_total{kind="admit",reason="fits"} 1.0' in text
         assert "kvbudget_decision_latency_seconds_count 1.0" in text
+        # The decision log: its one row, and its files (the database file is never empty).
+        assert 'kvbudget_decision_log_rows_total{state="written"} 1.0' in text
+        database_bytes = next(line for line in text.splitlines()
+                              if line.startswith('kvbudget_decision_log_bytes{file="database"}'))
+        assert float(database_bytes.split()[-1]) > 0
+        assert 'kvbudget_decision_log_bytes{file="wal"}' in text
 
 
 def test_socket_mode_stale_socket_and_live_socket(tmp_path) -> None:
