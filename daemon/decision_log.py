@@ -250,7 +250,7 @@ class DecisionLog:
             conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")  # WAL shrinks back after a burst
             if self.checkpoint_interval_s is not None:
                 # Checkpoints (copying the WAL into the file, with an fsync) move off the
-                # commit path onto their own thread; see _checkpoint_loop.
+                # commit path onto their own thread; see decision_upkeep.checkpoint_loop.
                 conn.execute("PRAGMA wal_autocheckpoint=0")
             create_or_upgrade(db, str(self.path))
             (last_id,) = conn.execute(f"SELECT max(id) FROM {VIEW}").fetchone()

@@ -153,12 +153,13 @@ def checkpoint(conn: sqlite3.Connection, page_size: int, wal_reset_bytes: int) -
     checkpoint's fsync, and sqlite3 releases the GIL meanwhile. But SQLite starts the WAL
     over only when a commit finds every frame copied, and under steady commits a PASSIVE
     pass never catches up with the frames written while it ran: under bench_roundtrip's
-    batched load the WAL grew by 30-40 MB/s (1.9 GB in a minute; a disk's worth within
-    hours for a daemon that runs for weeks). So once the WAL is past `wal_reset_bytes`, further PASSIVE passes
-    copy what came meanwhile (each has less to do), and a RESTART, which holds the
-    writer off while it runs, copies the last frames: the next commit writes at the
-    start of the WAL again (over the same file blocks, which is cheaper than growing a
-    truncated file back; `journal_size_limit` cuts a larger file back to the limit)."""
+    batched load the WAL grew by ~31 MiB/s (1.9 GB in a minute, a 64 GiB disk in about
+    half an hour). So once the WAL is past `wal_reset_bytes`, further PASSIVE passes copy
+    what came meanwhile (each has less to do), and a RESTART, which holds the writer off
+    while it runs (and for at most RESET_WAIT_MS while readers of the old WAL finish),
+    copies the last frames: the next commit writes at the start of the WAL again (over
+    the same file blocks, which is cheaper than growing a truncated file back;
+    `journal_size_limit` cuts a larger file back to the limit)."""
     _, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     if wal_frames * page_size <= wal_reset_bytes:
         return False
