@@ -54,9 +54,12 @@ never catches up with what is written meanwhile) and grew without bound; past
 the last frames only (`decision_upkeep.checkpoint`).
 
 Retention by age (`retention_s`) and/or size (`max_rows`) is applied by the writer thread
-itself, every `retention_interval_s`, to the indexed table, in bounded chunks so a large
-purge never holds up commits for long. Folding, purging and checkpointing are in
-`decision_upkeep`.
+itself, every `retention_interval_s`, to the indexed table, in chunks of
+`retention_chunk_rows` (~13 ms each for 1,024 rows with random request ids), each one
+statement whose cost does not grow with the log, so a purge never holds up commits for
+long. While behind, it deletes as many rows as the folds index meanwhile: under a load
+faster than the upkeep the log keeps near its bound instead of growing for as long as
+the load lasts. Folding, purging and checkpointing are in `decision_upkeep`.
 """
 
 from __future__ import annotations
@@ -78,7 +81,6 @@ from kvbudget.daemon import decision_upkeep as upkeep
 from kvbudget.daemon.decision_schema import (
     COLUMNS,
     RECENT,
-    VIEW,
     DecisionLogError,
     check_meta,
     create_or_upgrade,
@@ -165,7 +167,7 @@ class DecisionLog:
         max_rows: int | None = None,
         max_batch: int = 2000,
         retention_interval_s: float = 60.0,
-        retention_chunk_rows: int = 5_000,
+        retention_chunk_rows: int = 1024,
         checkpoint_interval_s: float | None = 1.0,
         fold_interval_s: float = 0.05,
         fold_rows: int = 4096,
@@ -224,6 +226,7 @@ class DecisionLog:
         self._next_id = 1
         self._unfolded = 0
         self._unfolded_since = 0.0  # monotonic time of the first unfolded commit
+        self._purge_owed = 0  # (writer thread) rows folded while retention was behind, not yet purged
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -253,8 +256,7 @@ class DecisionLog:
                 # commit path onto their own thread; see decision_upkeep.checkpoint_loop.
                 conn.execute("PRAGMA wal_autocheckpoint=0")
             create_or_upgrade(db, str(self.path))
-            (last_id,) = conn.execute(f"SELECT max(id) FROM {VIEW}").fetchone()
-            self._next_id = (last_id or 0) + 1
+            self._next_id = upkeep.newest_id(conn) + 1
             self.rows_folded += upkeep.fold(conn)  # rows a crash left in the recent table
             upkeep.prepare_fold_below(conn)
         except sqlite3.DatabaseError as exc:
@@ -410,14 +412,13 @@ class DecisionLog:
             if batch:
                 self._commit_queued(conn, batch)
             now = time.monotonic()
+            folded_before = self.rows_folded
             if self._unfolded and (
                 stopping or self._unfolded >= self.fold_rows or now >= self._unfolded_since + self.fold_interval_s
             ):
                 self._fold_chunks(conn, everything=stopping)
             if self._has_retention and (retention_behind or now >= next_retention):
-                self._let_inline_in()
-                with self._conn_lock:  # (purges folded rows only: unfolded ones are the newest)
-                    retention_behind = self._apply_retention_safely(conn)
+                retention_behind = self._purge_chunks(conn, folded=self.rows_folded - folded_before)
                 next_retention = time.monotonic() + self.retention_interval_s
         # Anything appended races with close() only before _closed was set; drain it.
         leftover, _ = self._take_batch(0.0)
@@ -570,6 +571,26 @@ class DecisionLog:
         deadline = time.monotonic() + self.inline_wait_s
         while self._inline_waiting and time.monotonic() < deadline:
             time.sleep(50e-6)
+
+    def _purge_chunks(self, conn: sqlite3.Connection, *, folded: int) -> bool:
+        """One purge chunk; while retention is behind, more, until as many rows went as the
+        folds indexed meanwhile (or a commit is queued: the rest is owed to the next round).
+        So under a load faster than the upkeep, the log keeps to its size bound and commits
+        wait a little longer, where one chunk per fold pass let it grow past the bound for
+        as long as the load lasted (the disk is what the bound protects). Returns whether
+        retention is still behind."""
+        self._purge_owed += folded
+        while True:
+            self._let_inline_in()
+            deleted_before = self.rows_deleted
+            with self._conn_lock:  # (purges folded rows only: unfolded ones are the newest)
+                behind = self._apply_retention_safely(conn)
+            self._purge_owed -= self.rows_deleted - deleted_before
+            if not behind:
+                self._purge_owed = 0
+                return False
+            if self._purge_owed <= 0 or self._queued:
+                return True
 
     def _apply_retention_safely(self, conn: sqlite3.Connection) -> bool:
         try:

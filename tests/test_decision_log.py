@@ -3,6 +3,7 @@ and that the file is readable by other tools while the daemon writes it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sqlite3
@@ -331,6 +332,104 @@ def test_retention_by_age_in_chunks(db_path: Path) -> None:
     assert purger.apply_retention(conn, now=10_000.0) is False
     assert count_rows(db_path) == 0
     conn.close()
+
+
+def _log_of(path: Path, num_rows: int, *, old_rows: int) -> sqlite3.Connection:
+    """A closed log of `num_rows` folded rows, the first `old_rows` logged at t=1000, the
+    rest at t=2000; one unfolded row on top (its id is the newest)."""
+    with DecisionLog(path) as log:
+        log.append([make_decision(seq) for seq in range(num_rows)]).result()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"UPDATE {INDEXED} SET logged_at = CASE WHEN id <= ? THEN 1000.0 ELSE 2000.0 END", (old_rows,))
+    row = [num_rows + 1, 2000.0, *[None] * (len(COLUMNS) - 1)]
+    conn.execute(f"INSERT INTO {RECENT} VALUES ({', '.join('?' * len(row))})", row)
+    return conn
+
+
+def _vm_steps(conn: sqlite3.Connection, call) -> tuple[object, int]:
+    """What `call()` returns, and how many SQLite VM instructions it ran (in 100s)."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    conn.set_progress_handler(count, 100)
+    try:
+        return call(), steps
+    finally:
+        conn.set_progress_handler(None, 100)
+
+
+@pytest.mark.parametrize("limit", ["age", "rows"])
+def test_a_purge_chunk_costs_the_same_in_a_big_log(tmp_path: Path, limit: str) -> None:
+    # Each purge chunk holds the connection the daemon's commits need. Finding its bounds
+    # by a scan (max(id) over the view, min(id) over every newer row) made a chunk of a
+    # 3-million-row log take ~0.5 s and the daemon's throughput fall ~15x while retention
+    # was behind. A chunk must cost what its rows cost, whatever the log's size.
+    costs = {}
+    for num_rows in (2_000, 20_000):
+        conn = _log_of(tmp_path / f"{limit}-{num_rows}.db", num_rows, old_rows=num_rows // 2)
+        limits = {"retention_s": 100.0, "max_rows": None} if limit == "age" else {
+            "retention_s": None, "max_rows": num_rows // 2}
+        (deleted, more), costs[num_rows] = _vm_steps(
+            conn, lambda: upkeep.purge_oldest(conn, chunk_rows=50, now=2050.0, **limits))
+        assert (deleted, more) == (50, True)  # half the log is due, 50 at a time
+        assert [r[0] for r in conn.execute(f"SELECT id FROM {INDEXED} ORDER BY id LIMIT 1")] == [51]
+        conn.close()
+    assert costs[20_000] < 1.5 * costs[2_000], costs  # a scan would cost ~10x
+
+
+def test_a_purge_keeps_the_rows_the_limits_keep(tmp_path: Path) -> None:
+    conn = _log_of(tmp_path / "limits.db", 20, old_rows=8)  # ids 1..8 old, 9..20 young, 21 unfolded
+    purge = functools.partial(upkeep.purge_oldest, conn, chunk_rows=100, now=2050.0)
+    assert purge(retention_s=None, max_rows=None) == (0, False)
+    assert purge(retention_s=100.0, max_rows=None) == (8, False)  # ids 1..8
+    # 21 ids, keep the newest 10 (ids 12..21: the unfolded row counts): ids 9..11 go.
+    assert purge(retention_s=100.0, max_rows=10) == (3, False)
+    assert purge(retention_s=10_000.0, max_rows=10) == (0, False)
+    assert [r[0] for r in conn.execute("SELECT id FROM decisions ORDER BY id")] == list(range(12, 22))
+    # Everything is older than 1 s, but the unfolded row is not purged before it is folded.
+    assert purge(retention_s=1.0, max_rows=None) == (9, False)
+    assert [r[0] for r in conn.execute("SELECT id FROM decisions")] == [21]
+    conn.close()
+
+
+def test_a_purge_behind_keeps_pace_with_the_folds(tmp_path: Path) -> None:
+    # While retention is behind, each round deletes as many rows as the folds indexed
+    # (whole chunks), and what a round could not delete is owed to the next one: one
+    # chunk a round let a log under sustained load grow past its bound for as long as
+    # the load lasted.
+    conn = _log_of(tmp_path / "pace.db", 100, old_rows=0)  # ids 1..100 folded, 101 unfolded
+    purger = DecisionLog(tmp_path / "pace.db", max_rows=11, retention_chunk_rows=8)  # keep 91..101
+    assert purger._purge_chunks(conn, folded=20) is True  # 3 chunks: 24 >= 20
+    assert purger.rows_deleted == 24
+    assert purger._purge_chunks(conn, folded=0) is True  # owed -4: one chunk all the same
+    assert purger.rows_deleted == 32
+    assert purger._purge_chunks(conn, folded=100) is False  # owed 88: the 58 left, then done
+    assert purger.rows_deleted == 90
+    assert [r[0] for r in conn.execute(f"SELECT id FROM {INDEXED} ORDER BY id LIMIT 1")] == [91]
+    assert purger._purge_owed == 0  # no debt carried once caught up
+    conn.close()
+
+
+def test_the_newest_id_is_read_without_a_scan(tmp_path: Path) -> None:
+    # A log opens on the id after its newest: max(id) over the view read every row.
+    costs = {}
+    for num_rows in (2_000, 20_000):
+        conn = _log_of(tmp_path / f"newest-{num_rows}.db", num_rows, old_rows=0)
+        newest, costs[num_rows] = _vm_steps(conn, lambda: upkeep.newest_id(conn))
+        assert newest == num_rows + 1  # the unfolded row
+        conn.execute(f"DELETE FROM {RECENT}")
+        assert upkeep.newest_id(conn) == num_rows
+        conn.close()
+    assert costs[20_000] <= costs[2_000] + 1, costs
+    empty = sqlite3.connect(tmp_path / "empty.db")
+    with DecisionLog(tmp_path / "empty.db"):
+        pass
+    assert upkeep.newest_id(empty) == 0
+    empty.close()
 
 
 def test_retention_limits_must_be_positive(db_path: Path) -> None:
