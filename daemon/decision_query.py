@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from kvbudget.daemon.decision_schema import JSON_FIELDS, VIEW, DecisionLogError, check_meta
+from kvbudget.daemon.decision_schema import INDEXED, JSON_FIELDS, RECENT, VIEW, DecisionLogError, check_meta
 from kvbudget.daemon.records import DecisionKind
 
 
@@ -61,24 +61,30 @@ def query_decisions(
     if kind is not None:
         where.append("kind = ?")
         params.append(kind.value if isinstance(kind, DecisionKind) else kind)
+    window: list[str] = []
+    window_params: list[Any] = []
     if since_s is not None:
-        where.append("logged_at >= ?")
-        params.append(since_s)
+        window.append("logged_at >= ?")
+        window_params.append(since_s)
     if until_s is not None:
-        where.append("logged_at < ?")
-        params.append(until_s)
-    sql = f"SELECT * FROM {VIEW}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY id " + ("DESC" if newest_first else "ASC")
+        window.append("logged_at < ?")
+        window_params.append(until_s)
+    order = " ORDER BY id " + ("DESC" if newest_first else "ASC")
+    tail: list[Any] = []
     if limit:
-        sql += " LIMIT ?"
-        params.append(int(limit))
+        order += " LIMIT ?"
+        tail.append(int(limit))
     conn = open_read_only(path)
     try:
         conn.row_factory = sqlite3.Row
         try:
-            rows = conn.execute(sql, params).fetchall()
+            if window and request_id is None and _window_is_sparse(conn, window, window_params):
+                rows = _query_by_time(conn, where + window, params + window_params, order, tail)
+            else:
+                sql = f"SELECT * FROM {VIEW}"
+                if where or window:
+                    sql += " WHERE " + " AND ".join(where + window)
+                rows = conn.execute(sql + order, params + window_params + tail).fetchall()
         except sqlite3.DatabaseError as exc:
             raise DecisionLogError(f"{path}: {exc}") from None
     finally:
@@ -90,3 +96,44 @@ def query_decisions(
             record[name] = json.loads(record[name])
         result.append(record)
     return result
+
+
+# A time window with few rows in it. The view's plan for a window reads newest first by id
+# and filters on the way (that finds a dense window's newest rows at once), so for a window
+# with fewer rows than the limit it reads on through every row outside it: `--since 10m`
+# on a quiet daemon took 20 s on a log of 3.7 million rows. Below this many rows, the
+# window is read through the logged_at index instead and sorted by id (exact either way:
+# the same rows, whatever the wall clock did between them).
+SPARSE_WINDOW_ROWS = 10_000
+_TIME_INDEX = f"idx_{VIEW}_logged_at"  # (both schema versions name it so)
+
+
+def _tables(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """The tables holding the rows: version 2's two, or version 1's one."""
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return (INDEXED, RECENT) if INDEXED in names else (VIEW,)
+
+
+def _window_is_sparse(conn: sqlite3.Connection, window: list[str], params: list[Any]) -> bool:
+    """Whether the indexed rows in the window number under SPARSE_WINDOW_ROWS (counted on
+    the logged_at index, stopping there)."""
+    table = _tables(conn)[0]
+    (count,) = conn.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {_TIME_INDEX} "
+        f"WHERE {' AND '.join(window)} LIMIT {SPARSE_WINDOW_ROWS})",
+        params,
+    ).fetchone()
+    return bool(count < SPARSE_WINDOW_ROWS)
+
+
+def _query_by_time(
+    conn: sqlite3.Connection, where: list[str], params: list[Any], order: str, tail: list[Any]
+) -> list[sqlite3.Row]:
+    """The query, each table read through its time index (the recent table has none: it is
+    small, rows are indexed a fraction of a second after their commit)."""
+    condition = " AND ".join(where)
+    indexed, *recent = _tables(conn)
+    parts = [f"SELECT * FROM {indexed} INDEXED BY {_TIME_INDEX} WHERE {condition}"]
+    parts += [f"SELECT * FROM {table} WHERE {condition}" for table in recent]
+    sql = f"SELECT * FROM ({' UNION ALL '.join(parts)})" + order
+    return conn.execute(sql, params * len(parts) + tail).fetchall()
