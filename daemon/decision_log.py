@@ -57,9 +57,9 @@ Retention by age (`retention_s`) and/or size (`max_rows`) is applied by the writ
 itself, every `retention_interval_s`, to the indexed table, in chunks of
 `retention_chunk_rows` (~13 ms each for 1,024 rows with random request ids), each one
 statement whose cost does not grow with the log, so a purge never holds up commits for
-long. While behind, it deletes as many rows as the folds index meanwhile: under a load
-faster than the upkeep the log keeps near its bound instead of growing for as long as
-the load lasts. Folding, purging and checkpointing are in `decision_upkeep`.
+long. While behind, it deletes as many rows as the folds index meanwhile and a chunk more:
+under a load faster than the upkeep the log keeps near its bound instead of growing for
+as long as the load lasts. Folding, purging and checkpointing are in `decision_upkeep`.
 """
 
 from __future__ import annotations
@@ -573,23 +573,23 @@ class DecisionLog:
             time.sleep(50e-6)
 
     def _purge_chunks(self, conn: sqlite3.Connection, *, folded: int) -> bool:
-        """One purge chunk; while retention is behind, more, until as many rows went as the
-        folds indexed meanwhile (or a commit is queued: the rest is owed to the next round).
-        So under a load faster than the upkeep, the log keeps to its size bound and commits
-        wait a little longer, where one chunk per fold pass let it grow past the bound for
-        as long as the load lasted (the disk is what the bound protects). Returns whether
-        retention is still behind."""
-        self._purge_owed += folded
+        """One purge chunk; while retention is behind, as many rows as the folds moved
+        meanwhile and one chunk more, so a backlog shrinks (stopping early for a queued
+        commit: the rest is owed to the next round). Under a load faster than the upkeep
+        the log so keeps near its size bound, and commits wait a little longer, where one
+        chunk per fold pass let it grow past the bound for as long as the load lasted (the
+        disk is what the bound protects). Returns whether retention is still behind."""
+        self._purge_owed += folded + self.retention_chunk_rows
         while True:
             self._let_inline_in()
             deleted_before = self.rows_deleted
             with self._conn_lock:  # (purges folded rows only: unfolded ones are the newest)
                 behind = self._apply_retention_safely(conn)
             self._purge_owed -= self.rows_deleted - deleted_before
-            if not behind:
+            if not behind or self._purge_owed <= 0:
                 self._purge_owed = 0
-                return False
-            if self._purge_owed <= 0 or self._queued:
+                return behind
+            if self._queued:
                 return True
 
     def _apply_retention_safely(self, conn: sqlite3.Connection) -> bool:

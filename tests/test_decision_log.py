@@ -398,17 +398,22 @@ def test_a_purge_keeps_the_rows_the_limits_keep(tmp_path: Path) -> None:
 
 
 def test_a_purge_behind_keeps_pace_with_the_folds(tmp_path: Path) -> None:
-    # While retention is behind, each round deletes as many rows as the folds indexed
-    # (whole chunks), and what a round could not delete is owed to the next one: one
-    # chunk a round let a log under sustained load grow past its bound for as long as
-    # the load lasted.
+    # While retention is behind, each round deletes as many rows as the folds indexed and
+    # one chunk more (whole chunks), so a backlog shrinks under load; what a round could
+    # not delete is owed to the next one. One chunk a round let a log under sustained load
+    # grow past its bound for as long as the load lasted.
     conn = _log_of(tmp_path / "pace.db", 100, old_rows=0)  # ids 1..100 folded, 101 unfolded
     purger = DecisionLog(tmp_path / "pace.db", max_rows=11, retention_chunk_rows=8)  # keep 91..101
-    assert purger._purge_chunks(conn, folded=20) is True  # 3 chunks: 24 >= 20
-    assert purger.rows_deleted == 24
-    assert purger._purge_chunks(conn, folded=0) is True  # owed -4: one chunk all the same
+    assert purger._purge_chunks(conn, folded=20) is True  # 20 + 8 owed: 4 chunks
     assert purger.rows_deleted == 32
-    assert purger._purge_chunks(conn, folded=100) is False  # owed 88: the 58 left, then done
+    assert purger._purge_owed == 0  # the overshoot is not carried: the next round does its own
+    assert purger._purge_chunks(conn, folded=0) is True  # nothing folded: the extra chunk
+    assert purger.rows_deleted == 40
+    purger._queued = 1  # a commit waits: one chunk, the rest owed
+    assert purger._purge_chunks(conn, folded=16) is True
+    assert (purger.rows_deleted, purger._purge_owed) == (48, 16)
+    purger._queued = 0
+    assert purger._purge_chunks(conn, folded=100) is False  # owed 124: the 42 left, then done
     assert purger.rows_deleted == 90
     assert [r[0] for r in conn.execute(f"SELECT id FROM {INDEXED} ORDER BY id LIMIT 1")] == [91]
     assert purger._purge_owed == 0  # no debt carried once caught up
