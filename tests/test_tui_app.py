@@ -71,11 +71,33 @@ async def played(pilot) -> None:
     await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
     # The table paints its new rows on the next refresh of the screen.
     await wait_until(pilot, lambda: "req-00200" in screen_text(app), "table painted")
+    # ... and its rows are those that fit its final height (a busy machine can settle the
+    # layout after the first rows were built).
+    await wait_until(pilot, lambda: not app._table_stale and app._table_height == app._table.size.height,
+                     "table rows fit its height")
 
 
 def table_seqs(app) -> list[int]:
     table = app.query_one("#decisions", DataTable)
     return [int(table.get_row_at(i)[0].plain) for i in range(table.row_count)]
+
+
+async def test_the_table_refills_when_it_grows_with_no_new_data():
+    # The table builds only the rows that fit. When it grew without a terminal resize
+    # (the panels above it shrank: the compact layout came or went), it kept its old rows
+    # until data moved: at the end of a stream, for good (a snapshot test caught it on a
+    # busy machine).
+    app = recorded_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        before = app._table.row_count
+        assert before == app._table.size.height - 1  # (200 decisions buffered: height is the bound)
+        version = app.state.version
+        app.query_one("#panels").display = False  # the table takes their lines
+        await wait_until(pilot, lambda: app._table.row_count > before, "table refilled")
+        assert app._table.row_count == app._table.size.height - 1
+        assert app.state.version == version  # no data moved meanwhile
+        assert table_seqs(app)[:3] == [200, 199, 198]
 
 
 async def test_every_panel_shows_the_stream_at_120x40():

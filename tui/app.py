@@ -164,6 +164,7 @@ class KVBudgetApp(App[int]):
         self._table_key: tuple | None = None
         self._table_drawn_at = 0.0
         self._table_stale = True
+        self._table_height = -1  # the table's height when its rows were last built
 
     # -- layout ------------------------------------------------------------------------
 
@@ -220,6 +221,10 @@ class KVBudgetApp(App[int]):
             self._draw_title(state)
             self._table_stale = True
             self.renders += 1
+        if not self.paused and self._table.size.height != self._table_height:
+            # The table grew or shrank without a terminal resize (the compact layout came
+            # or went): the rows that fit changed, though no data did.
+            self._table_stale = True
         if self._table_stale:
             self._draw_table(state)
 
@@ -252,7 +257,7 @@ class KVBudgetApp(App[int]):
             limit = min(self.table_rows, max(1, self._table.size.height - 1))
         rows = decisions.visible_decisions(state, self.filter_text, limit)
         key = (rows[0].seq if rows else None, len(rows), self.filter_text, self.paused)
-        self._table_stale = False
+        self._table_stale, self._table_height = False, self._table.size.height
         if key == self._table_key:
             return
         self._table_key, self._table_drawn_at = key, now
