@@ -226,7 +226,7 @@ class DecisionLog:
         self._next_id = 1
         self._unfolded = 0
         self._unfolded_since = 0.0  # monotonic time of the first unfolded commit
-        self._purge_owed = 0  # (writer thread) rows folded while retention was behind, not yet purged
+        self._purge_owed = 0  # (writer thread) rows a purge round still owes: folded while behind, + a chunk
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:

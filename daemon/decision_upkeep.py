@@ -76,8 +76,9 @@ def fold_below(conn: sqlite3.Connection, below_id: int) -> None:
 # a scan: `max(id)` over the `decisions` view, or `min(id)` over every row newer than the
 # age cut-off, read the whole table (the view's UNION ALL defeats the primary key, and the
 # logged_at index yields the newer rows in time order, not id order). Under those scans a
-# purge chunk of a log of 3 million rows took ~0.5 s, holding the connection, and the
-# daemon's throughput fell from ~30k to ~2k decisions/s for as long as retention was behind.
+# pass took ~0.5 s on a log of 1 million rows and 1.7 s on 3.7 million, holding the
+# connection, even with nothing to delete; while retention was behind, the daemon's
+# batched throughput fell from ~50k to 1-3k decisions/s (bench/bench_retention.py).
 #   head       the oldest `chunk_rows` indexed rows (primary key order: no scan);
 #   age bound  the first of them logged inside the age window (all older: past the head;
 #              no age limit: 0);
