@@ -49,9 +49,11 @@ from kvbudget.v1 import engine_pb2
 def start_daemon(
     workdir: Path, num_blocks: int, metrics: bool = False, *, python: str = sys.executable,
     cwd: str | None = None, name: str = "kvbudget", launcher: Sequence[str] = ("-m", "kvbudget"),
+    extra_flags: Sequence[str] = (),
 ) -> tuple[subprocess.Popen, str]:
     """A daemon of `python`'s kvbudget (another checkout's venv: bench_revisions.py), started
-    by `launcher` (bench_step_parts.py: step_variant.py with a part of Step changed)."""
+    by `launcher` (bench_step_parts.py: step_variant.py with a part of Step changed), with
+    `extra_flags` after the bench's own (bench_sustained.py: retention)."""
     socket_path = workdir / f"{name}.sock"
     target = f"unix://{socket_path}"
     process = subprocess.Popen(
@@ -59,7 +61,7 @@ def start_daemon(
          "--num-gpu-blocks", str(num_blocks), "--memory-mode", "accounting", "--device", "cpu",
          "--max-model-len", "2048", "--policy", "guaranteed", "--listen", target,
          "--db-path", str(workdir / f"{name}.db"), "--retention-days", "0", "--log-level", "warning",
-         *(["--metrics-address", "127.0.0.1:0"] if metrics else [])],
+         *(["--metrics-address", "127.0.0.1:0"] if metrics else []), *extra_flags],
         stdout=subprocess.DEVNULL,
         cwd=cwd,
     )

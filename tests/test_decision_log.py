@@ -632,6 +632,78 @@ def test_checkpoint_starts_a_wal_past_its_bound_over_and_keeps_every_row(db_path
     writer.close()
 
 
+class _CommitsDuringPasses:
+    """The checkpointer's connection, with a busy writer: after PASSIVE pass k, `commits[k]`
+    one-row commits land (none after the last), as they would while that pass ran.
+    Records how many had landed since the last pass when the RESTART came.
+
+    A reader's snapshot spans each pass and its commits, as the commits in flight would:
+    without it the first commit after a pass that copied everything starts the WAL over
+    by itself, which under a busy writer never happens."""
+
+    def __init__(self, conn: sqlite3.Connection, writer: sqlite3.Connection, first_id: int, commits: list[int]) -> None:
+        self.conn, self.writer, self.next_id = conn, writer, first_id
+        self.reader = sqlite3.connect(writer.execute("PRAGMA database_list").fetchone()[2], isolation_level=None)
+        self.commits = commits
+        self.passes = 0
+        self.since_last_pass = 0
+        self.left_for_restart: int | None = None
+
+    def execute(self, sql: str) -> sqlite3.Cursor:
+        if "RESTART" in sql:
+            self.left_for_restart = self.since_last_pass
+        if "PASSIVE" in sql:
+            self.reader.execute("BEGIN")
+            self.reader.execute(f"SELECT count(*) FROM {RECENT}").fetchone()
+        cursor = self.conn.execute(sql)
+        if "PASSIVE" in sql:
+            result = cursor.fetchone()
+            landing = self.commits[self.passes] if self.passes < len(self.commits) else 0
+            self.passes += 1
+            for _ in range(landing):
+                self.writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind) VALUES (?, 1.0, 'admit')", (self.next_id,))
+                self.next_id += 1
+            self.since_last_pass = landing
+            self.reader.execute("COMMIT")
+            cursor = self.conn.execute("SELECT ?, ?, ?", result)  # the pass's own figures
+        return cursor
+
+
+def test_checkpoint_catches_up_with_commits_made_during_its_passes(db_path: Path) -> None:
+    # Every pass finishes (copies all the frames it found), but commits land meanwhile. The
+    # RESTART holds every commit off while it copies and syncs what is left, so the passes
+    # go on until one finds next to nothing new: 300 commits after the first pass, 30
+    # after the second, none after the third. Counting only what each pass copied of what
+    # it found, it stopped after one and left the RESTART all 300.
+    writer = _fill_wal(db_path, 2000)
+    checkpointer, page_size = upkeep.connect_checkpointer(db_path)
+    conn = _CommitsDuringPasses(checkpointer, writer, first_id=2001, commits=[300, 30])
+    assert upkeep.checkpoint(conn, page_size, wal_reset_bytes=256 * 1024) is True  # type: ignore[arg-type]
+    assert conn.passes == 4  # the first, then one per batch of commits, then one that found none
+    assert conn.left_for_restart == 0
+    writer.execute(f"INSERT INTO {RECENT} (id, logged_at, kind) VALUES (2331, 1.0, 'admit')")
+    assert _wal_frames(checkpointer) <= 4  # started over
+    assert count_rows(db_path, table=RECENT) == 2331
+    conn.reader.close()
+    checkpointer.close()
+    writer.close()
+
+
+def test_checkpoint_catch_up_is_bounded_under_endless_commits(db_path: Path) -> None:
+    # A writer that never lets up: the passes stop at _CATCH_UP_PASSES and the RESTART
+    # takes what the last one left.
+    writer = _fill_wal(db_path, 2000)
+    checkpointer, page_size = upkeep.connect_checkpointer(db_path)
+    conn = _CommitsDuringPasses(checkpointer, writer, first_id=2001, commits=[50] * 100)
+    assert upkeep.checkpoint(conn, page_size, wal_reset_bytes=256 * 1024) is True  # type: ignore[arg-type]
+    assert conn.passes == 1 + upkeep._CATCH_UP_PASSES
+    assert conn.left_for_restart == 50
+    assert count_rows(db_path, table=RECENT) == 2000 + 50 * conn.passes
+    conn.reader.close()
+    checkpointer.close()
+    writer.close()
+
+
 def test_checkpoint_leaves_a_wal_under_its_bound_alone(db_path: Path) -> None:
     writer = _fill_wal(db_path, 200)
     before = _wal_bytes(db_path)
@@ -1048,3 +1120,4 @@ def test_chunk_sizes_by_hand() -> None:
     assert _chunk_sizes(300) == [256, 32, 8, 4]  # 300 = 256 + 32 + 8 + 4
     assert _chunk_sizes(512) == [512]  # a batched engine step (256 submits + 256 finishes): one statement
     assert _chunk_sizes(2500) == [1024, 1024, 256, 128, 64, 4]  # 2 x 1024 + 452
+
