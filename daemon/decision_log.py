@@ -53,6 +53,18 @@ never catches up with what is written meanwhile) and grew without bound; past
 `wal_limit_bytes` the checkpoint thread catches up and starts it over, holding commits off for
 the last frames only (`decision_upkeep.checkpoint`).
 
+Write stall. A load faster than the upkeep (fold and purge share the connection with the
+commits) would leave rows unfolded, and rows past the retention bound, for as long as it
+lasted: with random ids at ~27k decisions/s and a bound of a million rows, 390,000 rows
+unfolded and 2.4 million held after two and a half minutes (bench_sustained). Unfolded
+rows have no index, so `kvbudget log --request` scans them, and a stop or start-up must
+fold them all; the disk is what the retention bound protects. Past `max_unfolded_rows`
+rows unfolded, or owed to a retention that is behind, commits wait: inline commits are
+refused (the caller queues), and the writer folds and purges below the bound before it
+commits a queued batch, the way an LSM store stalls writes while compaction catches up.
+Engines see slower Steps, never a lost or refused decision; `stalls` and
+`stall_seconds` count it. A stop folds what is left but leaves retention to the next start.
+
 Retention by age (`retention_s`) and/or size (`max_rows`) is applied by the writer thread
 itself, every `retention_interval_s`, to the indexed table, in chunks of
 `retention_chunk_rows` (~13 ms each for 1,024 rows with random request ids), each one
@@ -147,6 +159,8 @@ class LogFigures:
     rows_written: int
     rows_folded: int
     wal_resets: int
+    stalls: int  # times commits waited for the fold (past max_unfolded_rows)
+    stall_seconds: float  # time they waited, in all
 
 
 @dataclasses.dataclass
@@ -174,6 +188,7 @@ class DecisionLog:
         fold_chunk_rows: int = 512,
         inline_wait_s: float = 0.05,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
+        max_unfolded_rows: int = 131_072,
     ) -> None:
         if retention_s is not None and retention_s <= 0:
             raise ValueError(f"retention_s must be positive or None, got {retention_s}")
@@ -183,6 +198,8 @@ class DecisionLog:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
         if wal_limit_bytes <= 0:
             raise ValueError(f"wal_limit_bytes must be positive, got {wal_limit_bytes}")
+        if max_unfolded_rows <= 0:
+            raise ValueError(f"max_unfolded_rows must be positive, got {max_unfolded_rows}")
         if inline_wait_s < 0:  # (a negative lock timeout would mean: wait for ever)
             raise ValueError(f"inline_wait_s must be >= 0, got {inline_wait_s}")
         if fold_interval_s < 0 or fold_rows <= 0 or fold_chunk_rows <= 0:
@@ -202,6 +219,10 @@ class DecisionLog:
         self.fold_chunk_rows = fold_chunk_rows
         self.inline_wait_s = inline_wait_s
         self.wal_limit_bytes = wal_limit_bytes
+        # ~2 s of folding with random ids: what a stop or start-up may have left to fold
+        self.max_unfolded_rows = max_unfolded_rows
+        self.stalls = 0
+        self.stall_seconds = 0.0
         self.wal_resets = 0  # times the checkpoint thread started over a WAL past wal_limit_bytes
         self.rows_written = 0
         self.rows_deleted = 0
@@ -315,8 +336,8 @@ class DecisionLog:
         with self._lock:
             if self._closed or self._thread is None:
                 raise RuntimeError("decision log is not running (start() not called, or closed)")
-            if self._queued:
-                return False
+            if self._queued or max(self._unfolded, self._purge_owed) >= self.max_unfolded_rows:
+                return False  # (past the bound the writer folds before it commits: _stall_for_upkeep)
             conn_lock = self._conn_lock
             if not conn_lock.acquire(False):  # (positional: no keyword parsing per commit)
                 self._inline_waiting += 1
@@ -388,6 +409,8 @@ class DecisionLog:
             rows_written=self.rows_written,
             rows_folded=self.rows_folded,
             wal_resets=self.wal_resets,
+            stalls=self.stalls,
+            stall_seconds=self.stall_seconds,
         )
 
     def _count_wal_reset(self) -> None:
@@ -409,15 +432,19 @@ class DecisionLog:
         stopping = False
         while not stopping:
             batch, stopping = self._take_batch(self._wait_s(next_retention, retention_behind))
+            folded_before = self.rows_folded  # (a stall's folds too: retention owes them)
             if batch:
+                self._stall_for_upkeep(conn, sum(len(p.decisions) for p in batch))
                 self._commit_queued(conn, batch)
             now = time.monotonic()
-            folded_before = self.rows_folded
             if self._unfolded and (
                 stopping or self._unfolded >= self.fold_rows or now >= self._unfolded_since + self.fold_interval_s
             ):
                 self._fold_chunks(conn, everything=stopping)
-            if self._has_retention and (retention_behind or now >= next_retention):
+            # Not on the way out (close() called): a stop must be quick (systemd's
+            # TimeoutStopSec), and the purge owed while behind can be a million rows (20 s);
+            # the next start purges first.
+            if self._has_retention and not self._closed and (retention_behind or now >= next_retention):
                 retention_behind = self._purge_chunks(conn, folded=self.rows_folded - folded_before)
                 next_retention = time.monotonic() + self.retention_interval_s
         # Anything appended races with close() only before _closed was set; drain it.
@@ -542,13 +569,49 @@ class DecisionLog:
         self._unfolded += len(rows)
         return first_to_fold
 
-    def _fold_chunks(self, conn: sqlite3.Connection, *, everything: bool) -> None:
-        """Folds the rows unfolded when called, at most `fold_chunk_rows` per transaction,
-        then returns to the run loop, which checks the queue and retention before it folds
-        what came meanwhile. It also returns early (unless `everything`) when a commit is
-        queued: the loop commits it, then comes back (the fold is still due). An inline
-        commit waiting for the connection goes in before the next chunk."""
-        end_id = self._next_id  # not beyond: under steady load new rows never stop coming
+    def _stall_for_upkeep(self, conn: sqlite3.Connection, rows: int) -> None:
+        """Past `max_unfolded_rows` rows unfolded, or owed to retention while it is behind,
+        folds and purges toward it before the batch in hand (`rows` rows) is committed
+        (inline commits are refused meanwhile): commits go at the upkeep's pace, and the
+        rows unindexed and the rows past the retention bound stay bounded. It folds below
+        the bound (commits are all that add unfolded rows, so that is about a batch), but
+        purges at most the batch's rows and a chunk: a long fold pass can add a hundred
+        thousand rows to what is owed at once, and paying that off in one stall held a
+        Step for 1.6 s; this way it is paid a chunk a batch. Gives up on a fold or purge
+        that fails (the commit goes on)."""
+        bound = self.max_unfolded_rows
+        if self._unfolded < bound and self._purge_owed < bound:
+            return
+        started = time.monotonic()
+        self.stalls += 1
+        while self._unfolded >= bound:
+            folded_before = self.rows_folded
+            with self._conn_lock:
+                first_id = self._next_id - self._unfolded
+                end_id = first_id + max(self.fold_chunk_rows, self._unfolded - bound + 1)
+            self._fold_chunks(conn, everything=True, end_id=end_id)
+            if self.rows_folded == folded_before:
+                break
+        purge_until = self.rows_deleted + rows + self.retention_chunk_rows
+        while self._purge_owed >= bound and self.rows_deleted < purge_until:
+            deleted_before = self.rows_deleted
+            with self._conn_lock:
+                behind = self._apply_retention_safely(conn)
+            self._purge_owed -= self.rows_deleted - deleted_before
+            if not behind or self.rows_deleted == deleted_before:
+                self._purge_owed = 0  # caught up (or failing): nothing more is owed
+                break
+        self.stall_seconds += time.monotonic() - started
+
+    def _fold_chunks(self, conn: sqlite3.Connection, *, everything: bool, end_id: int | None = None) -> None:
+        """Folds the rows unfolded when called (below `end_id`, if given), at most
+        `fold_chunk_rows` per transaction, then returns to the run loop, which checks the
+        queue and retention before it folds what came meanwhile. It also returns early
+        (unless `everything`) when a commit is queued: the loop commits it, then comes
+        back (the fold is still due). An inline commit waiting for the connection goes in
+        before the next chunk."""
+        if end_id is None:
+            end_id = self._next_id  # not beyond: under steady load new rows never stop coming
         while self._unfolded and self._next_id - self._unfolded < end_id:
             self._let_inline_in()
             with self._conn_lock:
@@ -589,7 +652,7 @@ class DecisionLog:
             if not behind or self._purge_owed <= 0:
                 self._purge_owed = 0
                 return behind
-            if self._queued:
+            if self._queued or self._closed:
                 return True
 
     def _apply_retention_safely(self, conn: sqlite3.Connection) -> bool:

@@ -47,6 +47,8 @@ class LogFigures(Protocol):
     rows_written: int
     rows_folded: int
     wal_resets: int
+    stalls: int
+    stall_seconds: float
 
 
 class Metrics:
@@ -112,13 +114,19 @@ class Metrics:
         self.log_wal_resets = Counter(
             "kvbudget_decision_log_wal_resets", "Times the WAL was past its bound and was started over", registry=r
         )
+        self.log_stalls = Counter(
+            "kvbudget_decision_log_stalls", "Times commits waited for the fold (too many rows unindexed)", registry=r
+        )
+        self.log_stall_seconds = Counter(
+            "kvbudget_decision_log_stall_seconds", "Time commits waited for the fold, in all", registry=r
+        )
         self.policy = Gauge("kvbudget_policy", "The admission policy in force (1 for it)", ["policy"], registry=r)
         self.gpu_present = Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=r)
         self.gpu_memory = Gauge(
             "kvbudget_gpu_memory_bytes", "GPU memory by state (total, used, free), from NVML", ["state"], registry=r
         )
         self._lock = threading.Lock()  # update() reads and writes the "last seen" figures
-        self._last_cumulative: dict[tuple[str, ...], int] = {}
+        self._last_cumulative: dict[tuple[str, ...], float] = {}
         self._last_labels: dict[str, set[tuple[str, ...]]] = {}
         # (kind, reason) -> its decisions child and, for preempts, its preemptions child
         self._decision_children: dict[tuple[object, object], tuple[Counter, Counter | None]] = {}
@@ -195,6 +203,8 @@ class Metrics:
                 self._add_increase(self.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)
                 self._add_increase(self.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)
                 self._add_increase(self.log_wal_resets, ("log_wal_resets",), log.wal_resets)
+                self._add_increase(self.log_stalls, ("log_stalls",), log.stalls)
+                self._add_increase(self.log_stall_seconds, ("log_stall_seconds",), log.stall_seconds)
 
             if gpu is not None:
                 self.gpu_present.set(1.0 if gpu.present else 0.0)
@@ -203,7 +213,7 @@ class Metrics:
                     self.gpu_memory.labels(state="used").set(gpu.used_bytes)
                     self.gpu_memory.labels(state="free").set(gpu.free_bytes)
 
-    def _add_increase(self, counter: Counter, key: tuple[str, ...], cumulative: int) -> None:
+    def _add_increase(self, counter: Counter, key: tuple[str, ...], cumulative: float) -> None:
         last = self._last_cumulative.get(key, 0)
         # A smaller figure means the core was rebuilt: its count restarted from zero.
         increase = cumulative - last if cumulative >= last else cumulative

@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -1121,3 +1122,114 @@ def test_chunk_sizes_by_hand() -> None:
     assert _chunk_sizes(512) == [512]  # a batched engine step (256 submits + 256 finishes): one statement
     assert _chunk_sizes(2500) == [1024, 1024, 256, 128, 64, 4]  # 2 x 1024 + 452
 
+
+def _ids(path: Path, table: str) -> list[int]:
+    conn = sqlite3.connect(path)
+    try:
+        return [row[0] for row in conn.execute(f"SELECT id FROM {table} ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_commits_past_the_unfolded_bound_wait_for_the_fold(db_path: Path) -> None:
+    # No fold is due for an hour: only the bound makes the writer fold.
+    with DecisionLog(db_path, max_unfolded_rows=100, fold_interval_s=3600.0, fold_rows=10**6,
+                     fold_chunk_rows=16, checkpoint_interval_s=None) as log:
+        assert log.commit_inline([make_decision(seq) for seq in range(60)])
+        assert log.commit_inline([make_decision(seq) for seq in range(60, 120)])  # 60 < 100 before it
+        # 120 unfolded: the next commit may not go inline...
+        assert log.commit_inline([make_decision(120)]) is False
+        assert (log.rows_written, log.rows_folded, log.stalls) == (120, 0, 0)  # ...and wrote nothing
+        # ...it queues, and the writer folds 120 - 100 + 1 = 21 rows (chunks of 16, then 5)
+        # before committing it: 99 unfolded, then 100 with it.
+        log.append([make_decision(120)]).result()
+        assert (log.rows_written, log.rows_folded, log.stalls) == (121, 21, 1)
+        assert log.stall_seconds > 0
+        assert _ids(db_path, INDEXED) == list(range(1, 22))
+        assert _ids(db_path, RECENT) == list(range(22, 122))
+        assert log.commit_inline([make_decision(121)]) is False  # 100 unfolded: still at the bound
+        # One row over the bound: a whole chunk is folded (100 -> 84), then 50 rows go in (134).
+        log.append([make_decision(seq) for seq in range(121, 171)]).result()
+        assert (log.rows_written, log.rows_folded, log.stalls) == (171, 37, 2)
+        # 134 - 100 + 1 = 35 rows over: all of them folded (16, 16, 3) before the next commit.
+        log.append([make_decision(171)]).result()
+        assert (log.rows_written, log.rows_folded, log.stalls) == (172, 72, 3)
+        figures = log.figures()
+        assert (figures.stalls, figures.stall_seconds) == (3, log.stall_seconds)
+    assert _ids(db_path, INDEXED) == list(range(1, 173))  # closed: every row folded, none lost
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=25))
+def test_the_unfolded_rows_stay_within_the_bound_and_every_row_is_kept(batches: list[int]) -> None:
+    # Whatever the steps, as many rows are committed as were sent, in order, and a commit
+    # never leaves more than the bound + its own rows - 1 unfolded (the writer folds below
+    # the bound before it commits past it).
+    bound = 50
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "decisions.db"
+        with DecisionLog(path, max_unfolded_rows=bound, fold_interval_s=3600.0, fold_rows=10**6,
+                         fold_chunk_rows=7, checkpoint_interval_s=None) as log:
+            sent = 0
+            for size in batches:
+                log.append_inline([make_decision(sent + i) for i in range(size)]).result()
+                sent += size
+                assert log.rows_written == sent
+                assert log.rows_written - log.rows_folded <= bound - 1 + size
+        assert _ids(path, INDEXED) == list(range(1, sent + 1))
+        assert count_rows(path, table=RECENT) == 0
+
+
+def test_max_unfolded_rows_must_be_positive(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_unfolded_rows"):
+        DecisionLog(db_path, max_unfolded_rows=0)
+
+
+def test_a_stop_folds_but_leaves_retention_to_the_next_start(db_path: Path) -> None:
+    # Retention is due on every pass of the writer, and the last batch arrives with the stop:
+    # the stop folds it (a cleanly closed log has every row indexed) but purges nothing.
+    log = DecisionLog(db_path, max_rows=10, retention_interval_s=0.0, checkpoint_interval_s=None)
+    log.start()
+    log._conn_lock.acquire()  # the writer takes the first batch, then waits for the connection
+    log.append([make_decision(0)])
+    deadline = time.monotonic() + 30.0
+    while not log._queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    log.append([make_decision(seq) for seq in range(1, 101)])
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    while log._queue.qsize() < 2 and time.monotonic() < deadline:  # the batch, then the stop
+        time.sleep(0.001)
+    log._conn_lock.release()
+    closer.join()
+    assert _ids(db_path, INDEXED) == list(range(1, 102))
+    with DecisionLog(db_path, max_rows=10, checkpoint_interval_s=None) as reopened:
+        reopened.flush()
+        deadline = time.monotonic() + 30.0
+        while count_rows(db_path) > 10 and time.monotonic() < deadline:  # the first pass, at start
+            time.sleep(0.01)
+    assert _ids(db_path, INDEXED) == list(range(92, 102))
+
+
+def test_commits_wait_for_a_retention_that_owes_past_the_bound(db_path: Path) -> None:
+    # One pass at start (nothing to purge), then none for an hour: only a stall purges.
+    with DecisionLog(db_path, max_rows=10, retention_interval_s=3600.0, retention_chunk_rows=4,
+                     max_unfolded_rows=20, fold_interval_s=0.0, checkpoint_interval_s=None) as log:
+        log.append([make_decision(seq) for seq in range(100)]).result()
+        deadline = time.monotonic() + 30.0
+        while log.rows_folded < 100 and time.monotonic() < deadline:  # folded right after
+            time.sleep(0.001)
+        assert (log.rows_folded, log.rows_deleted, log.stalls) == (100, 0, 0)
+        log._purge_owed = 50  # as a retention that fell behind under load would owe
+        assert log.commit_inline([make_decision(100)]) is False  # owed past the bound
+        # Before committing it, the writer purges the batch's 1 row and a chunk (4), in chunks
+        # of 4: 8 rows, 50 -> 42 owed. Each batch so pays off a little of what is owed, where
+        # paying it all at once (down to the bound) would hold that one Step for long.
+        log.append([make_decision(100)]).result()
+        assert (log.rows_deleted, log.stalls, log._purge_owed) == (8, 1, 42)
+        assert _ids(db_path, INDEXED)[0] == 9
+        for seq in range(101, 104):  # 42 -> 34 -> 26 -> 18
+            assert log.commit_inline([make_decision(seq)]) is False
+            log.append([make_decision(seq)]).result()
+        assert (log.rows_deleted, log.stalls, log._purge_owed) == (32, 4, 18)
+        assert log.commit_inline([make_decision(104)])  # under the bound again: inline
+    assert _ids(db_path, INDEXED) == list(range(33, 106))

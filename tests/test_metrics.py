@@ -159,6 +159,8 @@ class FakeLog:
     rows_written: int = 100
     rows_folded: int = 90
     wal_resets: int = 1
+    stalls: int = 2
+    stall_seconds: float = 0.25
 
 
 def test_decision_log_sizes_and_counts() -> None:
@@ -169,10 +171,15 @@ def test_decision_log_sizes_and_counts() -> None:
     assert value(metrics, "kvbudget_decision_log_rows_total", state="written") == 100
     assert value(metrics, "kvbudget_decision_log_rows_total", state="folded") == 90
     assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 1
-    metrics.update(snapshot(), log=FakeLog(wal_bytes=0, rows_written=150, rows_folded=150, wal_resets=3))
+    assert value(metrics, "kvbudget_decision_log_stalls_total") == 2
+    assert value(metrics, "kvbudget_decision_log_stall_seconds_total") == 0.25
+    metrics.update(snapshot(), log=FakeLog(wal_bytes=0, rows_written=150, rows_folded=150, wal_resets=3,
+                                           stalls=3, stall_seconds=1.0))
     assert value(metrics, "kvbudget_decision_log_bytes", file="wal") == 0
     assert value(metrics, "kvbudget_decision_log_rows_total", state="written") == 150  # counters: the increase
     assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 3
+    assert value(metrics, "kvbudget_decision_log_stalls_total") == 3
+    assert value(metrics, "kvbudget_decision_log_stall_seconds_total") == 1.0
     metrics.update(snapshot())  # no log given: its figures stay as they were
     assert value(metrics, "kvbudget_decision_log_rows_total", state="folded") == 150
 
