@@ -43,6 +43,8 @@ Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
   * a write that fails (disk full, file locked past busy_timeout) fails the futures of its
     batch with DecisionLogError; rows still queued when the process dies had unresolved
     futures, so no engine was told about them.
+  * if the writer thread itself ever stops on an error, the commits waiting on it and every
+    later one fail with DecisionLogError at once (`_run_or_fail`), rather than hang.
 
 Checkpoints. SQLite's automatic checkpoint runs inside a commit every 1000 WAL pages and
 fsyncs the database file, which shows up as a latency spike for whichever engine step
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import queue
 import sqlite3
@@ -99,6 +102,8 @@ from kvbudget.daemon.decision_schema import (
     decision_row,
 )
 from kvbudget.daemon.records import Decision
+
+_log = logging.getLogger("kvbudget.daemon.decision_log")
 
 _ROW_MARKS = f"({', '.join('?' * (1 + len(COLUMNS)))})"
 # Rows go in as multi-row INSERTs: one statement binds many rows and runs once. A commit
@@ -237,6 +242,8 @@ class DecisionLog:
         self._closed = False
         self._lock = threading.Lock()  # orders append() against close()
         self._carry: _Pending | None = None  # taken from the queue but over max_batch
+        self._in_flight: list[_Pending] = []  # the batch the writer is committing
+        self._failure: str | None = None  # why the writer thread stopped, if it did
         # The connection has one user at a time: the writer thread, or a caller of
         # commit_inline when nothing is queued ahead of it (see there).
         self._conn_lock = threading.Lock()
@@ -290,7 +297,7 @@ class DecisionLog:
         # One cursor for every insert: conn.execute makes (and registers, and frees) a
         # cursor per call, a few microseconds of a step's commit.
         self._cursor = conn.cursor()
-        self._thread = threading.Thread(target=self._run, name="kvbudget-decision-log", daemon=True)
+        self._thread = threading.Thread(target=self._run_or_fail, name="kvbudget-decision-log", daemon=True)
         self._thread.start()
         if self.checkpoint_interval_s is not None:
             self._checkpointer = threading.Thread(
@@ -308,6 +315,8 @@ class DecisionLog:
         with self._lock:
             if self._closed or self._thread is None:
                 raise RuntimeError("decision log is not running (start() not called, or closed)")
+            if self._failure is not None:
+                raise DecisionLogError(self._failure)
             self._queue.put(_Pending(decisions, time.time(), future))
             self._queued += 1
         return future
@@ -336,6 +345,8 @@ class DecisionLog:
         with self._lock:
             if self._closed or self._thread is None:
                 raise RuntimeError("decision log is not running (start() not called, or closed)")
+            if self._failure is not None:
+                raise DecisionLogError(self._failure)
             if self._queued or max(self._unfolded, self._purge_owed) >= self.max_unfolded_rows:
                 return False  # (past the bound the writer folds before it commits: _stall_for_upkeep)
             conn_lock = self._conn_lock
@@ -424,6 +435,31 @@ class DecisionLog:
         self.close()
 
     # ------------------------------------------------------------------ writer thread
+    def _run_or_fail(self) -> None:
+        """The writer; if it ever stops on an error (a bug: SQLite's errors are handled
+        where they happen), every commit waiting on it, and every later one, fails with
+        DecisionLogError: engines are told "not committed" (UNAVAILABLE) at once, where
+        they would otherwise wait out their deadlines, and nothing unlogged is promised."""
+        try:
+            self._run()
+        except BaseException as exc:
+            _log.exception("decision log writer stopped; every commit now fails")
+            with self._lock:
+                self._failure = f"{self.path}: the log's writer stopped: {exc!r}"
+                waiting = [*self._in_flight, *([self._carry] if self._carry else [])]
+                self._carry = None
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, _Pending):
+                        waiting.append(item)
+                self._queued = 0
+            for pending in waiting:
+                if not pending.future.done():
+                    pending.future.set_exception(DecisionLogError(self._failure))
+
     def _run(self) -> None:
         assert self._db is not None
         conn = self._db.conn
@@ -434,6 +470,7 @@ class DecisionLog:
             batch, stopping = self._take_batch(self._wait_s(next_retention, retention_behind))
             folded_before = self.rows_folded  # (a stall's folds too: retention owes them)
             if batch:
+                self._in_flight = batch
                 self._stall_for_upkeep(conn, sum(len(p.decisions) for p in batch))
                 self._commit_queued(conn, batch)
             now = time.monotonic()
@@ -511,10 +548,12 @@ class DecisionLog:
         return batch, False
 
     def _commit_queued(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        self._in_flight = batch
         with self._conn_lock:
             self._commit(conn, batch)
         with self._lock:
             self._queued -= len(batch)
+        self._in_flight = []
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
         """Writes a queued batch in one transaction and settles its futures. Caller holds _conn_lock."""

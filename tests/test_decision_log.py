@@ -1233,3 +1233,36 @@ def test_commits_wait_for_a_retention_that_owes_past_the_bound(db_path: Path) ->
         assert (log.rows_deleted, log.stalls, log._purge_owed) == (32, 4, 18)
         assert log.commit_inline([make_decision(104)])  # under the bound again: inline
     assert _ids(db_path, INDEXED) == list(range(33, 106))
+
+
+def test_a_writer_that_stops_on_an_error_fails_every_commit_instead_of_hanging(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = DecisionLog(db_path, checkpoint_interval_s=None)
+    log.start()
+    log.append([make_decision(0)]).result()
+
+    def broken_commit(conn: sqlite3.Connection, batch: list) -> None:
+        raise RuntimeError("boom")  # a bug, not an SQLite error (those are handled)
+
+    log._commit = broken_commit  # type: ignore[method-assign]
+    log._conn_lock.acquire()  # the writer takes the next batch, then waits for the connection
+    in_flight = log.append([make_decision(1)])
+    deadline = time.monotonic() + 30.0
+    while not log._queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    queued = log.append([make_decision(2)])
+    log._conn_lock.release()
+    assert log._thread is not None
+    log._thread.join(30.0)
+    assert not log._thread.is_alive()
+    for future in (in_flight, queued):  # told at once, not left waiting
+        with pytest.raises(DecisionLogError, match="writer stopped: RuntimeError"):
+            future.result(timeout=0)
+    with pytest.raises(DecisionLogError, match="writer stopped"):
+        log.append([make_decision(3)])
+    with pytest.raises(DecisionLogError, match="writer stopped"):
+        log.commit_inline([make_decision(3)])
+    assert "decision log writer stopped" in caplog.text
+    log.close()
+    assert _ids(db_path, "decisions") == [1]  # the one committed before; nothing else claimed
