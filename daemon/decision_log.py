@@ -86,7 +86,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
 
@@ -194,6 +194,7 @@ class DecisionLog:
         inline_wait_s: float = 0.05,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         max_unfolded_rows: int = 131_072,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         if retention_s is not None and retention_s <= 0:
             raise ValueError(f"retention_s must be positive or None, got {retention_s}")
@@ -244,6 +245,7 @@ class DecisionLog:
         self._carry: _Pending | None = None  # taken from the queue but over max_batch
         self._in_flight: list[_Pending] = []  # the batch the writer is committing
         self._failure: str | None = None  # why the writer thread stopped, if it did
+        self._on_failure = on_failure  # told why, from the writer thread, once
         # The connection has one user at a time: the writer thread, or a caller of
         # commit_inline when nothing is queued ahead of it (see there).
         self._conn_lock = threading.Lock()
@@ -391,7 +393,12 @@ class DecisionLog:
     def flush(self) -> None:
         """Block until everything appended so far is committed (folded or not)."""
         # FIFO queue + one writer: once this empty batch is done, all before it are too.
-        self.append(()).result()
+        try:
+            self.append(()).result()
+        except DecisionLogError:
+            if self._failure is None:
+                raise
+            # the writer stopped: every append was settled (failed) then, none is left waiting
 
     def close(self) -> None:
         """Flush, fold, stop the writer, close the file. Idempotent."""
@@ -459,6 +466,8 @@ class DecisionLog:
             for pending in waiting:
                 if not pending.future.done():
                     pending.future.set_exception(DecisionLogError(self._failure))
+            if self._on_failure is not None:
+                self._on_failure(self._failure)
 
     def _run(self) -> None:
         assert self._db is not None

@@ -109,6 +109,7 @@ class Daemon:
         self.tokens = load_tokens(config.tokens_file) if config.tokens_file else {}
         self._stop = asyncio.Event()
         self._listeners: list[Listener] = []
+        self._exit_status = 0
 
     # ------------------------------------------------------------------ setup
     def probe_gpu(self) -> object | None:
@@ -190,6 +191,15 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def _log_writer_stopped(self, why: str) -> None:
+        """The decision log can commit nothing more, so nothing can be decided: stop (the
+        usual way: NOT_SERVING, drain, close) and exit 1, so that systemd (Restart=on-failure)
+        starts a daemon whose log works, rather than one that answers every Step with
+        UNAVAILABLE for as long as nobody looks."""
+        log.error("stopping: %s", why)
+        self._exit_status = 1
+        self.request_stop()
+
     async def serve(self) -> int:
         """Runs until SIGTERM / SIGINT; every resource acquired is released on the way out,
         in reverse order, also when start-up fails half-way (no shared-memory segment or
@@ -210,7 +220,7 @@ class Daemon:
                 session.end_events()
             await server.stop(self.config.drain_timeout_s)
             await core.stop()
-        return 0
+        return self._exit_status
 
     async def _start(self, stack: contextlib.AsyncExitStack):
         from kvbudget.daemon.decision_log import DecisionLog
@@ -250,7 +260,11 @@ class Daemon:
             max_num_batched_tokens=config.max_num_batched_tokens,
             memory=memory,
         )
-        decision_log = DecisionLog(config.db_path, retention_s=config.retention_s, max_rows=config.retention_rows)
+        loop = asyncio.get_running_loop()
+        decision_log = DecisionLog(
+            config.db_path, retention_s=config.retention_s, max_rows=config.retention_rows,
+            on_failure=lambda why: loop.call_soon_threadsafe(self._log_writer_stopped, why),
+        )
         try:
             Path(config.db_path).parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(decision_log.start)
@@ -280,7 +294,6 @@ class Daemon:
         health = health_aio.HealthServicer()
         await self._set_health(health, False)
         server = self._build_server(core, health)
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         await server.start()

@@ -1238,7 +1238,8 @@ def test_commits_wait_for_a_retention_that_owes_past_the_bound(db_path: Path) ->
 def test_a_writer_that_stops_on_an_error_fails_every_commit_instead_of_hanging(
     db_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    log = DecisionLog(db_path, checkpoint_interval_s=None)
+    told: list[str] = []
+    log = DecisionLog(db_path, checkpoint_interval_s=None, on_failure=told.append)
     log.start()
     log.append([make_decision(0)]).result()
 
@@ -1264,5 +1265,7 @@ def test_a_writer_that_stops_on_an_error_fails_every_commit_instead_of_hanging(
     with pytest.raises(DecisionLogError, match="writer stopped"):
         log.commit_inline([make_decision(3)])
     assert "decision log writer stopped" in caplog.text
+    assert len(told) == 1 and "writer stopped: RuntimeError('boom')" in told[0]  # the daemon stops on it
+    log.flush()  # nothing is left waiting: a stop's flush goes through
     log.close()
     assert _ids(db_path, "decisions") == [1]  # the one committed before; nothing else claimed

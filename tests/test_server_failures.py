@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -118,3 +119,67 @@ async def test_every_decision_a_client_received_survives_a_daemon_sigkill(tmp_pa
             restarted.stop()
     finally:
         daemon.stop()
+
+
+# A daemon whose decision log's writer thread stops on an error (injected: a bug, say) when
+# it commits a decision for request "poison"; everything else as shipped.
+BROKEN_WRITER_DAEMON = textwrap.dedent(
+    """
+    import sys
+    from kvbudget.cli import main
+    from kvbudget.daemon.decision_log import DecisionLog
+
+    commit, commit_inline = DecisionLog._commit, DecisionLog.commit_inline
+
+    def poisoned(decisions):
+        return any(d.request_id == "poison" for d in decisions)
+
+    def broken_commit(self, conn, batch):
+        if any(poisoned(p.decisions) for p in batch):
+            raise RuntimeError("injected fault")
+        return commit(self, conn, batch)
+
+    def queue_poison(self, decisions, max_rows=1024):  # (so that the writer thread gets it)
+        return False if poisoned(decisions) else commit_inline(self, decisions, max_rows)
+
+    DecisionLog._commit, DecisionLog.commit_inline = broken_commit, queue_poison
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+async def test_a_daemon_whose_log_writer_stops_says_so_and_exits_1(tmp_path) -> None:
+    from daemon_harness import DEFAULT_ARGS
+    from kvbudget.target import wait_until_serving
+
+    target = f"unix://{tmp_path / 'kvbudget.sock'}"
+    db_path = tmp_path / "decisions.db"
+    process = subprocess.Popen(
+        [sys.executable, "-c", BROKEN_WRITER_DAEMON, "daemon", *DEFAULT_ARGS, "--db-path", str(db_path),
+         "--listen", target], stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert await asyncio.to_thread(wait_until_serving, target, process) is None
+        engine = EngineClient(target, "e1", heartbeat=False)
+        await engine.open()
+        await engine.step(submits=[RequestSpec("fine", 100, 28)])
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await engine.step(submits=[RequestSpec("poison", 100, 28)])
+        # Told at once that nothing was committed (not left to its deadline), and the daemon
+        # stops the usual way and exits 1, for systemd's Restart=on-failure.
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "writer stopped: RuntimeError('injected fault')" in error.value.details()
+        assert await asyncio.to_thread(process.wait, 60) == 1
+        stderr = process.stderr.read()
+        assert "stopping:" in stderr and "writer stopped" in stderr
+        assert "Traceback" in stderr  # the writer's, logged once
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    conn = sqlite3.connect(db_path)
+    try:
+        logged = [row[0] for row in conn.execute("SELECT request_id FROM decisions ORDER BY id")]
+    finally:
+        conn.close()
+    assert logged == ["fine"]  # the poisoned decision was never committed, nor claimed to be
