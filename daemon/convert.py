@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
+from typing import Any
 
 from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot, new_request_spec
 from kvbudget.daemon.spec import KVCacheLayout
@@ -260,7 +261,9 @@ def snapshot_to_proto(
     replays: Iterable[common_pb2.ReplayState] = (),
     draining: bool = False,
     plan: common_pb2.PoolPlan | None = None,
+    decision_log: Any = None,
 ) -> common_pb2.Snapshot:
+    """`decision_log`: a decision_log.LogFigures (duck-typed), the log's upkeep so far."""
     msg = common_pb2.Snapshot(
         time_unix_s=s.time_s,
         policy=policy_to_proto(s.policy),
@@ -308,6 +311,14 @@ def snapshot_to_proto(
         msg.gpu.CopyFrom(gpu)
     if plan is not None:
         msg.plan.CopyFrom(plan)
+    if decision_log is not None:
+        f = decision_log
+        msg.decision_log.CopyFrom(
+            common_pb2.DecisionLogState(
+                rows_written=f.rows_written, rows_folded=f.rows_folded, stalls=f.stalls,
+                stall_s=f.stall_seconds, database_bytes=f.database_bytes, wal_bytes=f.wal_bytes,
+            )
+        )
     return msg
 
 

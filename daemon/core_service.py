@@ -316,6 +316,7 @@ class CoreService:
             replays=self.replays.values(),
             draining=self.draining,
             plan=self.plan,
+            decision_log=self.log.figures(),
         )
         self._snapshot_cache = (now_mono, msg)
         return msg

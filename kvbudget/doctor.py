@@ -91,6 +91,10 @@ class PoolSample:
     plan: PlanView | None = None
     tenants: tuple[TenantSample, ...] = ()
     draining: bool = False
+    # The decision log's upkeep, cumulative: times commits waited for it, and how long.
+    log_stalls: int = 0
+    log_stall_s: float = 0.0
+    log_unindexed: int = 0  # rows committed but not yet moved into the indexed table
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,9 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
             for t in msg.tenants
         ),
         draining=bool(msg.draining),
+        log_stalls=int(msg.decision_log.stalls),
+        log_stall_s=float(msg.decision_log.stall_s),
+        log_unindexed=max(0, int(msg.decision_log.rows_written) - int(msg.decision_log.rows_folded)),
     )
 
 
@@ -422,6 +429,36 @@ def check_rejections(samples: Sequence[PoolSample]) -> Finding:
     return Finding("rejections", Status.OK, "no request rejected for never fitting", data={"never_fits": 0})
 
 
+def check_decision_log(samples: Sequence[PoolSample]) -> Finding:
+    """Commits that waited for the decision log's upkeep (indexing, retention): engines'
+    Steps slowed by the daemon's own log, which no pool or budget knob changes."""
+    first, last = samples[0], samples[-1]
+    stalls = last.log_stalls - first.log_stalls
+    stalled_s = last.log_stall_s - first.log_stall_s
+    window_s = last.time_s - first.time_s
+    data = {"stalls": stalls, "stall_s": round(stalled_s, 3), "rows_unindexed": last.log_unindexed}
+    if stalls > 0:
+        share = f" ({stalled_s / window_s:.0%} of the window)" if window_s > 0 else ""
+        return Finding(
+            "decision log",
+            Status.WARN,
+            f"commits waited {stalled_s:.1f} s{share}, {stalls} times, for the decision log's upkeep: "
+            "engines' Steps slow to the pace at which it indexes and purges",
+            knob="fewer decisions per second on this daemon, or a faster disk for db_path; retention by "
+            "size (retention_max_rows) deletes as fast as rows come once at its bound, doubling the upkeep",
+            data=data,
+        )
+    if len(samples) == 1 and last.log_stalls:
+        return Finding(
+            "decision log",
+            Status.INFO,
+            f"commits waited {last.log_stall_s:.1f} s, {last.log_stalls} times, for the log's upkeep since the "
+            "daemon started (--samples 2 or more tells whether it still does)",
+            data=data,
+        )
+    return Finding("decision log", Status.OK, "no commit waited for the log's upkeep", data=data)
+
+
 def _size(num_bytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if num_bytes >= scale:
@@ -462,6 +499,7 @@ def diagnose(
         check_reservations(ordered, t),
         check_preemptions(ordered),
         check_rejections(ordered),
+        check_decision_log(ordered),
     ]
     capacity = max(last.num_blocks, 1)
     held_share = last.held / capacity

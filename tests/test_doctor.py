@@ -283,14 +283,36 @@ def test_sample_from_a_snapshot_message() -> None:
         plan=common_pb2.PoolPlan(num_blocks=1000, bytes_per_block=BYTES_PER_BLOCK, block_size_tokens=16,
                                  max_model_len_tokens=32768),
         tenants=[common_pb2.TenantState(tenant="a", blocks_held=40, quota_blocks=500, waiting=6)],
+        decision_log=common_pb2.DecisionLogState(rows_written=500, rows_folded=380, stalls=2, stall_s=0.75),
     )
     s = doctor.sample_from_snapshot(msg)
+    assert (s.log_stalls, s.log_stall_s, s.log_unindexed) == (2, 0.75, 120)
     assert (s.policy, s.num_blocks, s.free, s.held, s.reserved) == ("naive", 1000, 960, 40, 900)
     assert (s.running, s.waiting, s.preemptions, s.admits) == (2, 6, 3, 17)
     assert s.plan == PLAN
     assert s.gpu.note == "no GPU: test"
     assert s.tenants == (TenantSample("a", 40, 0, 500, 6),)
     assert s.rejections_by_reason == {"never_fits": 1}
+
+
+def test_commits_waiting_for_the_log_are_a_finding_of_their_own() -> None:
+    # A healthy pool; commits waited 0.2 + 0.3 + 0.5 s in 3 stalls over the 4 s window.
+    stalls, stall_s = [4, 5, 5, 6, 7], [1.0, 1.2, 1.2, 1.5, 2.0]
+    samples = [replace(sample, log_stalls=stalls[i], log_stall_s=stall_s[i], log_unindexed=131_000)
+               for i, sample in enumerate(series(held=300))]
+    d = doctor.diagnose(samples)
+    found = finding(d, "decision log")
+    assert found.status is Status.WARN
+    assert found.summary.startswith("commits waited 1.0 s (25% of the window), 3 times, for the decision log's upkeep")
+    assert "faster disk for db_path" in found.knob
+    assert found.data == {"stalls": 3, "stall_s": 1.0, "rows_unindexed": 131_000}
+    assert d.verdict is Verdict.HEALTHY  # the pool is not the limit: the log's finding says what is
+    # Stalls before the window only: fine now.
+    still = [replace(sample, log_stalls=7, log_stall_s=2.0) for sample in series(held=300)]
+    assert finding(doctor.diagnose(still), "decision log").status is Status.OK
+    # One sample cannot tell: it says what happened since the start.
+    once = finding(doctor.diagnose(still[:1]), "decision log")
+    assert once.status is Status.INFO and once.summary.startswith("commits waited 2.0 s, 7 times")
 
 
 def test_snapshot_without_plan() -> None:

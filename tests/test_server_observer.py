@@ -55,5 +55,8 @@ async def test_query_estimate_and_replays(daemon) -> None:
         await observer.report_replay(common_pb2.ReplayState(replay_id="rp", trace="mooncake", position=3, total=10))
         snapshot = await observer.snapshot()
         assert [(r.replay_id, r.position, r.total) for r in snapshot.replays] == [("rp", 3, 10)]
+        # The log's upkeep rides along (doctor reads it): 2 admits + 1 release committed, no stall.
+        assert snapshot.decision_log.rows_written == 3 and snapshot.decision_log.stalls == 0
+        assert snapshot.decision_log.database_bytes > 0
         assert await observer.set_policy("optimistic") == "guaranteed"
         assert (await observer.snapshot()).policy == common_pb2.POLICY_OPTIMISTIC

@@ -231,6 +231,22 @@ class GpuState(_message.Message):
     note: str
     def __init__(self, present: _Optional[bool] = ..., name: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., other_processes_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
+class DecisionLogState(_message.Message):
+    __slots__ = ("rows_written", "rows_folded", "stalls", "stall_s", "database_bytes", "wal_bytes")
+    ROWS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FOLDED_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    rows_written: int
+    rows_folded: int
+    stalls: int
+    stall_s: float
+    database_bytes: int
+    wal_bytes: int
+    def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ...) -> None: ...
+
 class ReplayState(_message.Message):
     __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done")
     REPLAY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -250,7 +266,7 @@ class ReplayState(_message.Message):
     def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan")
+    __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log")
     class PreemptionsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +310,7 @@ class Snapshot(_message.Message):
     PREFIX_QUERY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    DECISION_LOG_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     policy: Policy
     num_blocks: int
@@ -316,4 +333,5 @@ class Snapshot(_message.Message):
     prefix_query_blocks: int
     draining: bool
     plan: PoolPlan
-    def __init__(self, time_unix_s: _Optional[float] = ..., policy: _Optional[_Union[Policy, str]] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_held_blocks: _Optional[int] = ..., num_reserved_blocks: _Optional[int] = ..., num_evictable_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., preemptions_by_reason: _Optional[_Mapping[str, int]] = ..., rejections_by_reason: _Optional[_Mapping[str, int]] = ..., decisions_by_kind: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[_Union[GroupState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ..., gpu: _Optional[_Union[GpuState, _Mapping]] = ..., replays: _Optional[_Iterable[_Union[ReplayState, _Mapping]]] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_query_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., plan: _Optional[_Union[PoolPlan, _Mapping]] = ...) -> None: ...
+    decision_log: DecisionLogState
+    def __init__(self, time_unix_s: _Optional[float] = ..., policy: _Optional[_Union[Policy, str]] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_held_blocks: _Optional[int] = ..., num_reserved_blocks: _Optional[int] = ..., num_evictable_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., preemptions_by_reason: _Optional[_Mapping[str, int]] = ..., rejections_by_reason: _Optional[_Mapping[str, int]] = ..., decisions_by_kind: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[_Union[GroupState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ..., gpu: _Optional[_Union[GpuState, _Mapping]] = ..., replays: _Optional[_Iterable[_Union[ReplayState, _Mapping]]] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_query_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., plan: _Optional[_Union[PoolPlan, _Mapping]] = ..., decision_log: _Optional[_Union[DecisionLogState, _Mapping]] = ...) -> None: ...
