@@ -246,6 +246,22 @@ class TestVerdict:
                          held_at(0, 1010.0, num_preemptions=6, num_running=0))
         assert verdict(state).line == "not bound: idle"
 
+    def test_commits_waiting_for_the_log_are_said_after_the_bound(self):
+        # 0.4 + 0.8 s of stalls between t=1000 and t=1010: said whatever the bound is.
+        stalled = [common_pb2.DecisionLogState(stall_s=s) for s in (2.0, 2.4, 3.2)]
+        state = state_of(*(held_at(50, t, decision_log=log) for t, log in zip((1000.0, 1005.0, 1010.0), stalled)))
+        assert verdict(state).line == (
+            "not bound: nothing waits, no preemptions; commits waited 1.2 s in 10 s for the decision log"
+        )
+        waiting = state_of(held_at(95, 1000.0, num_waiting=3, decision_log=stalled[0]),
+                           held_at(95, 1010.0, num_waiting=3, decision_log=stalled[2]))
+        assert verdict(waiting).line == (
+            "pool-bound: 3 waiting with 95% of blocks held; commits waited 1.2 s in 10 s for the decision log"
+        )
+        # Stalls before the window (the figure stands still): not said.
+        still = state_of(held_at(50, 1000.0, decision_log=stalled[2]), held_at(50, 1010.0, decision_log=stalled[2]))
+        assert verdict(still).line == "not bound: nothing waits, no preemptions"
+
     def test_pool_bound_at_90_percent_held(self):
         # 90 of 100 blocks held is exactly the bar; 89 is below it.
         assert verdict(state_of(held_at(90, 1.0, num_waiting=1))).bound is Bound.POOL_BOUND

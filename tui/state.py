@@ -50,6 +50,7 @@ class Sample:
     decisions: int  # cumulative, all kinds
     gpu_used_bytes: int  # 0 without a GPU
     outside_pool_bytes: int  # GPU memory used by everything but the pool
+    log_stall_s: float = 0.0  # cumulative: time commits waited for the decision log's upkeep
 
 
 def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
@@ -66,6 +67,7 @@ def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
         decisions=sum(snapshot.decisions_by_kind.values()),
         gpu_used_bytes=gpu.used_bytes if gpu.present else 0,
         outside_pool_bytes=outside,
+        log_stall_s=snapshot.decision_log.stall_s,
     )
 
 

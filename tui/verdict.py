@@ -13,6 +13,9 @@ This module turns that drill into one line from a `DashboardState`:
   GPU memory curve is flat: promises (reservations), quotas or the queue order, not memory,
   limit admission. A looser policy or a better output-length estimate helps.
 - not bound: nothing waits, nothing was preempted in the window.
+
+Whichever it is, commits that waited for the decision log's upkeep in the window (a write
+stall: engines' Steps slow, whatever the pool) are said after it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,17 @@ def gib(num_bytes: float) -> str:
 
 
 def verdict(state: DashboardState) -> Verdict:
+    found = _bound(state)
+    window = state.recent(WINDOW_S)
+    stalled_s = window[-1].log_stall_s - window[0].log_stall_s if window else 0.0
+    if stalled_s <= 0:
+        return found
+    span_s = window[-1].time_s - window[0].time_s
+    stall = f"commits waited {stalled_s:.1f} s in {span_s:.0f} s for the decision log"
+    return Verdict(found.bound, f"{found.why}; {stall}" if found.why else stall)
+
+
+def _bound(state: DashboardState) -> Verdict:
     snapshot = state.snapshot
     if snapshot is None:
         return Verdict(Bound.UNKNOWN, "")
