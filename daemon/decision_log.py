@@ -140,7 +140,7 @@ class LogFigures:
     rows_written: int
     rows_folded: int
     wal_resets: int
-    stalls: int  # times commits waited for the fold (past max_unfolded_rows)
+    stalls: int  # times commits waited for the upkeep (past max_unfolded_rows: decision_pacing)
     stall_seconds: float  # time they waited, in all
 
 
@@ -472,6 +472,7 @@ class DecisionLog(UpkeepPacing):
         # Anything appended races with close() only before _closed was set; drain it.
         leftover, _ = self._take_batch(0.0)
         while leftover:
+            self._in_flight = leftover
             self._commit_queued(conn, leftover)
             leftover, _ = self._take_batch(0.0)
         self._fold_chunks(conn, everything=True)  # a cleanly closed log has every row indexed
@@ -533,7 +534,8 @@ class DecisionLog(UpkeepPacing):
         return batch, False
 
     def _commit_queued(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
-        self._in_flight = batch
+        """Commits a batch taken from the queue; the caller has set `_in_flight` to it (so
+        that a writer stopping on an error fails its futures too)."""
         with self._conn_lock:
             self._commit(conn, batch)
         with self._lock:

@@ -193,9 +193,9 @@ def checkpoint(conn: sqlite3.Connection, page_size: int, wal_reset_bytes: int) -
     while the last pass found many new frames, or could not copy what it found (a reader's
     snapshot holds them). Judging by the copied count alone, which a pass that finished
     always matches, the catch-up stopped after the first pass, and the RESTART copied
-    and synced everything written during it, holding every commit off meanwhile: 0.1-0.4 s,
-    every 1.5 s, under bench_sustained's load (~6,000 random pages a time, and the more, the
-    bigger the file)."""
+    and synced everything written during it (random index pages), holding every commit
+    off meanwhile: 0.1-0.4 s, every 1.5 s, under bench_sustained's load, and the longer,
+    the bigger the file."""
     _, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     if wal_frames * page_size <= wal_reset_bytes:
         return False

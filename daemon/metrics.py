@@ -115,10 +115,10 @@ class Metrics:
             "kvbudget_decision_log_wal_resets", "Times the WAL was past its bound and was started over", registry=r
         )
         self.log_stalls = Counter(
-            "kvbudget_decision_log_stalls", "Times commits waited for the fold (too many rows unindexed)", registry=r
+            "kvbudget_decision_log_stalls", "Times commits waited for the log's upkeep (too many rows unindexed or owed to retention)", registry=r
         )
         self.log_stall_seconds = Counter(
-            "kvbudget_decision_log_stall_seconds", "Time commits waited for the fold, in all", registry=r
+            "kvbudget_decision_log_stall_seconds", "Time commits waited for the log's upkeep, in all", registry=r
         )
         self.policy = Gauge("kvbudget_policy", "The admission policy in force (1 for it)", ["policy"], registry=r)
         self.gpu_present = Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=r)
