@@ -25,6 +25,7 @@ import signal
 import socket
 import sqlite3
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,9 +104,15 @@ def _tls_credentials(config: DaemonConfig) -> grpc.ServerCredentials:
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig, *, core_options: CoreOptions | None = None) -> None:
+    def __init__(
+        self, config: DaemonConfig, *, core_options: CoreOptions | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_ready` runs once start-up is done, just before READY=1 (the CLI settles
+        the heap there: interpreter.settle_heap)."""
         self.config = config
         self.core_options = core_options or CoreOptions()
+        self._on_ready = on_ready
         self.tokens = load_tokens(config.tokens_file) if config.tokens_file else {}
         self._stop = asyncio.Event()
         self._listeners: list[Listener] = []
@@ -207,6 +214,8 @@ class Daemon:
         async with contextlib.AsyncExitStack() as stack:
             core, health, server, summary = await self._start(stack)
             log.info("%s", summary)
+            if self._on_ready is not None:
+                self._on_ready()
             sdnotify.ready(summary)
             notifier = asyncio.create_task(self._notify_loop(core))
             stack.push_async_callback(self._cancel, notifier)

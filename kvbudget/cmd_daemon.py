@@ -96,17 +96,15 @@ def load(args: argparse.Namespace):
         raise CLIError(f"--config: {exc.strerror or exc}: {args.config}") from None
 
 
-GIL_SWITCH_INTERVAL_S = 0.001
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
     )
     config = load(args)
+    from kvbudget.daemon import interpreter
     from kvbudget.daemon.server import Daemon, StartupError
 
-    daemon = Daemon(config)
+    daemon = Daemon(config, on_ready=_settle_heap)
     if args.check_config:
         from kvbudget.daemon.pool_setup import PoolSetupError, setup_pool
 
@@ -122,13 +120,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import asyncio
 
-    # The daemon's threads other than the event loop (the decision log's writer, gRPC's
-    # poller) run in C with the GIL let go, but each must win it back to return, and so
-    # must the loop after every SQLite commit it makes: when the other side is running
-    # Python, that takes up to the switch interval (5 ms by default). At 1 ms, batched
-    # steps went from ~47k to ~58k decisions/s on the 2-core machine (bench_roundtrip).
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    interpreter.set_switch_interval()
     try:
         return asyncio.run(daemon.serve())
     except StartupError as exc:
         raise CLIError(str(exc)) from None
+
+
+def _settle_heap() -> None:
+    """Start-up is done (the daemon calls this just before READY=1): see interpreter.py."""
+    from kvbudget.daemon.interpreter import settle_heap
+
+    settled = settle_heap()
+    logging.getLogger("kvbudget.daemon").info(
+        "heap settled: %d objects frozen, gc thresholds %s", settled.frozen_objects, settled.thresholds
+    )

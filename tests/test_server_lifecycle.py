@@ -174,6 +174,10 @@ async def test_metrics_endpoint_counts_decisions(tmp_path) -> None:
                               if line.startswith('kvbudget_decision_log_bytes{file="database"}'))
         assert float(database_bytes.split()[-1]) > 0
         assert 'kvbudget_decision_log_bytes{file="wal"}' in text
+        # prometheus-client's process and interpreter series, as on any Python exporter.
+        assert "process_resident_memory_bytes " in text
+        assert 'python_gc_collections_total{generation="0"}' in text
+        assert "python_info{" in text
 
 
 def test_socket_mode_stale_socket_and_live_socket(tmp_path) -> None:
