@@ -16,7 +16,7 @@ The file has sections; each key maps to one `DaemonConfig` field:
     [tenants.NAME]  max_share, weight
     [server]     listen, tokens_file, tls_cert_file, tls_key_file, allow_insecure_tcp,
                  lease_ttl_s, watch_max_hz, drain_timeout_s
-    [log]        db_path, retention_days, retention_max_rows
+    [log]        db_path, retention_days, retention_max_rows, retention_max_bytes
     [metrics]    address
 """
 
@@ -41,6 +41,13 @@ DEFAULT_LISTEN = "unix:///run/kvbudget/kvbudget.sock"  # systemd RuntimeDirector
 ROLES = ("engine", "observer", "admin")
 MEMORY_MODES = ("owned", "accounting")
 MIN_TOKEN_LENGTH = 8
+# The decision log's size cap unless set: the disk is shared with the OS and the engines'
+# own files, and 30 days of decisions on a busy host would fill it (a row is ~650 bytes
+# with its indexes when an ADMIT carries the block table of a 1,200-token prompt, so ~16
+# million rows in 10 GiB: about 18 hours at 250 decisions/s, 6 days at 30/s). Like
+# journald's SystemMaxUse: whichever of age and size comes first.
+DEFAULT_RETENTION_MAX_BYTES = 10 * 2**30
+MIN_RETENTION_MAX_BYTES = 2**20  # below this the schema and indexes alone would not fit
 FILE_KEY = "config"  # ConfigError.key for a file that cannot be read or parsed
 
 
@@ -104,6 +111,7 @@ class DaemonConfig:
     db_path: str = DEFAULT_DB_PATH
     retention_days: float = 30.0  # 0: keep forever
     retention_max_rows: int = 0  # 0: no row cap
+    retention_max_bytes: int = DEFAULT_RETENTION_MAX_BYTES  # 0: no size cap
     # [metrics]
     metrics_address: str = ""  # "" = off, e.g. "127.0.0.1:9400"
 
@@ -114,6 +122,10 @@ class DaemonConfig:
     @property
     def retention_rows(self) -> int | None:
         return self.retention_max_rows or None
+
+    @property
+    def retention_bytes(self) -> int | None:
+        return self.retention_max_bytes or None
 
     @property
     def tls_enabled(self) -> bool:
@@ -179,6 +191,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("log", "db_path", "db_path", str),
     _Key("log", "retention_days", "retention_days", float),
     _Key("log", "retention_max_rows", "retention_max_rows", int),
+    _Key("log", "retention_max_bytes", "retention_max_bytes", int),
     _Key("metrics", "address", "metrics_address", str),
 )
 _KEY_BY_FIELD = {k.field: k for k in _KEYS}
@@ -444,6 +457,9 @@ def _check_metrics(c: DaemonConfig, fail: _Fail) -> None:
         raise fail("metrics_address", f"bad address {c.metrics_address!r} (expected HOST:PORT, or \"\" for off)")
     if not c.db_path:
         raise fail("db_path", "must not be empty")
+    if 0 < c.retention_max_bytes < MIN_RETENTION_MAX_BYTES:
+        raise fail("retention_max_bytes", f"at least {MIN_RETENTION_MAX_BYTES} (1 MiB), or 0 for no size cap, "
+                   f"got {c.retention_max_bytes}")
 
 
 def _readable_file(path: str) -> bool:
@@ -457,7 +473,7 @@ _CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (
               "watch_max_hz"),
     _non_negative("gpu_memory_bytes", "weights_bytes", "activation_reserve_bytes",
                   "lookahead_tokens", "max_queue_len", "backfill_depth", "drain_timeout_s",
-                  "retention_days", "retention_max_rows"),
+                  "retention_days", "retention_max_rows", "retention_max_bytes"),
     _check_pool,
     _check_admission,
     _check_server,

@@ -160,6 +160,7 @@ class DecisionLog(UpkeepPacing):
         *,
         retention_s: float | None = None,
         max_rows: int | None = None,
+        max_bytes: int | None = None,
         max_batch: int = 2000,
         retention_interval_s: float = 60.0,
         retention_chunk_rows: int = 1024,
@@ -176,6 +177,8 @@ class DecisionLog(UpkeepPacing):
             raise ValueError(f"retention_s must be positive or None, got {retention_s}")
         if max_rows is not None and max_rows <= 0:
             raise ValueError(f"max_rows must be positive or None, got {max_rows}")
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive or None, got {max_bytes}")
         if max_batch <= 0:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
         if wal_limit_bytes <= 0:
@@ -192,6 +195,7 @@ class DecisionLog(UpkeepPacing):
         self.path = Path(path)
         self.retention_s = retention_s
         self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self.max_batch = max_batch
         self.retention_interval_s = retention_interval_s
         self.retention_chunk_rows = retention_chunk_rows
@@ -492,7 +496,7 @@ class DecisionLog(UpkeepPacing):
 
     @property
     def _has_retention(self) -> bool:
-        return self.retention_s is not None or self.max_rows is not None
+        return self.retention_s is not None or self.max_rows is not None or self.max_bytes is not None
 
     def _take_batch(self, timeout: float | None) -> tuple[list[_Pending], bool]:
         """Everything queued now (at least one item unless timed out), up to max_batch rows."""

@@ -26,7 +26,9 @@ commits a queued batch, the way an LSM store stalls writes while compaction catc
 Engines see slower Steps, never a lost or refused decision; `stalls` and
 `stall_seconds` count it. A stop folds what is left but leaves retention to the next start.
 
-Retention by age (`retention_s`) and/or size (`max_rows`) is applied by the writer thread
+Retention by age (`retention_s`), rows (`max_rows`) and/or bytes (`max_bytes`: a row
+limit worked out on each pass from the file's bytes per row, upkeep.rows_within_bytes)
+is applied by the writer thread
 itself, every `retention_interval_s`, to the indexed table, in chunks of
 `retention_chunk_rows` (~13 ms each for 1,024 rows with random request ids), each one
 statement whose cost does not grow with the log, so a purge never holds up commits for
@@ -53,6 +55,7 @@ class UpkeepPacing:
     inline_wait_s: float
     retention_s: float | None
     max_rows: int | None
+    max_bytes: int | None
     retention_chunk_rows: int
     rows_folded: int
     rows_deleted: int
@@ -166,10 +169,15 @@ class UpkeepPacing:
         batch). Only the writer thread calls this (tests call it on a stopped log's file);
         see `decision_upkeep.purge_oldest`.
         """
+        max_rows = self.max_rows
+        if self.max_bytes is not None:
+            within = upkeep.rows_within_bytes(conn, self.max_bytes)
+            if within is not None:
+                max_rows = within if max_rows is None else min(max_rows, within)
         deleted, more = upkeep.purge_oldest(
             conn,
             retention_s=self.retention_s,
-            max_rows=self.max_rows,
+            max_rows=max_rows,
             chunk_rows=self.retention_chunk_rows,
             now=time.time() if now is None else now,
         )

@@ -135,6 +135,38 @@ def newest_id(conn: sqlite3.Connection) -> int:
     return int(newest)
 
 
+def oldest_id(conn: sqlite3.Connection) -> int:
+    """The log's lowest row id (0 when empty), from the primary keys (no scan): retention
+    deletes the oldest indexed rows, and the recent table holds only newer ones."""
+    (oldest,) = conn.execute(
+        f"SELECT coalesce((SELECT min(id) FROM {INDEXED}), (SELECT min(id) FROM {RECENT}), 0)"
+    ).fetchone()
+    return int(oldest)
+
+
+def rows_within_bytes(conn: sqlite3.Connection, max_bytes: int) -> int | None:
+    """How many of the newest rows to keep for the file's pages in use to come under
+    `max_bytes`, at the log's bytes per row now (None: already under it).
+
+    Pages in use are the file's pages less its free list: a purge moves pages to the free
+    list and later commits reuse them, so the file stops growing at about the bound (SQLite
+    never shrinks it; VACUUM would, holding every reader and writer out meanwhile). Bytes
+    per row are the pages in use over the rows held (ids are contiguous: rows are only
+    ever deleted from the oldest end), indexes, half-empty pages and block tables of long
+    prompts included, so the estimate follows what the rows really cost, and a pass that
+    leaves the file over the bound (rows bigger than the average went) is followed by
+    another. Reads three header fields and two primary-key ends: no scan."""
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    (page_count,) = conn.execute("PRAGMA page_count").fetchone()
+    (free_pages,) = conn.execute("PRAGMA freelist_count").fetchone()
+    used_bytes = (page_count - free_pages) * page_size
+    newest = newest_id(conn)
+    rows = newest - oldest_id(conn) + 1 if newest else 0
+    if used_bytes <= max_bytes or rows <= 0:
+        return None
+    return rows * max_bytes // used_bytes
+
+
 # A RESTART checkpoint stops the writer while it finishes: it gives up after this long
 # waiting for the write lock or for readers of the old WAL (an operator's long query),
 # rather than hold the daemon's commits longer. The next interval tries again.

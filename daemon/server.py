@@ -272,6 +272,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         decision_log = DecisionLog(
             config.db_path, retention_s=config.retention_s, max_rows=config.retention_rows,
+            max_bytes=config.retention_bytes,
             on_failure=lambda why: loop.call_soon_threadsafe(self._log_writer_stopped, why),
         )
         try:

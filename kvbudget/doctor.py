@@ -445,7 +445,8 @@ def check_decision_log(samples: Sequence[PoolSample]) -> Finding:
             f"commits waited {stalled_s:.1f} s{share}, {stalls} times, for the decision log's upkeep: "
             "engines' Steps slow to the pace at which it indexes and purges",
             knob="fewer decisions per second on this daemon, or a faster disk for db_path; retention by "
-            "size (retention_max_rows) deletes as fast as rows come once at its bound, doubling the upkeep",
+            "size (retention_max_rows, retention_max_bytes) deletes as fast as rows come once at its bound, "
+            "doubling the upkeep",
             data=data,
         )
     if len(samples) == 1 and last.log_stalls:

@@ -45,6 +45,7 @@ def test_example_file_loads_with_its_documented_values() -> None:
         "batch": TenantQuota(max_share=0.4, weight=1.0),
     }
     assert config.retention_s == 30 * 86400.0  # retention_days = 30
+    assert config.retention_bytes == 10 * 2**30  # retention_max_bytes = 10_737_418_240
 
 
 def test_example_documents_every_key() -> None:
@@ -80,6 +81,9 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
     ("text", "key", "fragment"),
     [
         (MODEL + "[pool]\nfoo = 1\n", "pool.foo", "unknown key 'foo' in [pool]"),
+        (MODEL + "[log]\nretention_max_bytes = -1\n", "log.retention_max_bytes", "must be zero or more"),
+        (MODEL + "[log]\nretention_max_bytes = 4096\n", "log.retention_max_bytes", "at least 1048576 (1 MiB)"),
+        (MODEL + "[log]\nretention_max_bytes = '8GiB'\n", "log.retention_max_bytes", "must be an integer"),
         (MODEL + "[poool]\ndevice = 'cpu'\n", "poool", "unknown section [poool]"),
         (MODEL + "block_size = '16'\n", "model.block_size", "must be an integer"),
         (MODEL + "block_size = true\n", "model.block_size", "must be an integer"),
@@ -197,6 +201,8 @@ def test_defaults_without_a_file() -> None:
     assert config.lease_ttl_s == 10.0
     assert config.memory_mode == "owned" and config.device == "auto"
     assert config.retention_rows is None  # retention_max_rows = 0: no cap
+    assert config.retention_bytes == 10 * 2**30  # the disk is protected unless told otherwise
+    assert load_config(None, {"model": "llama-3.1-8b", "retention_max_bytes": 0}).retention_bytes is None
 
 
 def test_admission_config_follows_the_file(tmp_path: Path) -> None:

@@ -1,0 +1,165 @@
+"""Retention by size: the decision log's file stops growing at about `max_bytes`.
+
+The row limit a byte bound sets is worked out on each pass from the file's pages in use
+and the rows it holds (decision_upkeep.rows_within_bytes), so it follows what rows
+really cost: an ADMIT carries its request's whole block table, so rows range from ~300
+bytes to several KiB.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kvbudget.daemon import decision_upkeep as upkeep
+from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.decision_schema import INDEXED, RECENT
+from kvbudget.daemon.records import Decision, DecisionKind, Reason, new_decision
+
+
+def admit(seq: int, num_blocks: int) -> Decision:
+    """An ADMIT whose row holds a block table of `num_blocks` ids (its size varies with it)."""
+    return new_decision(
+        seq, float(seq), DecisionKind.ADMIT, Reason.FITS, f"cmpl-{seq:08d}-{'x' * 24}", "engine-0", "",
+        "optimistic", 16 * num_blocks, 16, 16 * num_blocks, 0, (num_blocks,), (num_blocks,),
+        (tuple(range(1000, 1000 + num_blocks)),), 0, 0, 5000, 0, 1, "",
+    )
+
+
+def batch(first_seq: int, size: int) -> list[Decision]:
+    return [admit(seq, 1 + seq % 40) for seq in range(first_seq, first_seq + size)]
+
+
+def page_figures(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    return tuple(conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_size", "page_count", "freelist_count"))
+
+
+def used_bytes(conn: sqlite3.Connection) -> int:
+    page_size, page_count, free_pages = page_figures(conn)
+    return (page_count - free_pages) * page_size
+
+
+def ids(conn: sqlite3.Connection) -> list[int]:
+    return [row[0] for row in conn.execute("SELECT id FROM decisions ORDER BY id")]
+
+
+def a_log_of(path: Path, num_rows: int) -> sqlite3.Connection:
+    with DecisionLog(path) as log:  # no limits; close() folds every row
+        for first in range(0, num_rows, 500):
+            log.append(batch(first, min(500, num_rows - first))).result()
+    return sqlite3.connect(path, isolation_level=None)
+
+
+def test_rows_within_bytes_is_the_rows_held_scaled_by_the_bound(tmp_path: Path) -> None:
+    conn = a_log_of(tmp_path / "scale.db", 3000)
+    used = used_bytes(conn)
+    assert upkeep.oldest_id(conn) == 1 and upkeep.newest_id(conn) == 3000
+    assert upkeep.rows_within_bytes(conn, used) is None  # at the bound: nothing to delete
+    assert upkeep.rows_within_bytes(conn, 10 * used) is None
+    assert upkeep.rows_within_bytes(conn, used // 2) == 3000 * (used // 2) // used  # ~1500
+    assert upkeep.rows_within_bytes(conn, used // 4) == 3000 * (used // 4) // used
+    # Ids stay contiguous (retention deletes the oldest only), so the rows held are
+    # newest - oldest + 1 whatever was deleted before.
+    conn.execute(f"DELETE FROM {INDEXED} WHERE id <= 1000")
+    assert upkeep.oldest_id(conn) == 1001
+    used_after = used_bytes(conn)
+    assert upkeep.rows_within_bytes(conn, used_after // 2) == 2000 * (used_after // 2) // used_after
+    conn.close()
+
+
+def test_an_empty_log_or_one_with_only_unfolded_rows(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path / "empty.db"):
+        pass
+    conn = sqlite3.connect(tmp_path / "empty.db", isolation_level=None)
+    assert upkeep.oldest_id(conn) == 0
+    assert upkeep.rows_within_bytes(conn, 1) is None  # no rows: nothing a purge could do
+    conn.execute(f"INSERT INTO {RECENT} (id, logged_at, seq) VALUES (7, 1.0, 1), (8, 1.0, 2)")
+    assert (upkeep.oldest_id(conn), upkeep.newest_id(conn)) == (7, 8)
+    conn.close()
+
+
+@pytest.mark.parametrize("share", [2, 4])
+def test_a_purge_brings_the_pages_in_use_under_the_bound_keeping_the_newest(tmp_path: Path, share: int) -> None:
+    path = tmp_path / f"half-{share}.db"
+    conn = a_log_of(path, 4000)
+    bound = used_bytes(conn) // share
+    purger = DecisionLog(path, max_bytes=bound, retention_chunk_rows=256)
+    passes = 0
+    while purger.apply_retention(conn):
+        passes += 1
+        assert passes < 100
+    kept = ids(conn)
+    assert kept == list(range(kept[0], 4001))  # the newest, contiguous; the oldest went
+    # About the bound: deleting the oldest rows leaves some index pages part-empty, so the
+    # pages in use shrink a little less than the rows; the next pass takes the rest.
+    assert used_bytes(conn) <= 1.02 * bound
+    while purger.apply_retention(conn):  # the next interval's pass
+        pass
+    assert used_bytes(conn) <= bound
+    kept = ids(conn)
+    assert kept == list(range(kept[0], 4001))
+    # Rows cost about the same throughout, so about 1 / share of them stay.
+    assert 4000 / share * 0.85 <= len(kept) <= 4000 / share
+    assert purger.rows_deleted == 4000 - len(kept)
+    conn.close()
+
+
+def test_the_tighter_of_rows_and_bytes_applies(tmp_path: Path) -> None:
+    path = tmp_path / "both.db"
+    conn = a_log_of(path, 2000)
+    bound = used_bytes(conn) // 2  # about 1,000 rows
+    by_rows = DecisionLog(path, max_rows=300, max_bytes=bound, retention_chunk_rows=5000)
+    assert by_rows.apply_retention(conn) is False
+    assert ids(conn) == list(range(1701, 2001))  # 300 rows: tighter than the bytes
+    by_bytes = DecisionLog(path, max_rows=2000, max_bytes=used_bytes(conn) // 3, retention_chunk_rows=5000)
+    by_bytes.apply_retention(conn)
+    assert 80 <= len(ids(conn)) <= 100  # a third of 300 by size, not 2,000 by rows
+    conn.close()
+
+
+def test_under_commits_the_file_stops_growing_at_about_the_bound(tmp_path: Path) -> None:
+    # 20,000 rows of ~600 bytes would take ~12 MiB; bound 1 MiB. SQLite reuses the pages a
+    # purge frees, so the file plateaus: it passes the bound by what one pass lets in.
+    path = tmp_path / "capped.db"
+    bound = 2**20
+    with DecisionLog(path, max_bytes=bound, retention_interval_s=0.0, fold_interval_s=0.0) as log:
+        for first in range(0, 20_000, 100):
+            log.append(batch(first, 100)).result()
+        log.flush()
+        deleted = log.rows_deleted
+    assert deleted > 15_000
+    assert path.stat().st_size <= 1.1 * bound
+    conn = sqlite3.connect(path, isolation_level=None)
+    kept = ids(conn)
+    assert kept == list(range(deleted + 1, 20_001))  # every row kept is one of the newest, in order
+    conn.close()
+
+
+def test_max_bytes_must_be_positive(tmp_path: Path) -> None:
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_bytes"):
+            DecisionLog(tmp_path / "bad.db", max_bytes=bad)
+
+
+@pytest.mark.slow
+def test_a_daemon_started_on_a_big_log_brings_it_to_its_size_bound(tmp_path: Path) -> None:
+    from daemon_harness import DaemonProcess, wait_until
+
+    daemon = DaemonProcess(tmp_path, "--retention-max-bytes", str(2**20))
+    conn = a_log_of(daemon.db_path, 6000)  # ~2.3 MB of rows: the file an earlier daemon left
+    assert used_bytes(conn) > 2 * 2**20
+    conn.close()
+    with daemon:
+        def within() -> bool:
+            reader = sqlite3.connect(daemon.db_path)
+            try:
+                return used_bytes(reader) <= 1.02 * 2**20
+            finally:
+                reader.close()
+
+        wait_until(within)  # the writer's first retention pass runs at start
+        newest = daemon.decision_rows("1 ORDER BY id DESC LIMIT 1")
+        assert newest[0]["id"] == 6000  # the newest rows are the ones kept
+    assert daemon.process.returncode == 0
