@@ -1,7 +1,7 @@
 """The daemon under batched load for minutes: is the rate it holds the rate it can keep up?
 
     python bench/bench_sustained.py [--seconds 120] [--chunk 10] [--engines 4] [--batch 256]
-                                    [--request-ids uuid|sequential] [--max-rows 0]
+                                    [--request-ids uuid|sequential] [--max-rows 0] [--max-bytes 0]
 
 bench_roundtrip's throughput runs for seconds. A daemon runs for weeks, and its decision
 log's upkeep (folding committed rows into the indexed table, purging past the retention
@@ -10,9 +10,10 @@ upkeep cannot follow shows only after a while: rows pile up unindexed (the recen
 which `kvbudget log --request` scans, and which every start-up and clean stop must fold).
 
 This starts a real daemon (unix socket, durable log; `--max-rows` > 0 adds retention by
-size), drives `--engines` engines with steps of `--batch` submits and the previous batch's
+rows, `--max-bytes` > 0 by the file's size, otherwise it has none), drives `--engines` engines with steps of `--batch` submits and the previous batch's
 finishes for `--seconds`, and every `--chunk` seconds prints: decisions/s, the p50 / p99 /
-max time of one Step, the rows waiting to be folded, and the rows indexed. Then it sends
+max time of one Step, the rows waiting to be folded, the rows indexed and the database
+file's size. Then it sends
 SIGTERM and times the stop (which folds what is left), and checks the exit status.
 
 Request ids are `cmpl-<uuid4 hex>-0` (as vLLM makes them) unless `--request-ids
@@ -82,7 +83,8 @@ async def drive(target: str, args: argparse.Namespace, db_path: Path) -> None:
             previous[index] = ids
         return done
 
-    print(f"{'t (s)':>6} {'decisions/s':>12} {'step p50':>9} {'p99':>8} {'max':>8}   {'unfolded':>9} {'indexed':>10}")
+    print(f"{'t (s)':>6} {'decisions/s':>12} {'step p50':>9} {'p99':>8} {'max':>8}   {'unfolded':>9} {'indexed':>10}"
+          f" {'file MB':>8}")
     while (elapsed := time.perf_counter() - started) < args.seconds - 1e-6:
         until = time.perf_counter() + min(args.chunk, args.seconds - elapsed)
         t0 = time.perf_counter()
@@ -94,7 +96,8 @@ async def drive(target: str, args: argparse.Namespace, db_path: Path) -> None:
         ordered = sorted(step_s)
         p99 = ordered[max(0, int(len(ordered) * 0.99) - 1)]
         print(f"{time.perf_counter() - started:6.0f} {rate:12,.0f} {statistics.median(ordered) * 1e3:7.1f}ms "
-              f"{p99 * 1e3:6.1f}ms {ordered[-1] * 1e3:6.1f}ms   {unfolded:9,} {indexed:10,}", flush=True)
+              f"{p99 * 1e3:6.1f}ms {ordered[-1] * 1e3:6.1f}ms   {unfolded:9,} {indexed:10,}"
+              f" {db_path.stat().st_size / 1e6:8.0f}", flush=True)
     for index, client in enumerate(clients):
         await client.step(finishes=previous[index])
         await client.close()
@@ -109,17 +112,19 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--request-ids", choices=("sequential", "uuid"), default="uuid")
-    parser.add_argument("--max-rows", type=int, default=0, help="retention by size (0: none)")
+    parser.add_argument("--max-rows", type=int, default=0, help="retention by rows (0: none)")
+    parser.add_argument("--max-bytes", type=int, default=0, help="retention by the file's bytes (0: none)")
     args = parser.parse_args()
-    if args.seconds <= 0 or args.chunk <= 0 or args.engines <= 0 or args.batch <= 0 or args.max_rows < 0:
-        parser.error("--seconds, --chunk, --engines and --batch must be positive, --max-rows >= 0")
+    if min(args.seconds, args.chunk, args.engines, args.batch) <= 0 or min(args.max_rows, args.max_bytes) < 0:
+        parser.error("--seconds, --chunk, --engines and --batch must be positive, --max-rows and --max-bytes >= 0")
     num_blocks = max(4096, 4 * args.engines * args.batch + 1)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; "
           f"{args.engines} engines x {args.batch} submits + {args.batch} finishes per step, "
-          f"{args.request_ids} request ids, retention max rows {args.max_rows or 'none'}")
+          f"{args.request_ids} request ids, retention max rows {args.max_rows or 'none'}, "
+          f"max bytes {args.max_bytes or 'none'}")
     with tempfile.TemporaryDirectory() as tmp:
         db_path = Path(tmp) / "kvbudget.db"
-        extra = ["--retention-max-rows", str(args.max_rows)] if args.max_rows else []
+        extra = ["--retention-max-rows", str(args.max_rows), "--retention-max-bytes", str(args.max_bytes)]
         process, target = start_daemon(Path(tmp), num_blocks, extra_flags=extra)
         try:
             asyncio.run(drive(target, args, db_path))

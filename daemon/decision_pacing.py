@@ -26,15 +26,14 @@ commits a queued batch, the way an LSM store stalls writes while compaction catc
 Engines see slower Steps, never a lost or refused decision; `stalls` and
 `stall_seconds` count it. A stop folds what is left but leaves retention to the next start.
 
-Retention by age (`retention_s`), rows (`max_rows`) and/or bytes (`max_bytes`: a row
-limit worked out on each pass from the file's bytes per row, upkeep.rows_within_bytes)
-is applied by the writer thread
-itself, every `retention_interval_s`, to the indexed table, in chunks of
-`retention_chunk_rows` (~13 ms each for 1,024 rows with random request ids), each one
-statement whose cost does not grow with the log, so a purge never holds up commits for
-long. While behind, it deletes as many rows as the folds index meanwhile and a chunk more:
-under a load faster than the upkeep the log keeps near its bound instead of growing for
-as long as the load lasts.
+Retention by age (`retention_s`), rows (`max_rows`) and/or bytes (`max_bytes`: a row limit
+worked out on each pass from the file's bytes per row, upkeep.rows_within_bytes) is
+applied by the writer thread itself, every `retention_interval_s`, to the indexed table,
+in chunks of `retention_chunk_rows` (~13 ms each for 1,024 rows with random request ids),
+each one statement whose cost does not grow with the log, so a purge never holds up
+commits for long. While behind, it deletes as many rows as the folds index meanwhile and
+a chunk more: under a load faster than the upkeep the log keeps near its bound instead of
+growing for as long as the load lasts.
 """
 
 from __future__ import annotations
@@ -155,6 +154,16 @@ class UpkeepPacing:
                 return behind
             if self._queued or self._closed:
                 return True
+
+    def _over_size(self, conn: sqlite3.Connection) -> bool:
+        """Whether the pages in use are past `max_bytes` (two header reads)."""
+        if self.max_bytes is None:
+            return False
+        with self._conn_lock:
+            try:
+                return upkeep.used_bytes(conn) > self.max_bytes
+            except sqlite3.Error:
+                return False  # the interval's pass still comes
 
     def _apply_retention_safely(self, conn: sqlite3.Connection) -> bool:
         try:

@@ -156,15 +156,20 @@ def rows_within_bytes(conn: sqlite3.Connection, max_bytes: int) -> int | None:
     prompts included, so the estimate follows what the rows really cost, and a pass that
     leaves the file over the bound (rows bigger than the average went) is followed by
     another. Reads three header fields and two primary-key ends: no scan."""
+    used = used_bytes(conn)
+    newest = newest_id(conn)
+    rows = newest - oldest_id(conn) + 1 if newest else 0
+    if used <= max_bytes or rows <= 0:
+        return None
+    return rows * max_bytes // used
+
+
+def used_bytes(conn: sqlite3.Connection) -> int:
+    """The file's pages in use (all but the free list), in bytes: three header fields."""
     (page_size,) = conn.execute("PRAGMA page_size").fetchone()
     (page_count,) = conn.execute("PRAGMA page_count").fetchone()
     (free_pages,) = conn.execute("PRAGMA freelist_count").fetchone()
-    used_bytes = (page_count - free_pages) * page_size
-    newest = newest_id(conn)
-    rows = newest - oldest_id(conn) + 1 if newest else 0
-    if used_bytes <= max_bytes or rows <= 0:
-        return None
-    return rows * max_bytes // used_bytes
+    return (page_count - free_pages) * page_size
 
 
 # A RESTART checkpoint stops the writer while it finishes: it gives up after this long

@@ -137,6 +137,19 @@ def test_under_commits_the_file_stops_growing_at_about_the_bound(tmp_path: Path)
     conn.close()
 
 
+def test_a_pass_is_due_as_soon_as_the_file_is_past_the_bound(tmp_path: Path) -> None:
+    # Not at the next interval (an hour here; a minute in the daemon): under a fast load a
+    # minute's wait let the file grow 70% past its bound before the first pass.
+    path = tmp_path / "due.db"
+    bound = 2**20
+    with DecisionLog(path, max_bytes=bound, retention_interval_s=3600.0, fold_interval_s=0.0) as log:
+        for first in range(0, 20_000, 100):
+            log.append(batch(first, 100)).result()
+        log.flush()
+        assert log.rows_deleted > 15_000
+    assert path.stat().st_size <= 1.1 * bound
+
+
 def test_max_bytes_must_be_positive(tmp_path: Path) -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match="max_bytes"):
