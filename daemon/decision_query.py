@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,48 @@ def _query_by_time(
     parts += [f"SELECT * FROM {table} WHERE {condition}" for table in recent]
     sql = f"SELECT * FROM ({' UNION ALL '.join(parts)})" + order
     return conn.execute(sql, params * len(parts) + tail).fetchall()
+
+
+@dataclass(frozen=True)
+class LogUsage:
+    """How big a decision log is and how far back it reaches (`kvbudget log --disk-usage`)."""
+
+    file_bytes: int  # the database file
+    used_bytes: int  # its pages in use; the rest are free pages SQLite reuses (files never shrink)
+    wal_bytes: int  # the -wal file beside it (0 once the last connection closed)
+    num_decisions: int
+    oldest_unix_s: float | None  # logged_at of the oldest and newest rows (None: empty)
+    newest_unix_s: float | None
+
+
+def log_usage(path: str | os.PathLike[str]) -> LogUsage:
+    """Sizes from the file system and SQLite's header, the decisions and their time span
+    from the two ends of each table's primary key: instant on a log of any size (a count(*)
+    reads a whole index). The count is the id span: the daemon numbers rows one by one and
+    retention deletes only the oldest, so ids have no gaps."""
+    path = Path(path)
+    conn = open_read_only(path)
+    try:
+        page_size, page_count, free_pages = (
+            conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_size", "page_count", "freelist_count")
+        )
+        ends: list[tuple[int, float]] = []
+        for table in _tables(conn):
+            for direction in ("ASC", "DESC"):
+                row = conn.execute(f"SELECT id, logged_at FROM {table} ORDER BY id {direction} LIMIT 1").fetchone()
+                if row is not None:
+                    ends.append((int(row[0]), float(row[1])))
+    except sqlite3.DatabaseError as exc:
+        raise DecisionLogError(f"{path}: {exc}") from None
+    finally:
+        conn.close()
+    wal = Path(f"{path}-wal")
+    oldest, newest = (min(ends), max(ends)) if ends else (None, None)
+    return LogUsage(
+        file_bytes=path.stat().st_size,
+        used_bytes=(page_count - free_pages) * page_size,
+        wal_bytes=wal.stat().st_size if wal.exists() else 0,
+        num_decisions=newest[0] - oldest[0] + 1 if oldest and newest else 0,
+        oldest_unix_s=oldest[1] if oldest else None,
+        newest_unix_s=newest[1] if newest else None,
+    )

@@ -4,6 +4,7 @@
     kvbudget log --kind preempt --since 10m        preemptions in the last ten minutes
     kvbudget log --engine vllm-0 --json | jq .     JSON lines, one decision per line
     kvbudget log --since 2026-11-29T08:00Z --csv   CSV with a header row
+    kvbudget log --disk-usage                      how big the log is, how far back it reaches
 
 Rows are printed oldest first; `--limit` keeps the newest N that match (0: all).
 Times are unix seconds, ISO 8601 (naive means local time, like journalctl), or relative
@@ -44,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="JSON lines: one object per decision")
     output.add_argument("--csv", action="store_true", help="CSV with a header row")
+    parser.add_argument("--disk-usage", action="store_true",
+                        help="the file's size and the span of decisions it holds, not the decisions (--json: one object)")
 
 
 def parse_time(text: str, *, option: str, now: float | None = None) -> float:
@@ -82,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.daemon.decision_query import query_decisions
     from kvbudget.daemon.decision_schema import DecisionLogError
 
+    if args.disk_usage:
+        return _disk_usage(args)
     if args.kind is not None and args.kind not in KINDS:
         raise CLIError(f"--kind: unknown kind {args.kind!r} (expected one of {', '.join(KINDS)})")
     now = time.time()
@@ -112,6 +117,53 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(rows, args.db)
     return 0
+
+
+_FILTERS = ("request", "engine", "tenant", "kind", "since", "until")
+
+
+def _disk_usage(args: argparse.Namespace) -> int:
+    """Like `journalctl --disk-usage`, and how far back the log reaches (what retention kept)."""
+    import dataclasses
+
+    from kvbudget.daemon.decision_query import log_usage
+    from kvbudget.daemon.decision_schema import DecisionLogError
+
+    given = [f"--{name}" for name in _FILTERS if getattr(args, name) is not None]
+    if given or args.csv:
+        raise CLIError(f"--disk-usage: describes the whole log; drop {', '.join(given or ['--csv'])}")
+    try:
+        usage = log_usage(args.db)
+    except (DecisionLogError, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"path": args.db, **dataclasses.asdict(usage)}, separators=(",", ":")))
+        return 0
+    free = usage.file_bytes - usage.used_bytes
+    print(f"{args.db}: {_bytes(usage.file_bytes)}"
+          + (f" ({_bytes(free)} of it free pages that new decisions reuse)" if free > 0 else "")
+          + f", WAL {_bytes(usage.wal_bytes)}")
+    if usage.oldest_unix_s is None or usage.newest_unix_s is None:
+        print("no decisions")
+    else:
+        span_s = usage.newest_unix_s - usage.oldest_unix_s
+        print(f"{usage.num_decisions:,} decisions from {_format_time(usage.oldest_unix_s)} "
+              f"to {_format_time(usage.newest_unix_s)} ({_duration(span_s)})")
+    return 0
+
+
+def _bytes(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} B"
+
+
+def _duration(seconds: float) -> str:
+    for unit, scale in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= scale:
+            return f"{seconds / scale:.1f} {unit}"
+    return f"{seconds:.1f} s"
 
 
 def _print_json_lines(rows: list[dict[str, Any]]) -> None:

@@ -175,3 +175,69 @@ def test_bad_databases_are_one_line_errors(tmp_path: Path) -> None:
         assert result.stderr.startswith("kvbudget log: error: ")
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
         assert message in result.stderr, result.stderr
+
+
+# ----------------------------------------------------------------------- --disk-usage
+def test_disk_usage_says_how_big_the_log_is_and_how_far_back_it_reaches(db: Path) -> None:
+    result = kvbudget("--db", str(db), "--disk-usage", "--json")
+    assert result.returncode == 0, result.stderr
+    usage = json.loads(result.stdout)
+    assert usage["path"] == str(db)
+    assert usage["file_bytes"] == db.stat().st_size
+    assert 0 < usage["used_bytes"] <= usage["file_bytes"]
+    assert usage["num_decisions"] == 4
+    assert (usage["oldest_unix_s"], usage["newest_unix_s"]) == (1767225600.0, 1767225600.0 + 180)
+    table = kvbudget("--db", str(db), "--disk-usage")
+    assert table.returncode == 0, table.stderr
+    first, second = table.stdout.splitlines()
+    assert first.startswith(f"{db}: ") and first.endswith(", WAL 0 B")  # closed: no WAL left
+    assert second == "4 decisions from 2026-01-01 00:00:00.000 to 2026-01-01 00:03:00.000 (3.0 min)"
+
+
+def test_disk_usage_counts_what_retention_kept_and_rows_not_yet_indexed(tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    with DecisionLog(path) as log:
+        log.append([Decision(seq=i, time_s=float(i), kind=DecisionKind.ADMIT, reason=Reason.FITS,
+                             request_id=f"r{i}") for i in range(10)]).result()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE decisions_indexed SET logged_at = 1000.0 + id")
+    conn.execute("DELETE FROM decisions_indexed WHERE id <= 4")  # what a purge of the oldest leaves
+    conn.execute("INSERT INTO decisions_recent (id, logged_at, seq) VALUES (11, 2011.0, 10), (12, 2012.0, 11)")
+    conn.commit()
+    conn.close()
+    from kvbudget.daemon.decision_query import log_usage
+
+    usage = log_usage(path)
+    assert usage.num_decisions == 8  # ids 5..12: 6 indexed, 2 committed but not indexed yet
+    assert (usage.oldest_unix_s, usage.newest_unix_s) == (1005.0, 2012.0)
+
+
+def test_disk_usage_of_an_empty_log(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    with DecisionLog(path):
+        pass
+    result = kvbudget("--db", str(path), "--disk-usage")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1] == "no decisions"
+    usage = json.loads(kvbudget("--db", str(path), "--disk-usage", "--json").stdout)
+    assert (usage["num_decisions"], usage["oldest_unix_s"], usage["newest_unix_s"]) == (0, None, None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--disk-usage", "--kind", "admit"], "--disk-usage: describes the whole log; drop --kind"),
+        (["--disk-usage", "--request", "r1", "--since", "1h"], "drop --request, --since"),
+        (["--disk-usage", "--csv"], "drop --csv"),
+    ],
+)
+def test_disk_usage_takes_no_filters(db: Path, args: list[str], message: str) -> None:
+    result = kvbudget("--db", str(db), *args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def test_disk_usage_of_a_missing_log_is_a_one_line_error(tmp_path: Path) -> None:
+    result = kvbudget("--db", str(tmp_path / "missing.db"), "--disk-usage")
+    assert result.returncode == 2
+    assert result.stderr == f"kvbudget log: error: no decision log at {tmp_path / 'missing.db'}\n"
