@@ -455,6 +455,9 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
 def _check_metrics(c: DaemonConfig, fail: _Fail) -> None:
     if c.metrics_address and parse_host_port(c.metrics_address) is None:
         raise fail("metrics_address", f"bad address {c.metrics_address!r} (expected HOST:PORT, or \"\" for off)")
+
+
+def _check_log(c: DaemonConfig, fail: _Fail) -> None:
     if not c.db_path:
         raise fail("db_path", "must not be empty")
     if 0 < c.retention_max_bytes < MIN_RETENTION_MAX_BYTES:
@@ -477,6 +480,7 @@ _CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (
     _check_pool,
     _check_admission,
     _check_server,
+    _check_log,
     _check_metrics,
 )
 
