@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from kvbudget import doctor
+from kvbudget import doctor, doctor_samples
 from kvbudget.errors import CLIError
 from kvbudget.target import (
     add_target_arguments,
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = check_target(resolve_target(args.target))
     messages = sample_snapshots(target, resolve_token(args.token), args.tls_ca, args.samples, args.interval)
-    samples = [doctor.sample_from_snapshot(m) for m in messages]
+    samples = [doctor_samples.sample_from_snapshot(m) for m in messages]
     expected = _expectation(args.config, samples[-1]) if args.config else None
     diagnosis = doctor.diagnose(samples, expected)
     if args.json:
@@ -83,7 +83,7 @@ def sample_snapshots(
     return messages
 
 
-def _expectation(path: str, last: doctor.PoolSample) -> doctor.PoolExpectation | None:
+def _expectation(path: str, last: doctor_samples.PoolSample) -> doctor_samples.PoolExpectation | None:
     from kvbudget.daemon.config import ConfigError, load_config
 
     try:
@@ -95,7 +95,7 @@ def _expectation(path: str, last: doctor.PoolSample) -> doctor.PoolExpectation |
     plan = last.plan
     if plan is None or plan.bytes_per_block <= 0:
         return None
-    return doctor.expectation_from_config(
+    return doctor_samples.expectation_from_config(
         bytes_per_block=plan.bytes_per_block,
         num_gpu_blocks=config.num_gpu_blocks,
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
@@ -106,7 +106,7 @@ def _expectation(path: str, last: doctor.PoolSample) -> doctor.PoolExpectation |
     )
 
 
-def render(diagnosis: doctor.Diagnosis, target: str) -> str:
+def render(diagnosis: doctor_samples.Diagnosis, target: str) -> str:
     """The human report: one line per check, the knob under each that has one, the verdict."""
     lines = [f"kvbudget doctor: {target}, {diagnosis.num_samples} samples over {diagnosis.window_s:.1f} s", ""]
     width = max(len(f.check) for f in diagnosis.findings)

@@ -4,7 +4,8 @@ The question an operator asks at 3 a.m. is "requests wait: is the pool full, is 
 full, or is something wrong?". Each check below answers one part of it from what the
 daemon reports (pool counts, queue, preemptions, GPU memory, the plan it sized) and says
 which knob to turn. Nothing here does I/O: `cmd_doctor` samples the daemon, tests stage
-series by hand, and both call `diagnose`.
+series by hand, and both call `diagnose`; what they pass and get back is in
+doctor_samples.py.
 
 Shares are of the pool's usable blocks:
   held       blocks requests hold now
@@ -16,240 +17,18 @@ admission charges and what requests really use have drifted apart.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 
-from kvbudget.daemon import convert
-from kvbudget.v1 import common_pb2
-
-MiB = 1 << 20
-
-
-class Verdict(str, enum.Enum):
-    HEALTHY = "healthy"
-    BUDGET_BOUND = "budget-bound"
-    POOL_BOUND = "pool-bound"
-    MEMORY_GROWING = "memory growing outside the pool"
-    STUCK_QUEUE = "stuck queue (formula drift)"
-
-
-class Status(str, enum.Enum):
-    OK = "ok"
-    INFO = "info"
-    WARN = "warn"
-    PROBLEM = "problem"
-    SKIPPED = "skipped"
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    present: bool
-    total_bytes: int = 0
-    used_bytes: int = 0
-    pool_bytes: int = 0
-    other_processes_bytes: int = 0
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class PlanView:
-    """The pool as the daemon sized it (the snapshot's PoolPlan)."""
-
-    num_blocks: int
-    bytes_per_block: int
-    block_size: int
-    max_model_len: int
-    memory_bytes: int = 0  # size of the memory handle; 0 in accounting-only mode
-
-
-@dataclass(frozen=True)
-class TenantSample:
-    tenant: str
-    held: int
-    reserved: int
-    quota_blocks: int  # 0: no quota
-    waiting: int
-
-
-@dataclass(frozen=True)
-class PoolSample:
-    """One snapshot, reduced to what the checks read."""
-
-    time_s: float
-    policy: str
-    num_blocks: int
-    free: int  # free + evictable
-    held: int
-    reserved: int  # promised but not yet held
-    running: int
-    waiting: int
-    preemptions: int
-    admits: int  # cumulative ADMIT decisions
-    rejections_by_reason: Mapping[str, int] = field(default_factory=dict)
-    gpu: GpuSample = GpuSample(present=False)
-    plan: PlanView | None = None
-    tenants: tuple[TenantSample, ...] = ()
-    draining: bool = False
-    # The decision log's upkeep, cumulative: times commits waited for it, and how long.
-    log_stalls: int = 0
-    log_stall_s: float = 0.0
-    log_unindexed: int = 0  # rows committed but not yet moved into the indexed table
-
-
-@dataclass(frozen=True)
-class PoolExpectation:
-    """What the configuration implies for the pool (see `expectation_from_config`)."""
-
-    source: str  # "num_gpu_blocks" | "kv_cache_memory_bytes" | "gpu_memory"
-    num_blocks: int | None = None  # exact, when the config pins it
-    max_pool_bytes: int | None = None  # upper bound, when sized from GPU memory
-    explanation: str = ""
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    full_share: float = 0.95  # held (or committed) share that counts as full, as on the dashboard
-    mostly_free_share: float = 0.5  # held share under which the pool counts as mostly free
-    reservation_ratio: float = 4.0  # reserved >= ratio x held: max_model_len-style reservations
-    memory_growth_bytes: int = 256 * MiB  # GPU memory rise that is not noise
-    memory_growth_share: float = 0.01  # ... or this share of the GPU, whichever is larger
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    status: Status
-    summary: str
-    knob: str = ""
-    data: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    verdict: Verdict
-    knob: str
-    findings: tuple[Finding, ...]
-    num_samples: int
-    window_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict is Verdict.HEALTHY and not any(
-            f.status is Status.PROBLEM for f in self.findings
-        )
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "verdict": self.verdict.value,
-            "ok": self.ok,
-            "knob": self.knob,
-            "num_samples": self.num_samples,
-            "window_s": round(self.window_s, 3),
-            "findings": [
-                {**asdict(f), "status": f.status.value, "data": dict(f.data)} for f in self.findings
-            ],
-        }
-
-
-# --------------------------------------------------------------------------- intake
-
-
-def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
-    """One `kvbudget.v1.Snapshot` message, as GetSnapshot or Watch returns it."""
-    gpu = msg.gpu
-    plan = msg.plan if msg.HasField("plan") else None
-    by_kind = {str(k).lower(): int(v) for k, v in msg.decisions_by_kind.items()}
-    return PoolSample(
-        time_s=float(msg.time_unix_s),
-        policy=convert.policy_from_proto(msg.policy) or "unspecified",
-        num_blocks=int(msg.num_blocks),
-        free=int(msg.num_free_blocks),
-        held=int(msg.num_held_blocks),
-        reserved=int(msg.num_reserved_blocks),
-        running=int(msg.num_running),
-        waiting=int(msg.num_waiting),
-        preemptions=int(msg.num_preemptions),
-        admits=by_kind.get("admit", by_kind.get("decision_kind_admit", 0)),
-        rejections_by_reason=dict(msg.rejections_by_reason),
-        gpu=GpuSample(
-            present=bool(gpu.present),
-            total_bytes=int(gpu.total_bytes),
-            used_bytes=int(gpu.used_bytes),
-            pool_bytes=int(gpu.pool_bytes),
-            other_processes_bytes=int(gpu.other_processes_bytes),
-            note=str(gpu.note),
-        ),
-        plan=None
-        if plan is None
-        else PlanView(
-            num_blocks=int(plan.num_blocks),
-            bytes_per_block=int(plan.bytes_per_block),
-            block_size=int(plan.block_size_tokens),
-            max_model_len=int(plan.max_model_len_tokens),
-            memory_bytes=int(plan.memory.size_bytes) if plan.HasField("memory") else 0,
-        ),
-        tenants=tuple(
-            TenantSample(
-                tenant=t.tenant,
-                held=int(t.blocks_held),
-                reserved=int(t.blocks_reserved),
-                quota_blocks=int(t.quota_blocks),
-                waiting=int(t.waiting),
-            )
-            for t in msg.tenants
-        ),
-        draining=bool(msg.draining),
-        log_stalls=int(msg.decision_log.stalls),
-        log_stall_s=float(msg.decision_log.stall_s),
-        log_unindexed=max(0, int(msg.decision_log.rows_written) - int(msg.decision_log.rows_folded)),
-    )
-
-
-def expectation_from_config(
-    *,
-    bytes_per_block: int,
-    num_gpu_blocks: int | None = None,
-    kv_cache_memory_bytes: int | None = None,
-    gpu_total_bytes: int | None = None,
-    gpu_memory_utilization: float = 0.9,
-    weights_bytes: int | None = None,
-    activation_reserve_bytes: int | None = None,
-) -> PoolExpectation | None:
-    """The pool the configuration implies, in the sizing module's order of sources.
-
-    From GPU memory the daemon also subtracts overhead it measures, so only an upper bound
-    is implied there: total x utilization minus the weights and activation reserve given.
-    """
-    if bytes_per_block <= 0:
-        raise ValueError(f"bytes_per_block must be > 0, got {bytes_per_block}")
-    if num_gpu_blocks is not None:
-        return PoolExpectation(
-            source="num_gpu_blocks",
-            num_blocks=num_gpu_blocks,
-            explanation=f"num_gpu_blocks = {num_gpu_blocks}",
-        )
-    if kv_cache_memory_bytes is not None:
-        blocks = kv_cache_memory_bytes // bytes_per_block
-        return PoolExpectation(
-            source="kv_cache_memory_bytes",
-            num_blocks=blocks,
-            explanation=f"kv_cache_memory_bytes {kv_cache_memory_bytes} // {bytes_per_block} B per block = {blocks}",
-        )
-    if gpu_total_bytes:
-        usable = int(gpu_total_bytes * gpu_memory_utilization)
-        bound = usable - (weights_bytes or 0) - (activation_reserve_bytes or 0)
-        return PoolExpectation(
-            source="gpu_memory",
-            max_pool_bytes=max(0, bound),
-            explanation=(
-                f"{gpu_total_bytes} B x gpu_memory_utilization {gpu_memory_utilization} = {usable} B"
-                f", minus weights {weights_bytes or 0} B and activation reserve "
-                f"{activation_reserve_bytes or 0} B"
-            ),
-        )
-    return None
-
+from kvbudget.doctor_samples import (
+    MiB,
+    Diagnosis,
+    Finding,
+    PoolExpectation,
+    PoolSample,
+    Status,
+    Thresholds,
+    Verdict,
+)
 
 # --------------------------------------------------------------------------- checks
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget import doctor
+from kvbudget import doctor, doctor_samples
 from kvbudget.cli import main
-from kvbudget.doctor import GpuSample, PlanView, PoolSample, Status, TenantSample, Verdict
+from kvbudget.doctor_samples import GpuSample, PlanView, PoolSample, Status, TenantSample, Verdict
 from kvbudget.v1 import common_pb2
 
 GiB = 1 << 30
@@ -68,7 +68,7 @@ def series(
     ]
 
 
-def finding(diagnosis: doctor.Diagnosis, check: str) -> doctor.Finding:
+def finding(diagnosis: doctor_samples.Diagnosis, check: str) -> doctor_samples.Finding:
     (found,) = [f for f in diagnosis.findings if f.check == check]
     return found
 
@@ -177,7 +177,7 @@ def test_draining_daemon_is_not_stuck() -> None:
 def test_pool_size_against_plan_and_config() -> None:
     samples = series(held=100)
     # kv_cache_memory_bytes 1,000,000,000 // 2,097,152 = 476 blocks (476 x 2 MiB = 998,244,352)
-    expected = doctor.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, kv_cache_memory_bytes=1_000_000_000)
+    expected = doctor_samples.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, kv_cache_memory_bytes=1_000_000_000)
     assert expected is not None and expected.num_blocks == 476
     d = doctor.diagnose(samples, expected)
     size = finding(d, "pool size")
@@ -185,14 +185,14 @@ def test_pool_size_against_plan_and_config() -> None:
     assert "476" in size.summary and "1000" in size.summary
     assert not d.ok  # healthy queue, but a failed check still makes doctor exit 1
     # the plan's own 1000 blocks are what num_gpu_blocks = 1000 implies
-    pinned = doctor.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, num_gpu_blocks=1000)
+    pinned = doctor_samples.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, num_gpu_blocks=1000)
     assert finding(doctor.diagnose(samples, pinned), "pool size").status is Status.OK
 
 
 def test_pool_larger_than_gpu_memory_utilization_allows() -> None:
     # 10 GiB GPU x 0.9 = 9,663,676,416 B, minus 8 GiB weights = 1,073,741,824 B bound;
     # the plan's 1000 x 2 MiB = 2,097,152,000 B exceeds it
-    expected = doctor.expectation_from_config(
+    expected = doctor_samples.expectation_from_config(
         bytes_per_block=BYTES_PER_BLOCK, gpu_total_bytes=10 * GiB, gpu_memory_utilization=0.9, weights_bytes=8 * GiB
     )
     assert expected is not None and expected.max_pool_bytes == 1_073_741_824
@@ -285,7 +285,7 @@ def test_sample_from_a_snapshot_message() -> None:
         tenants=[common_pb2.TenantState(tenant="a", blocks_held=40, quota_blocks=500, waiting=6)],
         decision_log=common_pb2.DecisionLogState(rows_written=500, rows_folded=380, stalls=2, stall_s=0.75),
     )
-    s = doctor.sample_from_snapshot(msg)
+    s = doctor_samples.sample_from_snapshot(msg)
     assert (s.log_stalls, s.log_stall_s, s.log_unindexed) == (2, 0.75, 120)
     assert (s.policy, s.num_blocks, s.free, s.held, s.reserved) == ("naive", 1000, 960, 40, 900)
     assert (s.running, s.waiting, s.preemptions, s.admits) == (2, 6, 3, 17)
@@ -316,7 +316,7 @@ def test_commits_waiting_for_the_log_are_a_finding_of_their_own() -> None:
 
 
 def test_snapshot_without_plan() -> None:
-    s = doctor.sample_from_snapshot(common_pb2.Snapshot(num_blocks=10, num_free_blocks=10))
+    s = doctor_samples.sample_from_snapshot(common_pb2.Snapshot(num_blocks=10, num_free_blocks=10))
     assert s.plan is None
     assert finding(doctor.diagnose([s]), "pool size").status is Status.SKIPPED
 
