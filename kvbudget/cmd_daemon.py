@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"config OK: {setup.model.name}, {setup.num_blocks} blocks of {setup.sizing.block_size} tokens "
             f"({setup.num_blocks - 1} usable + the null block; from {setup.sizing.source}), "
-            f"listen {', '.join(config.listen)}, log {config.db_path}"
+            f"listen {', '.join(config.listen)}, log {config.db_path} (kept: {_retention(config)})"
         )
         return 0
     import asyncio
@@ -125,6 +125,22 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(daemon.serve())
     except StartupError as exc:
         raise CLIError(str(exc)) from None
+
+
+def _retention(config) -> str:
+    """The log's retention in words: `30 days or 10 GiB, whichever comes first`."""
+    limits = []
+    if config.retention_days:
+        limits.append(f"{config.retention_days:g} days")
+    if config.retention_max_rows:
+        limits.append(f"{config.retention_max_rows:,} decisions")
+    if config.retention_max_bytes:
+        size = config.retention_max_bytes
+        unit, scale = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20)) if size >= f), ("B", 1))
+        limits.append(f"{size / scale:.3g} {unit}" if unit != "B" else f"{size} B")
+    if not limits:
+        return "forever"
+    return limits[0] if len(limits) == 1 else f"{', '.join(limits[:-1])} or {limits[-1]}, whichever comes first"
 
 
 def _settle_heap() -> None:

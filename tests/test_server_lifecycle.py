@@ -213,6 +213,15 @@ def test_check_config_validates_and_names_bad_keys(tmp_path) -> None:
                   "--db-path", str(tmp_path / "d.db"), "--device", "cpu")
     assert ok.returncode == 0, ok.stderr
     assert "config OK: llama-3.1-8b, 65 blocks of 16 tokens (64 usable + the null block" in ok.stdout
+    assert ok.stdout.rstrip().endswith("(kept: 30 days or 10 GiB, whichever comes first)")  # the defaults
+    for flags, kept in (
+        (("--retention-days", "0", "--retention-max-bytes", "0"), "forever"),
+        (("--retention-days", "7", "--retention-max-rows", "1000000", "--retention-max-bytes", "1500000000"),
+         "7 days, 1,000,000 decisions or 1.4 GiB, whichever comes first"),
+        (("--retention-days", "0", "--retention-max-bytes", str(512 * 2**20)), "512 MiB"),
+    ):
+        shown = _run_cli("--model", "llama-3.1-8b", "--num-gpu-blocks", "65", "--check-config", *flags)
+        assert shown.stdout.rstrip().endswith(f"(kept: {kept})"), (flags, shown.stdout, shown.stderr)
     bad_file = tmp_path / "kvbudget.toml"
     bad_file.write_text('[pool]\nnum_gpu_blocks = 65\nbogus = 1\n[model]\nname = "llama-3.1-8b"\n')
     bad = _run_cli("--config", str(bad_file), "--check-config")
