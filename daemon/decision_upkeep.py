@@ -151,17 +151,28 @@ def rows_within_bytes(conn: sqlite3.Connection, max_bytes: int) -> int | None:
     Pages in use are the file's pages less its free list: a purge moves pages to the free
     list and later commits reuse them, so the file stops growing at about the bound (SQLite
     never shrinks it; VACUUM would, holding every reader and writer out meanwhile). Bytes
-    per row are the pages in use over the rows held (ids are contiguous: rows are only
-    ever deleted from the oldest end), indexes, half-empty pages and block tables of long
-    prompts included, so the estimate follows what the rows really cost, and a pass that
-    leaves the file over the bound (rows bigger than the average went) is followed by
-    another. Reads three header fields and two primary-key ends: no scan."""
+    per row are the pages in use past an empty log's over the rows held (ids are
+    contiguous: rows are only ever deleted from the oldest end), indexes, half-empty pages
+    and block tables of long prompts included, so the estimate follows what the rows
+    really cost, and a pass that leaves the file over the bound (rows bigger than the
+    average went) is followed by another. Reads a few header fields, the schema's b-tree
+    count and two primary-key ends: no scan."""
     used = used_bytes(conn)
     newest = newest_id(conn)
     rows = newest - oldest_id(conn) + 1 if newest else 0
     if used <= max_bytes or rows <= 0:
         return None
-    return rows * max_bytes // used
+    # What an empty log takes (page 1 and a root page per table and index) stays whatever
+    # is deleted: left in the average, it makes a small log's passes fall short. And pages
+    # are freed whole (the request_id index's pages only thin out as old rows go), so the
+    # purge aims 2% under the bound rather than at it.
+    (trees,) = conn.execute("SELECT count(*) FROM sqlite_master WHERE rootpage > 0").fetchone()
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    fixed = (trees + 1) * page_size
+    target = max_bytes * 49 // 50
+    if target <= fixed:
+        return 0
+    return rows * (target - fixed) // max(1, used - fixed)
 
 
 def used_bytes(conn: sqlite3.Connection) -> int:
