@@ -317,6 +317,7 @@ def snapshot_to_proto(
             common_pb2.DecisionLogState(
                 rows_written=f.rows_written, rows_folded=f.rows_folded, stalls=f.stalls,
                 stall_s=f.stall_seconds, database_bytes=f.database_bytes, wal_bytes=f.wal_bytes,
+                disk_free_bytes=f.disk_free_bytes, disk_total_bytes=f.disk_total_bytes, max_bytes=f.max_bytes,
             )
         )
     return msg

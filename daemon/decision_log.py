@@ -142,6 +142,11 @@ class LogFigures:
     wal_resets: int
     stalls: int  # times commits waited for the upkeep (past max_unfolded_rows: decision_pacing)
     stall_seconds: float  # time they waited, in all
+    # The file system holding the log, for the daemon's user (statvfs f_bavail): when it
+    # fills, commits fail. 0 and 0 when it cannot be read.
+    disk_free_bytes: int = 0
+    disk_total_bytes: int = 0
+    max_bytes: int = 0  # the retention bound on the database file; 0: none
 
 
 @dataclasses.dataclass
@@ -400,7 +405,12 @@ class DecisionLog(UpkeepPacing):
             self._db = None
 
     def figures(self) -> LogFigures:
-        """The files' sizes now (two stat calls) and the counts so far."""
+        """The files' sizes and their disk's space now (three system calls) and the counts so far."""
+        try:
+            disk = os.statvfs(self.path.parent)
+            free, total = disk.f_bavail * disk.f_frsize, disk.f_blocks * disk.f_frsize
+        except OSError:
+            free = total = 0
         return LogFigures(
             database_bytes=_file_bytes(self.path),
             wal_bytes=_file_bytes(Path(f"{self.path}-wal")),
@@ -409,6 +419,9 @@ class DecisionLog(UpkeepPacing):
             wal_resets=self.wal_resets,
             stalls=self.stalls,
             stall_seconds=self.stall_seconds,
+            disk_free_bytes=free,
+            disk_total_bytes=total,
+            max_bytes=self.max_bytes or 0,
         )
 
     def _count_wal_reset(self) -> None:

@@ -239,6 +239,37 @@ def check_decision_log(samples: Sequence[PoolSample]) -> Finding:
     return Finding("decision log", Status.OK, "no commit waited for the log's upkeep", data=data)
 
 
+def check_log_disk(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
+    """Will the disk holding the decision log fill? When it does, every commit fails and
+    engines get UNAVAILABLE: the one way the log stops admission. The log grows to its
+    retention bound (retention_max_bytes) and stays there; without one, until retention
+    by age catches up."""
+    last = samples[-1]
+    free, total = last.log_disk_free_bytes, last.log_disk_total_bytes
+    if total <= 0:
+        return Finding("log disk", Status.SKIPPED, "the daemon does not report its decision log's disk")
+    data = {"log_bytes": last.log_bytes, "max_bytes": last.log_max_bytes, "disk_free_bytes": free,
+            "disk_total_bytes": total}
+    knob = ("a retention_max_bytes the disk can hold (with room for the WAL, ~64 MiB), a shorter "
+            "retention_days, or db_path on a bigger disk")
+    bound = f"its bound {_size(last.log_max_bytes)}" if last.log_max_bytes else "no size bound"
+    to_grow = last.log_max_bytes - last.log_bytes if last.log_max_bytes else 0
+    if last.log_max_bytes and to_grow > free:
+        return Finding(
+            "log disk", Status.WARN,
+            f"the decision log ({_size(last.log_bytes)}) may grow {_size(to_grow)} more to {bound}, "
+            f"but its disk has {_size(free)} free: once full, commits fail and engines get UNAVAILABLE",
+            knob=knob, data=data)
+    if not last.log_max_bytes and free < t.log_disk_free_share * total:
+        return Finding(
+            "log disk", Status.WARN,
+            f"the decision log ({_size(last.log_bytes)}, {bound}) is on a disk {1 - free / total:.0%} full "
+            f"({_size(free)} free): once full, commits fail and engines get UNAVAILABLE",
+            knob=knob, data=data)
+    return Finding("log disk", Status.OK,
+                   f"decision log {_size(last.log_bytes)} of {bound}; {_size(free)} free on its disk", data=data)
+
+
 def _size(num_bytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if num_bytes >= scale:
@@ -280,6 +311,7 @@ def diagnose(
         check_preemptions(ordered),
         check_rejections(ordered),
         check_decision_log(ordered),
+        check_log_disk(ordered, t),
     ]
     capacity = max(last.num_blocks, 1)
     held_share = last.held / capacity

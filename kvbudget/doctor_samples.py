@@ -87,6 +87,10 @@ class PoolSample:
     log_stalls: int = 0
     log_stall_s: float = 0.0
     log_unindexed: int = 0  # rows committed but not yet moved into the indexed table
+    log_bytes: int = 0  # the log's database file and WAL
+    log_max_bytes: int = 0  # its retention bound on the database file; 0: none
+    log_disk_free_bytes: int = 0  # the file system holding it (0 and 0: not reported)
+    log_disk_total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class Thresholds:
     reservation_ratio: float = 4.0  # reserved >= ratio x held: max_model_len-style reservations
     memory_growth_bytes: int = 256 * MiB  # GPU memory rise that is not noise
     memory_growth_share: float = 0.01  # ... or this share of the GPU, whichever is larger
+    log_disk_free_share: float = 0.1  # the log's disk counts as nearly full under this share free
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,10 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         log_stalls=int(msg.decision_log.stalls),
         log_stall_s=float(msg.decision_log.stall_s),
         log_unindexed=max(0, int(msg.decision_log.rows_written) - int(msg.decision_log.rows_folded)),
+        log_bytes=int(msg.decision_log.database_bytes) + int(msg.decision_log.wal_bytes),
+        log_max_bytes=int(msg.decision_log.max_bytes),
+        log_disk_free_bytes=int(msg.decision_log.disk_free_bytes),
+        log_disk_total_bytes=int(msg.decision_log.disk_total_bytes),
     )
 
 

@@ -48,6 +48,9 @@ def series(
     admits = admits or [100 + 3 * i for i in range(n)]  # a moving queue by default
     preemptions = preemptions or [0] * n
     used = used or [130 * GiB] * n
+    disk = {"log_bytes": 1 * GiB, "log_max_bytes": 10 * GiB, "log_disk_free_bytes": 400 * GiB,
+            "log_disk_total_bytes": 1000 * GiB}  # a log far from filling its disk
+    extra = {**disk, **extra}
     return [
         PoolSample(
             time_s=1000.0 + i,
@@ -283,10 +286,14 @@ def test_sample_from_a_snapshot_message() -> None:
         plan=common_pb2.PoolPlan(num_blocks=1000, bytes_per_block=BYTES_PER_BLOCK, block_size_tokens=16,
                                  max_model_len_tokens=32768),
         tenants=[common_pb2.TenantState(tenant="a", blocks_held=40, quota_blocks=500, waiting=6)],
-        decision_log=common_pb2.DecisionLogState(rows_written=500, rows_folded=380, stalls=2, stall_s=0.75),
+        decision_log=common_pb2.DecisionLogState(rows_written=500, rows_folded=380, stalls=2, stall_s=0.75,
+                                                 database_bytes=3000, wal_bytes=1000, max_bytes=10_000,
+                                                 disk_free_bytes=70_000, disk_total_bytes=100_000),
     )
     s = doctor_samples.sample_from_snapshot(msg)
     assert (s.log_stalls, s.log_stall_s, s.log_unindexed) == (2, 0.75, 120)
+    assert (s.log_bytes, s.log_max_bytes, s.log_disk_free_bytes, s.log_disk_total_bytes) == (
+        4000, 10_000, 70_000, 100_000)  # the log's bytes: database + WAL
     assert (s.policy, s.num_blocks, s.free, s.held, s.reserved) == ("naive", 1000, 960, 40, 900)
     assert (s.running, s.waiting, s.preemptions, s.admits) == (2, 6, 3, 17)
     assert s.plan == PLAN
@@ -313,6 +320,30 @@ def test_commits_waiting_for_the_log_are_a_finding_of_their_own() -> None:
     # One sample cannot tell: it says what happened since the start.
     once = finding(doctor.diagnose(still[:1]), "decision log")
     assert once.status is Status.INFO and once.summary.startswith("commits waited 2.0 s, 7 times")
+
+
+def test_a_log_that_would_fill_its_disk_is_a_warning() -> None:
+    def log_disk(**figures: int) -> doctor_samples.Finding:
+        return finding(doctor.diagnose(series(held=300, **figures)), "log disk")
+
+    fine = log_disk()  # 1 GiB of a 10 GiB bound, 400 GiB free
+    assert fine.status is Status.OK
+    assert fine.summary == "decision log 1.00 GiB of its bound 10.00 GiB; 400.00 GiB free on its disk"
+    # Room to grow 9 GiB to the bound, 5 GiB free: it will fill the disk first.
+    short = log_disk(log_disk_free_bytes=5 * GiB)
+    assert short.status is Status.WARN
+    assert short.summary == ("the decision log (1.00 GiB) may grow 9.00 GiB more to its bound 10.00 GiB, but its "
+                             "disk has 5.00 GiB free: once full, commits fail and engines get UNAVAILABLE")
+    assert "retention_max_bytes" in short.knob and "db_path" in short.knob
+    assert log_disk(log_disk_free_bytes=9 * GiB + 1).status is Status.OK  # just room enough
+    # No size bound: only how full the disk is tells (under 10% free: a warning).
+    unbounded = log_disk(log_max_bytes=0, log_disk_free_bytes=50 * GiB)
+    assert unbounded.status is Status.WARN
+    assert unbounded.summary.startswith("the decision log (1.00 GiB, no size bound) is on a disk 95% full (50.00 GiB free)")
+    assert log_disk(log_max_bytes=0, log_disk_free_bytes=101 * GiB).status is Status.OK
+    # A daemon that does not report it (older than its DecisionLogState fields): skipped.
+    assert log_disk(log_disk_total_bytes=0).status is Status.SKIPPED
+    assert doctor.diagnose(series(held=300, log_disk_free_bytes=1 * GiB)).verdict is Verdict.HEALTHY  # pool's fine
 
 
 def test_snapshot_without_plan() -> None:

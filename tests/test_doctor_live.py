@@ -138,6 +138,10 @@ async def test_doctor_says_healthy_with_room_to_spare(tmp_path: Path) -> None:
             code, report = await doctor(target)
     assert report["verdict"] == "healthy", report
     assert code == 0
+    # The daemon reports its log's disk (the temp dir's file system) and its size bound.
+    (log_disk,) = [f for f in report["findings"] if f["check"] == "log disk"]
+    assert log_disk["data"]["disk_total_bytes"] > 0 and log_disk["data"]["log_bytes"] > 0
+    assert log_disk["data"]["max_bytes"] == 10 * 2**30  # retention_max_bytes' default
 
 
 async def test_doctor_says_budget_bound_with_a_queue_and_flat_memory(tmp_path: Path) -> None:

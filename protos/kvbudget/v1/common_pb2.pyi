@@ -232,20 +232,26 @@ class GpuState(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., name: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., other_processes_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class DecisionLogState(_message.Message):
-    __slots__ = ("rows_written", "rows_folded", "stalls", "stall_s", "database_bytes", "wal_bytes")
+    __slots__ = ("rows_written", "rows_folded", "stalls", "stall_s", "database_bytes", "wal_bytes", "disk_free_bytes", "disk_total_bytes", "max_bytes")
     ROWS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     ROWS_FOLDED_FIELD_NUMBER: _ClassVar[int]
     STALLS_FIELD_NUMBER: _ClassVar[int]
     STALL_S_FIELD_NUMBER: _ClassVar[int]
     DATABASE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     rows_written: int
     rows_folded: int
     stalls: int
     stall_s: float
     database_bytes: int
     wal_bytes: int
-    def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ...) -> None: ...
+    disk_free_bytes: int
+    disk_total_bytes: int
+    max_bytes: int
+    def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplayState(_message.Message):
     __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done")
