@@ -283,6 +283,7 @@ class Daemon:
             decision_log.close()
             raise StartupError(f"db_path: cannot use {config.db_path}: {exc}") from None
         stack.push_async_callback(self._close_log, decision_log)
+        _warn_if_the_log_outgrows_its_disk(decision_log.figures(), config.db_path)
         metrics = self._start_metrics()
         if metrics is not None:
             stack.callback(metrics.stop)
@@ -369,6 +370,20 @@ class Daemon:
                     f"blocks held ({s.usage:.0%}), policy {s.policy}{', draining' if core.draining else ''}"
                 )
             await asyncio.sleep(tick)
+
+
+def _warn_if_the_log_outgrows_its_disk(figures, db_path: str) -> None:
+    """At start: a log that may grow past its disk's free space (a full disk fails every
+    commit, and engines get UNAVAILABLE) is said in the journal, with the knob."""
+    room = figures.disk_free_bytes
+    if not figures.disk_total_bytes:
+        return  # (the file system's figures could not be read)
+    if figures.max_bytes and figures.max_bytes - figures.database_bytes > room:
+        log.warning(
+            "db_path: the decision log (%d bytes) may grow to retention_max_bytes (%d) but %s has %d bytes "
+            "free: set a lower retention_max_bytes, or move db_path", figures.database_bytes, figures.max_bytes,
+            Path(db_path).parent, room,
+        )
 
 
 def run_daemon(config: DaemonConfig) -> int:

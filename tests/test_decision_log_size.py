@@ -207,3 +207,19 @@ def test_a_daemon_started_on_a_big_log_brings_it_to_its_size_bound(tmp_path: Pat
         newest = daemon.decision_rows("1 ORDER BY id DESC LIMIT 1")
         assert newest[0]["id"] == 6000  # the newest rows are the ones kept
     assert daemon.process.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_daemon_whose_log_may_outgrow_its_disk_says_so_at_start(tmp_path: Path) -> None:
+    from daemon_harness import DaemonProcess, wait_until
+
+    bound = 2**60  # far past any disk's free space
+    with DaemonProcess(tmp_path, "--retention-max-bytes", str(bound)) as daemon:
+        line = wait_until(lambda: next(
+            (line for line in daemon.stderr().splitlines() if "may grow to retention_max_bytes" in line), None))
+        assert line.startswith("kvbudget daemon: WARNING: db_path: the decision log (")
+        assert f"retention_max_bytes ({bound}) but {tmp_path} has " in line
+        assert line.endswith("bytes free: set a lower retention_max_bytes, or move db_path")
+    with DaemonProcess(tmp_path, "--retention-max-bytes", str(2**20), "--log-level", "info") as daemon:
+        wait_until(lambda: "heap settled" in daemon.stderr())  # start-up is over
+        assert "may grow to retention_max_bytes" not in daemon.stderr()  # a bound the disk holds
