@@ -14,8 +14,12 @@ import argparse
 import dataclasses
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from kvbudget.errors import CLIError
+
+if TYPE_CHECKING:
+    from kvbudget.daemon.config import DaemonConfig
 
 # DaemonConfig fields whose flag takes another shape than "one value of the field's type".
 _SPECIAL = {"tenants", "listen"}
@@ -127,17 +131,17 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
 
 
-def _retention(config) -> str:
+def _retention(config: DaemonConfig) -> str:
     """The log's retention in words: `30 days or 10 GiB, whichever comes first`."""
+    from kvbudget.units import format_bytes
+
     limits = []
     if config.retention_days:
         limits.append(f"{config.retention_days:g} days")
     if config.retention_max_rows:
         limits.append(f"{config.retention_max_rows:,} decisions")
     if config.retention_max_bytes:
-        size = config.retention_max_bytes
-        unit, scale = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20)) if size >= f), ("B", 1))
-        limits.append(f"{size / scale:.3g} {unit}" if unit != "B" else f"{size} B")
+        limits.append(format_bytes(config.retention_max_bytes, ".3g"))
     if not limits:
         return "forever"
     return limits[0] if len(limits) == 1 else f"{', '.join(limits[:-1])} or {limits[-1]}, whichever comes first"

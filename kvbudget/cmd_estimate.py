@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.errors import CLIError
+from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays light
     from kvbudget.daemon.hf_config import ModelInfo
@@ -387,12 +388,7 @@ def build_report(
 
 
 def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+    return "-" if n is None else format_bytes(n)
 
 
 def _fmt_gb(n: int | None) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from kvbudget.daemon.config import DEFAULT_DB_PATH
 from kvbudget.errors import CLIError
+from kvbudget.units import format_bytes
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -140,9 +141,9 @@ def _disk_usage(args: argparse.Namespace) -> int:
         print(json.dumps({"path": args.db, **dataclasses.asdict(usage)}, separators=(",", ":")))
         return 0
     free = usage.file_bytes - usage.used_bytes
-    print(f"{args.db}: {_bytes(usage.file_bytes)}"
-          + (f" ({_bytes(free)} of it free pages that new decisions reuse)" if free > 0 else "")
-          + f", WAL {_bytes(usage.wal_bytes)}")
+    print(f"{args.db}: {format_bytes(usage.file_bytes, '.1f')}"
+          + (f" ({format_bytes(free, '.1f')} of it free pages that new decisions reuse)" if free > 0 else "")
+          + f", WAL {format_bytes(usage.wal_bytes, '.1f')}")
     if usage.oldest_unix_s is None or usage.newest_unix_s is None:
         print("no decisions")
     else:
@@ -150,13 +151,6 @@ def _disk_usage(args: argparse.Namespace) -> int:
         print(f"{usage.num_decisions:,} decisions from {_format_time(usage.oldest_unix_s)} "
               f"to {_format_time(usage.newest_unix_s)} ({_duration(span_s)})")
     return 0
-
-
-def _bytes(num_bytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.1f} {unit}"
-    return f"{num_bytes} B"
 
 
 def _duration(seconds: float) -> str:

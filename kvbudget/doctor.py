@@ -29,6 +29,7 @@ from kvbudget.doctor_samples import (
     Thresholds,
     Verdict,
 )
+from kvbudget.units import format_bytes
 
 # --------------------------------------------------------------------------- checks
 
@@ -76,7 +77,7 @@ def check_pool_size(samples: Sequence[PoolSample], expected: PoolExpectation | N
             data=data,
         )
     summary = (
-        f"{plan.num_blocks} blocks x {_size(plan.bytes_per_block)} = {_size(plan_bytes)}, as planned"
+        f"{plan.num_blocks} blocks x {format_bytes(plan.bytes_per_block)} = {format_bytes(plan_bytes)}, as planned"
     )
     if expected is not None:
         summary += f" and as the config implies ({expected.source})"
@@ -252,29 +253,22 @@ def check_log_disk(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
             "disk_total_bytes": total}
     knob = ("a retention_max_bytes the disk can hold (with room for the WAL, ~64 MiB), a shorter "
             "retention_days, or db_path on a bigger disk")
-    bound = f"its bound {_size(last.log_max_bytes)}" if last.log_max_bytes else "no size bound"
+    bound = f"its bound {format_bytes(last.log_max_bytes)}" if last.log_max_bytes else "no size bound"
     to_grow = last.log_max_bytes - last.log_bytes if last.log_max_bytes else 0
     if last.log_max_bytes and to_grow > free:
         return Finding(
             "log disk", Status.WARN,
-            f"the decision log ({_size(last.log_bytes)}) may grow {_size(to_grow)} more to {bound}, "
-            f"but its disk has {_size(free)} free: once full, commits fail and engines get UNAVAILABLE",
+            f"the decision log ({format_bytes(last.log_bytes)}) may grow {format_bytes(to_grow)} more to {bound}, "
+            f"but its disk has {format_bytes(free)} free: once full, commits fail and engines get UNAVAILABLE",
             knob=knob, data=data)
     if not last.log_max_bytes and free < t.log_disk_free_share * total:
         return Finding(
             "log disk", Status.WARN,
-            f"the decision log ({_size(last.log_bytes)}, {bound}) is on a disk {1 - free / total:.0%} full "
-            f"({_size(free)} free): once full, commits fail and engines get UNAVAILABLE",
+            f"the decision log ({format_bytes(last.log_bytes)}, {bound}) is on a disk {1 - free / total:.0%} full "
+            f"({format_bytes(free)} free): once full, commits fail and engines get UNAVAILABLE",
             knob=knob, data=data)
     return Finding("log disk", Status.OK,
-                   f"decision log {_size(last.log_bytes)} of {bound}; {_size(free)} free on its disk", data=data)
-
-
-def _size(num_bytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.2f} {unit}"
-    return f"{num_bytes} B"
+                   f"decision log {format_bytes(last.log_bytes)} of {bound}; {format_bytes(free)} free on its disk", data=data)
 
 
 def _requests(count: int) -> str:
