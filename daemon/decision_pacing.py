@@ -156,7 +156,7 @@ class UpkeepPacing:
                 return True
 
     def _over_size(self, conn: sqlite3.Connection) -> bool:
-        """Whether the pages in use are past `max_bytes` (two header reads)."""
+        """Whether the pages in use are past `max_bytes` (three header fields: cheap after every fold)."""
         if self.max_bytes is None:
             return False
         with self._conn_lock:
