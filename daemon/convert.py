@@ -318,6 +318,8 @@ def snapshot_to_proto(
                 rows_written=f.rows_written, rows_folded=f.rows_folded, stalls=f.stalls,
                 stall_s=f.stall_seconds, database_bytes=f.database_bytes, wal_bytes=f.wal_bytes,
                 disk_free_bytes=f.disk_free_bytes, disk_total_bytes=f.disk_total_bytes, max_bytes=f.max_bytes,
+                num_unwritten_decisions=f.num_unwritten, write_error=f.write_error,
+                unwritten_since_unix_s=f.unwritten_since_unix_s,
             )
         )
     return msg

@@ -27,6 +27,7 @@ from kvbudget.daemon import convert
 from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.decision_log import DecisionLog
 from kvbudget.daemon.decision_schema import DecisionLogError
+from kvbudget.daemon.decision_unwritten import UnwrittenError
 from kvbudget.daemon.records import Decision, Snapshot
 from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
@@ -184,6 +185,18 @@ class CoreService:
                     raise  # this task itself is being cancelled
             except Exception:
                 pass  # read below
+            failure = None if committed.cancelled() else committed.exception()
+            if isinstance(failure, UnwrittenError):
+                # The caller was told "not committed"; the decisions stand in the pool and
+                # go first in the next write that works: they are heard of then, in order
+                # (later batches queue behind this one, and are written no earlier).
+                try:
+                    await asyncio.wrap_future(failure.written)
+                    committed = self._resolved()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    pass  # the log closed with them unwritten: reported below
             if committed.cancelled() or committed.exception() is not None:
                 # The caller reports a failure; nothing was promised, nothing is published.
                 log.error("decision log commit failed (%s); %d decisions not published",
@@ -341,6 +354,10 @@ class CoreService:
                 log.exception("background tick failed")
 
     async def _tick(self, now_mono: float) -> None:
+        if self.log.num_unwritten:
+            # The log cannot write: decide nothing unasked until it can (the writer retries
+            # each second); expired leases and the queue are seen to on the first tick after.
+            return
         for session in self.sessions.expired(now_mono):
             log.warning("lease of engine %r expired; taking its blocks back", session.engine_id)
             self._record_unattended(self.close_engine(session, expire=True))
@@ -356,5 +373,6 @@ class CoreService:
 
 
 def _log_commit_failure(committed: asyncio.Future) -> None:
-    if not committed.cancelled() and committed.exception() is not None:
+    # (a write that failed but keeps its decisions is in the journal once per spell, by the log)
+    if not committed.cancelled() and not isinstance(committed.exception(), (type(None), UnwrittenError)):
         log.error("decision log commit failed: %s", committed.exception())

@@ -32,8 +32,13 @@ Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
     transactions may be gone. Hosts that must keep every decision across power loss should
     put the file on storage with power-loss protection.
   * a write that fails (disk full, file locked past busy_timeout) fails the futures of its
-    batch with DecisionLogError; rows still queued when the process dies had unresolved
-    futures, so no engine was told about them.
+    batch with DecisionLogError (an `UnwrittenError`), so no engine is told of them; rows
+    still queued when the process dies had unresolved futures, so no engine was told
+    about them either.
+  * the decisions of a failed write are not dropped: the pool made them. They are kept
+    and go first, in order, in the next write that works (`decision_unwritten`); the
+    writer retries every `unwritten_retry_s`, and `write_unwritten()` lets a caller retry
+    before it makes more. A log closed with some still unwritten says so: those are lost.
   * if the writer thread itself ever stops on an error, the commits waiting on it and every
     later one fail with DecisionLogError at once (`_run_or_fail`), rather than hang.
 
@@ -77,6 +82,7 @@ from kvbudget.daemon.decision_schema import (
     create_or_upgrade,
     decision_row,
 )
+from kvbudget.daemon.decision_unwritten import Unwritten, UnwrittenError
 from kvbudget.daemon.records import Decision
 
 _log = logging.getLogger("kvbudget.daemon.decision_log")
@@ -147,6 +153,11 @@ class LogFigures:
     disk_free_bytes: int = 0
     disk_total_bytes: int = 0
     max_bytes: int = 0  # the retention bound on the database file; 0: none
+    # Decisions a failed write left, waiting to go first in the next write (0: none), the
+    # failure, and when the first of this spell failed.
+    num_unwritten: int = 0
+    write_error: str = ""
+    unwritten_since_unix_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -176,7 +187,9 @@ class DecisionLog(UpkeepPacing):
         inline_wait_s: float = 0.05,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         max_unfolded_rows: int = 131_072,
+        unwritten_retry_s: float = 1.0,
         on_failure: Callable[[str], None] | None = None,
+        on_write_trouble: Callable[[str | None], None] | None = None,
     ) -> None:
         if retention_s is not None and retention_s <= 0:
             raise ValueError(f"retention_s must be positive or None, got {retention_s}")
@@ -190,6 +203,8 @@ class DecisionLog(UpkeepPacing):
             raise ValueError(f"wal_limit_bytes must be positive, got {wal_limit_bytes}")
         if max_unfolded_rows <= 0:
             raise ValueError(f"max_unfolded_rows must be positive, got {max_unfolded_rows}")
+        if unwritten_retry_s <= 0:
+            raise ValueError(f"unwritten_retry_s must be positive, got {unwritten_retry_s}")
         if inline_wait_s < 0:  # (a negative lock timeout would mean: wait for ever)
             raise ValueError(f"inline_wait_s must be >= 0, got {inline_wait_s}")
         if fold_interval_s < 0 or fold_rows <= 0 or fold_chunk_rows <= 0:
@@ -231,6 +246,15 @@ class DecisionLog(UpkeepPacing):
         self._in_flight: list[_Pending] = []  # the batch the writer is committing
         self._failure: str | None = None  # why the writer thread stopped, if it did
         self._on_failure = on_failure  # told why, from the writer thread, once
+        # Told the error when writes start failing, None when they work again; from
+        # whichever thread wrote (so: hand it over to a loop with call_soon_threadsafe).
+        self._on_write_trouble = on_write_trouble
+        self.unwritten_retry_s = unwritten_retry_s
+        # Guarded by _conn_lock; num_unwritten mirrors its length, read without a lock by
+        # callers about to make decisions (one attribute read per engine step).
+        self._unwritten = Unwritten()
+        self.num_unwritten = 0
+        self._unwritten_retry_at = 0.0  # (monotonic) the writer's next retry
         # The connection has one user at a time: the writer thread, or a caller of
         # commit_inline when nothing is queued ahead of it (see there).
         self._conn_lock = threading.Lock()
@@ -314,8 +338,9 @@ class DecisionLog(UpkeepPacing):
         True: the rows are committed (one transaction). False: nothing was written, the
         caller must `append` instead, because something is queued ahead, there are more
         than `max_rows` rows, or the writer kept the connection (a fold, purge or queued
-        batch) past `inline_wait_s`. Raises DecisionLogError when the write failed
-        (nothing was written), RuntimeError when the log is not running. A small step's
+        batch) past `inline_wait_s`. Raises DecisionLogError when the write failed:
+        nothing was written, and the decisions are kept to go first in the next write
+        (`UnwrittenError`). RuntimeError when the log is not running. A small step's
         decisions then cost one commit and no thread hand-off, wake-up or Future (about
         half the latency of the writer round trip). The durability contract is the same
         as `append`'s.
@@ -347,15 +372,18 @@ class DecisionLog(UpkeepPacing):
             try:
                 assert self._db is not None
                 logged_at = time.time()
-                first_id = self._next_id
-                if len(decisions) == 1:  # most steps of a live engine: no comprehension frame
-                    rows = [decision_row(first_id, decisions[0], logged_at)]
+                if self.num_unwritten:
+                    first_to_fold = self._write_behind_unwritten(decisions, logged_at)
                 else:
-                    rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(decisions)]
-                try:
-                    first_to_fold = self._insert(rows)
-                except sqlite3.Error as exc:
-                    raise DecisionLogError(f"{self.path}: write failed: {exc}") from exc
+                    first_id = self._next_id
+                    if len(decisions) == 1:  # most steps of a live engine: no comprehension frame
+                        rows = [decision_row(first_id, decisions[0], logged_at)]
+                    else:
+                        rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(decisions)]
+                    try:
+                        first_to_fold = self._insert(rows)
+                    except sqlite3.Error as exc:
+                        raise self._keep_unwritten(decisions, exc) from exc
             finally:
                 conn_lock.release()
         if first_to_fold:
@@ -374,6 +402,30 @@ class DecisionLog(UpkeepPacing):
             return future
         future.set_result(None)
         return future
+
+    def write_unwritten(self) -> bool:
+        """Writes now what failed writes left, if it can; True when nothing is left unwritten.
+
+        The writer retries every `unwritten_retry_s` by itself; a caller about to make
+        more decisions calls this first, so that the first call after the disk has room
+        again goes through."""
+        if not self.num_unwritten:
+            return True
+        if not self._conn_lock.acquire(timeout=self.inline_wait_s):
+            return False
+        try:
+            if self._db is None:
+                return False  # closed
+            if self.num_unwritten:  # (the writer may have written them meanwhile)
+                try:
+                    first_to_fold = self._write_behind_unwritten((), time.time())
+                except DecisionLogError:
+                    return False
+                if first_to_fold:
+                    self._queue.put(_WAKE)
+        finally:
+            self._conn_lock.release()
+        return True
 
     def flush(self) -> None:
         """Block until everything appended so far is committed (folded or not)."""
@@ -399,6 +451,12 @@ class DecisionLog(UpkeepPacing):
         self._stop_checkpoints.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
+        if self.num_unwritten:
+            with self._conn_lock:
+                why = f"{self._unwritten.error}; the log closed before they could be written"
+                lost = self._unwritten.abandon(why)
+                self.num_unwritten = 0
+            _log.error("decision log: %d decisions were never written (%s)", lost, why)
         if self._db is not None:
             self._cursor = None
             self._db.conn.close()
@@ -422,6 +480,9 @@ class DecisionLog(UpkeepPacing):
             disk_free_bytes=free,
             disk_total_bytes=total,
             max_bytes=self.max_bytes or 0,
+            num_unwritten=self.num_unwritten,
+            write_error=self._unwritten.error,
+            unwritten_since_unix_s=self._unwritten.since_unix_s,
         )
 
     def _count_wal_reset(self) -> None:
@@ -492,12 +553,16 @@ class DecisionLog(UpkeepPacing):
             ):
                 retention_behind = self._purge_chunks(conn, folded=self.rows_folded - folded_before)
                 next_retention = time.monotonic() + self.retention_interval_s
+            if self.num_unwritten and time.monotonic() >= self._unwritten_retry_at:
+                self.write_unwritten()
+                self._unwritten_retry_at = time.monotonic() + self.unwritten_retry_s
         # Anything appended races with close() only before _closed was set; drain it.
         leftover, _ = self._take_batch(0.0)
         while leftover:
             self._in_flight = leftover
             self._commit_queued(conn, leftover)
             leftover, _ = self._take_batch(0.0)
+        self.write_unwritten()  # a last try (close() reports what is still left)
         self._fold_chunks(conn, everything=True)  # a cleanly closed log has every row indexed
         # (nothing is committed after the drain above: close() has stopped appends and
         # the caller's inline commits)
@@ -509,6 +574,8 @@ class DecisionLog(UpkeepPacing):
             due.append(self._unfolded_since + self.fold_interval_s)
         if self._has_retention:
             due.append(next_retention)
+        if self.num_unwritten:
+            due.append(self._unwritten_retry_at)
         if retention_behind:
             return 0.0
         return max(0.0, min(due) - time.monotonic()) if due else None
@@ -571,17 +638,65 @@ class DecisionLog(UpkeepPacing):
         # happened. set_running_or_notify_cancel makes the rest uncancellable from here.
         live = [p.future for p in batch if p.future.set_running_or_notify_cancel()]
         rows = []
+        if self.num_unwritten:  # a failed write's decisions go first
+            rows = [decision_row(self._next_id + i, d, batch[0].logged_at)
+                    for i, d in enumerate(self._unwritten.decisions)]
         for p in batch:
             for d in p.decisions:
                 rows.append(decision_row(self._next_id + len(rows), d, p.logged_at))
         try:
             self._insert(rows)
         except sqlite3.Error as exc:  # disk full, I/O error: every caller of this batch hears it
+            error = self._keep_unwritten([d for p in batch for d in p.decisions], exc)
             for future in live:
-                future.set_exception(DecisionLogError(f"{self.path}: write failed: {exc}"))
+                future.set_exception(error)
             return
+        if self.num_unwritten:
+            self._settle_unwritten()
         for future in live:
             future.set_result(None)
+
+    # ------------------------------------------------------------------ failed writes
+    def _write_behind_unwritten(self, decisions: Sequence[Decision], logged_at: float) -> bool:
+        """Writes the decisions failed writes left, then these, in one transaction. Caller
+        holds _conn_lock. Raises UnwrittenError (these kept too); returns `_insert`'s answer."""
+        everything = [*self._unwritten.decisions, *decisions]
+        first_id = self._next_id
+        rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(everything)]
+        try:
+            first_to_fold = self._insert(rows)
+        except sqlite3.Error as exc:
+            raise self._keep_unwritten(decisions, exc) from exc
+        self._settle_unwritten()
+        return first_to_fold
+
+    def _keep_unwritten(self, decisions: Sequence[Decision], exc: sqlite3.Error) -> UnwrittenError:
+        """A write failed: its decisions wait, after any already waiting. Caller holds _conn_lock."""
+        first = not self.num_unwritten
+        error = self._unwritten.keep(decisions, f"{self.path}: write failed: {exc}")
+        self.num_unwritten = len(self._unwritten)
+        if first:
+            self._unwritten_retry_at = time.monotonic() + self.unwritten_retry_s
+            self._queue.put(_WAKE)  # the writer may be blocked with no timeout: it retries from now on
+            _log.error(
+                "decision log: %s; %d decisions kept to be written first once writes work again "
+                "(retrying every %g s)", self._unwritten.error, self.num_unwritten, self.unwritten_retry_s,
+            )
+            if self._on_write_trouble is not None:
+                self._on_write_trouble(self._unwritten.error)
+        return error
+
+    def _settle_unwritten(self) -> None:
+        """What failed writes left has just been written. Caller holds _conn_lock."""
+        since = self._unwritten.since_unix_s
+        self.num_unwritten = 0
+        _log.warning(
+            "decision log: writes work again; the %d decisions kept since %s are written",
+            len(self._unwritten), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
+        )
+        if self._on_write_trouble is not None:
+            self._on_write_trouble(None)
+        self._unwritten.settle()  # last: whoever waits on `written` finds the log whole
 
     def _insert(self, rows: list[tuple]) -> bool:
         """Inserts rows numbered from `_next_id` into the recent table, in one transaction.

@@ -135,6 +135,11 @@ class Metrics:
         self.log_stall_seconds = Counter(
             "kvbudget_decision_log_stall_seconds", "Time commits waited for the log's upkeep, in all", registry=r
         )
+        self.log_unwritten = Gauge(
+            "kvbudget_decision_log_unwritten_decisions",
+            "Decisions a failed log write left (a full disk), waiting to be written first; steps are refused while > 0",
+            registry=r,
+        )
         self.policy = Gauge("kvbudget_policy", "The admission policy in force (1 for it)", ["policy"], registry=r)
         self.gpu_present = Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=r)
         self.gpu_memory = Gauge(
@@ -215,6 +220,7 @@ class Metrics:
             if log is not None:
                 self.log_bytes.labels(file="database").set(log.database_bytes)
                 self.log_bytes.labels(file="wal").set(log.wal_bytes)
+                self.log_unwritten.set(log.num_unwritten)
                 self._add_increase(self.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)
                 self._add_increase(self.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)
                 self._add_increase(self.log_wal_resets, ("log_wal_resets",), log.wal_resets)

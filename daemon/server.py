@@ -3,7 +3,9 @@
 Start order matters for the promises the daemon makes:
   pool sized and (optionally) allocated -> controller -> decision log open -> gRPC bound
   -> health SERVING -> sd_notify READY=1.
-So a client that sees SERVING can rely on the pool and the log.
+So a client that sees SERVING can rely on the pool and the log. While writes to the log
+fail (a full disk), health says NOT_SERVING and steps are refused; it turns back once the
+decisions kept meanwhile are written (decision_unwritten).
 
 Stop (SIGTERM / SIGINT): health NOT_SERVING and STOPPING=1 first (load balancers and
 systemd learn it), then streams are ended, the server stops accepting and waits up to
@@ -117,6 +119,9 @@ class Daemon:
         self._stop = asyncio.Event()
         self._listeners: list[Listener] = []
         self._exit_status = 0
+        self._health: health_aio.HealthServicer | None = None
+        self._core: CoreService | None = None
+        self._health_updates: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ setup
     def probe_gpu(self) -> object | None:
@@ -207,6 +212,19 @@ class Daemon:
         self._exit_status = 1
         self.request_stop()
 
+    def _log_write_trouble(self, error: str | None) -> None:
+        """Writes to the decision log fail (`error`) or work again (None). No step can be
+        admitted meanwhile, so health says NOT_SERVING (load balancers and probes learn
+        it) and so does systemd's status line, until the kept decisions are written."""
+        if self._health is None or self._stop.is_set():
+            return  # (start-up or stopping: health is someone else's)
+        serving = error is None and not (self._core is not None and self._core.draining)
+        update = asyncio.ensure_future(self._set_health(self._health, serving))
+        self._health_updates.add(update)  # (a task nobody holds may be collected mid-run)
+        update.add_done_callback(self._health_updates.discard)
+        if error is not None:
+            sdnotify.status(f"decision log cannot write, steps refused: {error}")
+
     async def serve(self) -> int:
         """Runs until SIGTERM / SIGINT; every resource acquired is released on the way out,
         in reverse order, also when start-up fails half-way (no shared-memory segment or
@@ -274,6 +292,7 @@ class Daemon:
             config.db_path, retention_s=config.retention_s, max_rows=config.retention_rows,
             max_bytes=config.retention_bytes,
             on_failure=lambda why: loop.call_soon_threadsafe(self._log_writer_stopped, why),
+            on_write_trouble=lambda error: loop.call_soon_threadsafe(self._log_write_trouble, error),
         )
         try:
             Path(config.db_path).parent.mkdir(parents=True, exist_ok=True)
@@ -316,6 +335,7 @@ class Daemon:
         await core.start()
         stack.push_async_callback(core.stop)
         await self._set_health(health, True)  # pool, log and core are ready
+        self._health, self._core = health, core  # (from now on, log trouble turns health)
         summary = (
             f"serving {setup.model.name}: {plan.num_blocks} blocks of {plan.block_size_tokens} tokens "
             f"({plan.kv_tokens} KV tokens), policy {controller.snapshot(0.0).policy}, "
@@ -365,9 +385,12 @@ class Daemon:
             if loop.time() - last_status >= status_every_s:
                 last_status = loop.time()
                 s = core.snapshot()
+                unwritten = core.log.num_unwritten
                 sdnotify.status(
                     f"{s.num_running} running, {s.num_waiting} waiting, {s.num_held_blocks}/{s.num_blocks} "
                     f"blocks held ({s.usage:.0%}), policy {s.policy}{', draining' if core.draining else ''}"
+                    + (f", decision log cannot write ({unwritten} decisions wait), steps refused"
+                       if unwritten else "")
                 )
             await asyncio.sleep(tick)
 

@@ -115,6 +115,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         engine_id = session.engine_id
         if core.draining and request.submits:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "submits: daemon is draining, no new requests")
+        if core.log.num_unwritten and (
+            request.submits or request.grows or request.progress or request.finishes or request.aborts
+        ):
+            await _refuse_while_unwritten(context, core.log, "this step")
         now = time.time()
         try:
             ops = validate_step(request, engine_id, core.controller.find, self._block_size, now)
@@ -272,6 +276,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         policy = convert.policy_from_proto(request.policy)
         if policy is None:
             await context.abort(INVALID, f"policy: unspecified or unknown value {request.policy}")
+        if self.core.log.num_unwritten:
+            await _refuse_while_unwritten(context, self.core.log, "the policy")
         previous = self.core.snapshot().policy
         decisions = self.core.set_policy(policy)
         try:
@@ -299,3 +305,17 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         if self.on_drain is not None:
             await self.on_drain()
         return admin_pb2.DrainResponse(running=self.core.snapshot().num_running)
+
+
+async def _refuse_while_unwritten(context, decision_log, what: str) -> None:
+    """A failed write left decisions unwritten: nothing more is decided until they are in
+    the file (the log keeps the pool's order). One retry first, so that the first call
+    after the disk has room again goes through; else UNAVAILABLE, with nothing applied."""
+    if decision_log.write_unwritten():
+        return
+    figures = decision_log.figures()
+    await context.abort(
+        grpc.StatusCode.UNAVAILABLE,
+        f"decision log: {figures.write_error}; {figures.num_unwritten} decisions wait to be written first, "
+        f"so {what} was not applied: retry once the log can write",
+    )

@@ -247,6 +247,15 @@ def check_log_disk(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
     by age catches up."""
     last = samples[-1]
     free, total = last.log_disk_free_bytes, last.log_disk_total_bytes
+    if last.log_unwritten:
+        return Finding(
+            "log disk", Status.PROBLEM,
+            f"writes to the decision log fail ({last.log_write_error}): {last.log_unwritten} decisions wait to "
+            "be written, and every step is refused (UNAVAILABLE) until they are",
+            knob=("free space on the decision log's disk (db_path): the daemon retries each second and "
+                  "goes on by itself, no restart needed"),
+            data={"unwritten": last.log_unwritten, "write_error": last.log_write_error,
+                  "disk_free_bytes": free, "disk_total_bytes": total})
     if total <= 0:
         return Finding("log disk", Status.SKIPPED, "the daemon does not report its decision log's disk")
     data = {"log_bytes": last.log_bytes, "max_bytes": last.log_max_bytes, "disk_free_bytes": free,
@@ -324,6 +333,7 @@ def diagnose(
     }
     memory = findings[2]
     reservations = findings[3]
+    log_disk = findings[7]
 
     # One sample cannot tell a queue that moves from one that does not.
     stuck = len(ordered) > 1 and queued_throughout and admitted == 0 and not last.draining
@@ -331,7 +341,9 @@ def diagnose(
         findings.append(
             Finding("trend", Status.INFO, "one sample: trends (queue, memory, preemptions) need --samples 2 or more")
         )
-    if memory.status is Status.PROBLEM:
+    if log_disk.status is Status.PROBLEM:
+        verdict, knob = Verdict.LOG_CANNOT_WRITE, log_disk.knob  # nothing is admitted: the cause of any queue
+    elif memory.status is Status.PROBLEM:
         verdict, knob = Verdict.MEMORY_GROWING, memory.knob
     elif stuck and held_share < t.mostly_free_share:
         verdict = Verdict.STUCK_QUEUE

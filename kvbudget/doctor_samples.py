@@ -24,6 +24,7 @@ class Verdict(str, enum.Enum):
     POOL_BOUND = "pool-bound"
     MEMORY_GROWING = "memory growing outside the pool"
     STUCK_QUEUE = "stuck queue (formula drift)"
+    LOG_CANNOT_WRITE = "decision log cannot write"
 
 
 class Status(str, enum.Enum):
@@ -91,6 +92,8 @@ class PoolSample:
     log_max_bytes: int = 0  # its retention bound on the database file; 0: none
     log_disk_free_bytes: int = 0  # the file system holding it (0 and 0: not reported)
     log_disk_total_bytes: int = 0
+    log_unwritten: int = 0  # decisions a failed write left, waiting (steps are refused meanwhile)
+    log_write_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,8 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         log_max_bytes=int(msg.decision_log.max_bytes),
         log_disk_free_bytes=int(msg.decision_log.disk_free_bytes),
         log_disk_total_bytes=int(msg.decision_log.disk_total_bytes),
+        log_unwritten=int(msg.decision_log.num_unwritten_decisions),
+        log_write_error=msg.decision_log.write_error,
     )
 
 

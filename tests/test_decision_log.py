@@ -273,8 +273,10 @@ def test_write_failure_reaches_every_caller_and_the_writer_goes_on(log: Decision
     with pytest.raises(DecisionLogError, match="write failed"):
         failed.result()
     mend_writes(other)
+    # The failed row was kept (the pool made that decision): it goes first, then the new one.
     log.append([make_decision(3)]).result()
-    assert count_rows(db_path) == 2
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2, 3]
+    assert failed.exception().written.result(timeout=10) is None
 
 
 def test_close_flushes_and_is_idempotent(db_path: Path) -> None:
@@ -817,9 +819,9 @@ def test_a_failed_inline_write_fails_its_future_with_decision_log_error(log: Dec
     with pytest.raises(DecisionLogError, match="write failed"):
         failed.result()
     mend_writes(other)
-    # The log goes on, inline, and the failed row was not written.
+    # The log goes on, inline; the failed row goes first (kept, not dropped).
     assert log.append_inline([make_decision(3)]).exception() is None
-    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 3]
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2, 3]
 
 
 def test_append_inline_refuses_a_closed_log(db_path: Path) -> None:
@@ -1088,12 +1090,14 @@ def test_commit_inline_says_when_the_caller_must_queue_instead(log: DecisionLog,
     blocker.execute("ROLLBACK")
     blocker.close()
     queued.result(timeout=10)
-    # A failed write raises, names the file, and writes nothing.
+    # A failed write raises, names the file, and writes nothing; the row waits its turn.
     other = break_writes(db_path)
     with pytest.raises(DecisionLogError, match="decisions.db: write failed"):
         log.commit_inline([make_decision(99)])
-    mend_writes(other)
     assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2]
+    mend_writes(other)
+    assert log.write_unwritten() is True
+    assert [r["seq"] for r in query_decisions(db_path, limit=None, newest_first=False)] == [1, 2, 99]
 
 
 @pytest.mark.parametrize("num_rows", [1, 2, 8, 9, 15, 16, 17, 127, 128, 129, 300, 512, 1000, 1024, 1025, 2500])

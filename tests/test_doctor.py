@@ -288,10 +288,12 @@ def test_sample_from_a_snapshot_message() -> None:
         tenants=[common_pb2.TenantState(tenant="a", blocks_held=40, quota_blocks=500, waiting=6)],
         decision_log=common_pb2.DecisionLogState(rows_written=500, rows_folded=380, stalls=2, stall_s=0.75,
                                                  database_bytes=3000, wal_bytes=1000, max_bytes=10_000,
-                                                 disk_free_bytes=70_000, disk_total_bytes=100_000),
+                                                 disk_free_bytes=70_000, disk_total_bytes=100_000,
+                                                 num_unwritten_decisions=7, write_error="disk full"),
     )
     s = doctor_samples.sample_from_snapshot(msg)
     assert (s.log_stalls, s.log_stall_s, s.log_unindexed) == (2, 0.75, 120)
+    assert (s.log_unwritten, s.log_write_error) == (7, "disk full")
     assert (s.log_bytes, s.log_max_bytes, s.log_disk_free_bytes, s.log_disk_total_bytes) == (
         4000, 10_000, 70_000, 100_000)  # the log's bytes: database + WAL
     assert (s.policy, s.num_blocks, s.free, s.held, s.reserved) == ("naive", 1000, 960, 40, 900)
@@ -344,6 +346,22 @@ def test_a_log_that_would_fill_its_disk_is_a_warning() -> None:
     # A daemon that does not report it (older than its DecisionLogState fields): skipped.
     assert log_disk(log_disk_total_bytes=0).status is Status.SKIPPED
     assert doctor.diagnose(series(held=300, log_disk_free_bytes=1 * GiB)).verdict is Verdict.HEALTHY  # pool's fine
+
+
+def test_a_log_that_cannot_write_is_the_verdict_whatever_the_pool_shows() -> None:
+    error = "decisions.db: write failed: database or disk is full"
+    # A queue and a pool 95% held would read pool-bound; nothing is admitted while the log
+    # cannot write, so that is the cause to name first.
+    failing = doctor.diagnose(series(held=950, waiting=12, log_unwritten=40, log_write_error=error,
+                                     log_disk_free_bytes=0))
+    assert failing.verdict is Verdict.LOG_CANNOT_WRITE
+    found = finding(failing, "log disk")
+    assert found.status is Status.PROBLEM
+    assert found.summary == (f"writes to the decision log fail ({error}): 40 decisions wait to be written, "
+                             "and every step is refused (UNAVAILABLE) until they are")
+    assert failing.knob == found.knob and "free space on the decision log's disk" in found.knob
+    assert not failing.ok
+    assert doctor.diagnose(series(held=950, waiting=12)).verdict is Verdict.POOL_BOUND  # the same, writing
 
 
 def test_snapshot_without_plan() -> None:

@@ -161,6 +161,7 @@ class FakeLog:
     wal_resets: int = 1
     stalls: int = 2
     stall_seconds: float = 0.25
+    num_unwritten: int = 0
 
 
 def test_decision_log_sizes_and_counts() -> None:
@@ -180,6 +181,12 @@ def test_decision_log_sizes_and_counts() -> None:
     assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 3
     assert value(metrics, "kvbudget_decision_log_stalls_total") == 3
     assert value(metrics, "kvbudget_decision_log_stall_seconds_total") == 1.0
+    assert value(metrics, "kvbudget_decision_log_unwritten_decisions") == 0
+    same = dict(wal_bytes=0, rows_written=150, rows_folded=150, wal_resets=3, stalls=3, stall_seconds=1.0)
+    metrics.update(snapshot(), log=FakeLog(num_unwritten=40, **same))  # a full disk: decisions wait
+    assert value(metrics, "kvbudget_decision_log_unwritten_decisions") == 40
+    metrics.update(snapshot(), log=FakeLog(num_unwritten=0, **same))
+    assert value(metrics, "kvbudget_decision_log_unwritten_decisions") == 0
     metrics.update(snapshot())  # no log given: its figures stay as they were
     assert value(metrics, "kvbudget_decision_log_rows_total", state="folded") == 150
 

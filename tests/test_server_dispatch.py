@@ -103,18 +103,44 @@ async def test_a_failing_publish_does_not_stop_the_dispatcher(core: CoreService)
     assert core.metrics.calls == 2
 
 
-async def test_a_failed_commit_is_not_published_and_the_next_one_is(core: CoreService, tmp_path) -> None:
+async def test_a_failed_commit_is_published_only_once_written_and_before_the_next(core: CoreService, tmp_path) -> None:
     watcher = core.watch_hub.add(100)
     other = sqlite3.connect(tmp_path / "decisions.db")
     other.execute("ALTER TABLE decisions_recent RENAME TO decisions_moved")  # commits go there
     other.commit()
     with pytest.raises(Exception, match="write failed"):
-        await core.record(submit(core, "lost"))
+        await core.record(submit(core, "late"))
+    # Not in the file, so not heard of: the caller was told it was not committed.
+    assert await received(watcher, 1, timeout=0.2) == []
+    assert core.log.num_unwritten == 1
     other.execute("ALTER TABLE decisions_moved RENAME TO decisions_recent")
     other.commit()
     other.close()
-    await core.record(submit(core, "kept"))
-    assert await received(watcher, 1) == ["kept"]
+    # The pool made it, so the next write puts it first, and watchers hear of both, in order.
+    await core.record(submit(core, "next"))
+    assert await received(watcher, 2) == ["late", "next"]
+    assert core.log.num_unwritten == 0
+
+
+async def test_the_ticker_decides_nothing_while_the_log_cannot_write(core: CoreService, tmp_path) -> None:
+    session = core.sessions.open("e", 0.01, time.monotonic())
+    await core.record(submit(core, "held"))
+    other = sqlite3.connect(tmp_path / "decisions.db")
+    other.execute("ALTER TABLE decisions_recent RENAME TO decisions_moved")
+    other.commit()
+    with pytest.raises(Exception, match="write failed"):
+        await core.record(submit(core, "late"))
+    await asyncio.sleep(0.05)  # the lease lapses
+    await core._tick(time.monotonic())
+    assert core.sessions.get(session.session_id) is not None  # not expired: that would be a decision
+    assert core.controller.num_running == 2
+    other.execute("ALTER TABLE decisions_moved RENAME TO decisions_recent")
+    other.commit()
+    other.close()
+    assert core.log.write_unwritten()
+    await core._tick(time.monotonic())  # now it is: both requests released, and logged
+    assert core.sessions.get(session.session_id) is None
+    assert core.controller.num_running == 0
 
 
 # ----------------------------------------------------------------------- replays

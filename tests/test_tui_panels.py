@@ -270,6 +270,17 @@ class TestVerdict:
             "pool-bound: 1,200 waiting with 95% of blocks held"
         )
 
+    def test_a_log_that_cannot_write_outranks_the_rest(self):
+        failing = common_pb2.DecisionLogState(num_unwritten_decisions=1200, write_error="write failed: disk full")
+        state = state_of(
+            held_at(95, 1000.0, gpu=gpu(100.0), num_waiting=1),
+            held_at(95, 1020.0, gpu=gpu(102.0), num_waiting=1, decision_log=failing),
+        )
+        assert verdict(state).line == (
+            "decision log cannot write: 1,200 decisions wait to be written (write failed: disk full); "
+            "steps are refused until the log's disk has room"
+        )
+
     def test_memory_growing_outside_the_pool_outranks_the_rest(self):
         # Outside the pool: 20 GiB at t=1000, 22 GiB at t=1020: +2 GiB > max(256 MiB,
         # 1% of 141 GiB = 1.41 GiB).

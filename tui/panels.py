@@ -230,6 +230,7 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
             )
         )
     style = {
+        Bound.LOG_CANNOT_WRITE: "bold red",
         Bound.OUTSIDE_POOL: "bold red",
         Bound.POOL_BOUND: "bold yellow",
         Bound.BUDGET_BOUND: "bold cyan",

@@ -3,6 +3,8 @@
 The on-call drill is "first free blocks, then waiting / preempt counts, last suspect the GPU".
 This module turns that drill into one line from a `DashboardState`:
 
+- decision log cannot write: a write to the log failed (a full disk) and decisions wait
+  to be written; the daemon refuses every step meanwhile, so nothing else matters yet.
 - memory growing outside the pool: the GPU's used memory minus the pool rose by more than
   `OUTSIDE_GROWTH_FRACTION` of the GPU (or `OUTSIDE_GROWTH_MIN_BYTES`) inside the window. The
   pool is allocated once, so growth there is another process or a leak; it outranks the rest
@@ -37,6 +39,7 @@ class Bound(enum.Enum):
     BUDGET_BOUND = "budget-bound"
     POOL_BOUND = "pool-bound"
     OUTSIDE_POOL = "memory growing outside the pool"
+    LOG_CANNOT_WRITE = "decision log cannot write"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,13 @@ def _bound(state: DashboardState) -> Verdict:
     snapshot = state.snapshot
     if snapshot is None:
         return Verdict(Bound.UNKNOWN, "")
+    if snapshot.decision_log.num_unwritten_decisions:
+        unwritten = snapshot.decision_log
+        return Verdict(
+            Bound.LOG_CANNOT_WRITE,
+            f"{unwritten.num_unwritten_decisions:,} decisions wait to be written ({unwritten.write_error}); "
+            "steps are refused until the log's disk has room",
+        )
     window = state.recent(WINDOW_S)
     first, last = window[0], window[-1]
     span_s = last.time_s - first.time_s

@@ -232,7 +232,7 @@ class GpuState(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., name: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., other_processes_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class DecisionLogState(_message.Message):
-    __slots__ = ("rows_written", "rows_folded", "stalls", "stall_s", "database_bytes", "wal_bytes", "disk_free_bytes", "disk_total_bytes", "max_bytes")
+    __slots__ = ("rows_written", "rows_folded", "stalls", "stall_s", "database_bytes", "wal_bytes", "disk_free_bytes", "disk_total_bytes", "max_bytes", "num_unwritten_decisions", "write_error", "unwritten_since_unix_s")
     ROWS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     ROWS_FOLDED_FIELD_NUMBER: _ClassVar[int]
     STALLS_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +242,9 @@ class DecisionLogState(_message.Message):
     DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_UNWRITTEN_DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    UNWRITTEN_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     rows_written: int
     rows_folded: int
     stalls: int
@@ -251,7 +254,10 @@ class DecisionLogState(_message.Message):
     disk_free_bytes: int
     disk_total_bytes: int
     max_bytes: int
-    def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    num_unwritten_decisions: int
+    write_error: str
+    unwritten_since_unix_s: float
+    def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., num_unwritten_decisions: _Optional[int] = ..., write_error: _Optional[str] = ..., unwritten_since_unix_s: _Optional[float] = ...) -> None: ...
 
 class ReplayState(_message.Message):
     __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done")

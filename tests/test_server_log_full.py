@@ -1,0 +1,129 @@
+"""A real daemon whose decision log's disk fills, then has room again.
+
+The disk fills the way SQLite sees it: while a flag file exists, the daemon's log
+connection has `PRAGMA max_page_count` pinned to the file's size, so a write needing a
+new page fails with SQLITE_FULL, as on a full disk. Everything else is the daemon as
+shipped, over its unix socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvbudget.client import EngineClient, ObserverClient
+from kvbudget.daemon.records import RequestSpec
+
+from daemon_harness import DaemonProcess, await_until
+
+pytestmark = pytest.mark.slow
+
+FULL_DISK_DAEMON = textwrap.dedent(
+    """
+    import os, sys
+    from kvbudget.cli import main
+    from kvbudget.daemon.decision_log import DecisionLog
+
+    FLAG = os.environ["KVBUDGET_TEST_DISK_FULL"]
+    insert = DecisionLog._insert
+    room = []
+
+    def insert_on_a_disk_that_may_be_full(self, rows):
+        cursor = self._cursor
+        if not room:
+            room.append(cursor.execute("PRAGMA max_page_count").fetchone()[0])
+        if os.path.exists(FLAG):
+            pages = cursor.execute("PRAGMA page_count").fetchone()[0]
+            cursor.execute(f"PRAGMA max_page_count={pages}")
+        else:
+            cursor.execute(f"PRAGMA max_page_count={room[0]}")
+        return insert(self, rows)
+
+    DecisionLog._insert = insert_on_a_disk_that_may_be_full
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+async def health(target: str) -> int:
+    async with grpc.aio.insecure_channel(target) as channel:
+        return (await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)).status
+
+
+async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_itself(tmp_path) -> None:
+    flag = tmp_path / "disk-is-full"
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "2049", env={"KVBUDGET_TEST_DISK_FULL": str(flag)})
+    daemon.args[1:3] = ["-c", FULL_DISK_DAEMON]  # (in place of `-m kvbudget`)
+    with daemon:
+        engine = EngineClient(daemon.target, "e1", heartbeat=False)
+        await engine.open()
+        async with ObserverClient(daemon.target) as observer:
+            await engine.step(submits=[RequestSpec("a", 100, 28)])
+            flag.touch()
+            # 20 prompts of 75 blocks: rows of ~650 bytes, more pages than the full disk has.
+            big = [RequestSpec(f"b{i}", 1200, 28) for i in range(20)]
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await engine.step(submits=big)
+            assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert failed.value.details().startswith("decision log: ")
+            assert "database or disk is full" in failed.value.details()
+
+            # The pool made those 20 admissions; the log keeps them to write first.
+            snapshot = await observer.snapshot()
+            assert snapshot.num_running == 21
+            assert snapshot.decision_log.num_unwritten_decisions == 20
+            assert "database or disk is full" in snapshot.decision_log.write_error
+            assert await health(daemon.target) == health_pb2.HealthCheckResponse.NOT_SERVING
+            # Nothing more is decided meanwhile: a step is refused with nothing applied.
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await engine.step(submits=[RequestSpec("c", 100, 28)], aborts=["a"])
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert refused.value.details().endswith("so this step was not applied: retry once the log can write")
+            snapshot = await observer.snapshot()
+            assert snapshot.num_running == 21 and snapshot.decision_log.num_unwritten_decisions == 20
+            assert [r["request_id"] for r in daemon.decision_rows()] == ["a"]
+            doctor = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "kvbudget", "doctor", "--target", daemon.target, "--samples", "1"],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert doctor.returncode != 0
+            assert "decision log cannot write" in doctor.stdout
+            assert "20 decisions wait to be written" in doctor.stdout
+
+            flag.unlink()  # room again: the daemon's writer retries each second by itself
+
+            async def serving_again() -> bool:
+                return await health(daemon.target) == health_pb2.HealthCheckResponse.SERVING
+
+            await await_until(serving_again, timeout=30)
+            rows = daemon.decision_rows()
+            assert [r["request_id"] for r in rows] == ["a", *(f"b{i}" for i in range(20))]
+            assert [r["id"] for r in rows] == list(range(1, 22))
+            assert all(r["kind"] == "admit" for r in rows)
+            assert (await observer.snapshot()).decision_log.num_unwritten_decisions == 0
+
+            # As the engine guide says: abort the failed step's submits, then carry on.
+            await engine.step(aborts=[spec.request_id for spec in big])
+            await engine.step(submits=[RequestSpec("c", 100, 28)])
+            snapshot = await observer.snapshot()
+            assert snapshot.num_running == 2
+        await engine.close()
+    rows = daemon.decision_rows()
+    # Every decision the pool made is in the log, in order: what it holds is what the log says.
+    live: set[str] = set()
+    for row in rows:
+        if row["kind"] == "admit":
+            live.add(row["request_id"])
+        elif row["kind"] in ("release", "abort", "reclaim"):
+            live.discard(row["request_id"])
+    assert live == set()  # the session closed: everything released
+    assert [r["id"] for r in rows] == list(range(1, len(rows) + 1))
+    stderr = daemon.stderr()
+    assert "20 decisions kept to be written first once writes work again" in stderr
+    assert "decision log: writes work again; the 20 decisions kept since" in stderr
