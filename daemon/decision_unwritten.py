@@ -50,7 +50,7 @@ class Unwritten:
             self.since_unix_s = time.time()
         self.decisions.extend(decisions)
         self.error = error
-        return UnwrittenError(f"{error} ({len(self.decisions)} decisions wait to be written)", self.written)
+        return UnwrittenError(error, self.written)
 
     def settle(self) -> int:
         """They are in the file now: resolves `written`, forgets them; how many there were."""

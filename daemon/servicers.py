@@ -15,6 +15,7 @@ import grpc
 from kvbudget.daemon import budget, convert
 from kvbudget.daemon.auth import Authorizer, Role
 from kvbudget.daemon.core_service import CoreService, StepFailed
+from kvbudget.daemon.decision_unwritten import UnwrittenError
 from kvbudget.daemon.records import DecisionKind
 from kvbudget.daemon.sessions import SessionExists, TooManySessions
 from kvbudget.daemon.step_validation import StepRejected, check_request_id, validate_step
@@ -112,6 +113,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if session is None:
             session = await self._session(context, request.session_id)  # aborts, naming the field
         session.renew(time.monotonic())
+        if session.unanswered is not None:  # the last step was applied but not logged
+            reply = await self._answer_again(context, session, request)
+            if reply is not None:
+                return reply
         engine_id = session.engine_id
         if core.draining and request.submits:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "submits: daemon is draining, no new requests")
@@ -138,7 +143,38 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         reply = engine_pb2.StepResponse(num_free_blocks=core.controller.pool.num_free_blocks)
         convert.add_decisions(reply.decisions, decisions, engine_id)
         if not committed.done() or committed.exception() is not None:  # else nothing to wait for
-            await self._committed(context, committed)
+            try:
+                await committed
+            except UnwrittenError as exc:
+                # Applied, kept to be written first: the same step sent again gets this reply.
+                session.unanswered = (request.SerializeToString(deterministic=True), reply)
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"decision log: {exc}; this step was applied and its decisions wait to be written: "
+                    "send the same step again to get them once they are",
+                )
+            except Exception as exc:  # the log could not commit: promise nothing
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {exc}")
+        return reply
+
+    async def _answer_again(self, context, session, request):
+        """The reply of the last step (applied, its decisions kept to be written), if this
+        is that step sent again and they are in the log now; None if it is another step,
+        to be served as usual. While they still wait: UNAVAILABLE."""
+        sent, reply = session.unanswered
+        decision_log = self.core.log
+        if request.SerializeToString(deterministic=True) != sent:
+            if decision_log.write_unwritten():
+                session.unanswered = None  # the engine moved on, and this step will be applied
+            return None  # (else it is refused with nothing applied: the retry may still come)
+        if not decision_log.write_unwritten():
+            figures = decision_log.figures()
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"decision log: {figures.write_error}; this step was applied and its decisions wait to be "
+                f"written ({figures.num_unwritten} decisions in all): send it again later",
+            )
+        session.unanswered = None
         return reply
 
     async def Events(self, request, context):

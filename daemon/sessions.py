@@ -9,6 +9,11 @@ gets ALREADY_EXISTS: two processes believing they are one engine would free each
 requests. An engine that restarted before its old lease ran out may pass
 `replace_existing` to end the old session first (its requests are expired).
 
+A step whose decisions could not be written (a full disk) was applied all the same: the
+session keeps its request and reply (`unanswered`), so that the engine's retry of that
+same step gets that reply once the decisions are in the log, rather than ALREADY_EXISTS
+for the submits it made. A different step means the engine moved on, and it is dropped.
+
 Leases run on the monotonic clock, so a wall-clock jump neither expires nor keeps alive
 anybody; decisions still carry unix time.
 """
@@ -47,6 +52,8 @@ class Session:
     )
     events_dropped: int = 0
     closed: bool = False
+    # (the request's bytes, the reply) of a step applied but not yet written to the log
+    unanswered: tuple[bytes, object] | None = None
 
     def renew(self, now_monotonic: float) -> None:
         self.expires_at = now_monotonic + self.lease_ttl_s

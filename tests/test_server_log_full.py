@@ -73,6 +73,14 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
             assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
             assert failed.value.details().startswith("decision log: ")
             assert "database or disk is full" in failed.value.details()
+            assert failed.value.details().endswith(
+                "this step was applied and its decisions wait to be written: send the same step again to get "
+                "them once they are")
+            # Sent again while the disk is still full: the same answer, nothing applied twice.
+            with pytest.raises(grpc.aio.AioRpcError) as again:
+                await engine.step(submits=big)
+            assert again.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert again.value.details().endswith("wait to be written (20 decisions in all): send it again later")
 
             # The pool made those 20 admissions; the log keeps them to write first.
             snapshot = await observer.snapshot()
@@ -108,8 +116,26 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
             assert all(r["kind"] == "admit" for r in rows)
             assert (await observer.snapshot()).decision_log.num_unwritten_decisions == 0
 
-            # As the engine guide says: abort the failed step's submits, then carry on.
-            await engine.step(aborts=[spec.request_id for spec in big])
+            # The same step sent again now gets its decisions: the admissions made (and
+            # logged) the first time, not ALREADY_EXISTS.
+            decisions = await engine.step(submits=big)
+            assert [(d.request_id, d.kind.value) for d in decisions] == [(f"b{i}", "admit") for i in range(20)]
+            assert [len(d.new_block_ids[0]) for d in decisions] == [75] * 20
+            assert len(daemon.decision_rows()) == 21  # answered from memory: nothing decided twice
+            # Only once: the step after it is a step like any other.
+            with pytest.raises(grpc.aio.AioRpcError) as duplicate:
+                await engine.step(submits=big)
+            assert duplicate.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+            # An engine may also move on instead: it aborts what the failed step submitted.
+            flag.touch()
+            more = [RequestSpec(f"m{i}", 16, 4) for i in range(300)]  # ~75 pages: more than the folds freed
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await engine.step(submits=more)
+            assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+            flag.unlink()
+            await await_until(serving_again, timeout=30)
+            await engine.step(aborts=[spec.request_id for spec in (*big, *more)])
             await engine.step(submits=[RequestSpec("c", 100, 28)])
             snapshot = await observer.snapshot()
             assert snapshot.num_running == 2
@@ -127,3 +153,4 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
     stderr = daemon.stderr()
     assert "20 decisions kept to be written first once writes work again" in stderr
     assert "decision log: writes work again; the 20 decisions kept since" in stderr
+    assert "decision log: writes work again; the 300 decisions kept since" in stderr
