@@ -722,7 +722,10 @@ class DecisionLog(UpkeepPacing):
                         start += size
                     cursor.execute("COMMIT")
                 except BaseException:
-                    cursor.execute("ROLLBACK")
+                    # A COMMIT that fails for a full disk has already rolled back: a ROLLBACK
+                    # then fails too ("no transaction is active") and would hide why.
+                    if cursor.connection.in_transaction:
+                        cursor.execute("ROLLBACK")
                     raise
         self._next_id += len(rows)
         self.rows_written += len(rows)

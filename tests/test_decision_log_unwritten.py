@@ -21,6 +21,7 @@ from kvbudget.daemon.decision_query import query_decisions
 from kvbudget.daemon.decision_schema import DecisionLogError
 from kvbudget.daemon.decision_unwritten import UnwrittenError
 
+from full_disk import fill, small_disk  # noqa: F401 (small_disk: a fixture)
 from test_decision_log import make_decision
 
 
@@ -158,6 +159,21 @@ def test_readers_see_every_written_row_while_writes_fail(log: DecisionLog, db_pa
         assert conn.execute("SELECT count(*) FROM decisions").fetchone() == (10,)
     finally:
         conn.close()
+
+
+def test_a_transaction_that_fails_on_a_really_full_disk_says_why(small_disk: Path) -> None:
+    """On a full disk the COMMIT of a many-statement write fails and SQLite has rolled the
+    transaction back already; the error is the disk's, not the ROLLBACK's that followed."""
+    db_path = small_disk / "decisions.db"
+    with DecisionLog(db_path, unwritten_retry_s=3600.0) as log:
+        log.commit_inline([make_decision(0)])
+        fill(small_disk)
+        with pytest.raises(UnwrittenError, match="database or disk is full"):
+            log.commit_inline(batch(1, 100))  # (100 rows: statements of 64, 32 and 4 in one transaction)
+        assert log.num_unwritten == 100
+        (small_disk / "filler").unlink()
+        assert log.write_unwritten() is True
+        assert seqs(db_path) == list(range(101))
 
 
 # Each step: ("write", how many, inline?) / ("fill",) / ("empty",) / ("retry",)

@@ -21,6 +21,7 @@ from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.records import RequestSpec
 
 from daemon_harness import DaemonProcess, await_until
+from full_disk import fill, small_disk  # noqa: F401 (small_disk: a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +155,31 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
     assert "20 decisions kept to be written first once writes work again" in stderr
     assert "decision log: writes work again; the 20 decisions kept since" in stderr
     assert "decision log: writes work again; the 300 decisions kept since" in stderr
+
+
+async def test_a_really_full_disk_fails_a_write_and_the_daemon_resumes_once_there_is_room(tmp_path, small_disk) -> None:
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "8001", "--db-path", str(small_disk / "decisions.db"))
+    daemon.db_path = small_disk / "decisions.db"
+    with daemon:
+        engine = EngineClient(daemon.target, "e1", heartbeat=False)
+        await engine.open()
+        await engine.step(submits=[RequestSpec("a", 100, 28)])
+        fill(small_disk)
+        # 100 rows of ~650 bytes: more WAL than any slack the file already has.
+        big = [RequestSpec(f"b{i}", 1200, 28) for i in range(100)]
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await engine.step(submits=big)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "database or disk is full" in failed.value.details()
+        assert await health(daemon.target) == health_pb2.HealthCheckResponse.NOT_SERVING
+        (small_disk / "filler").unlink()
+
+        async def serving_again() -> bool:
+            return await health(daemon.target) == health_pb2.HealthCheckResponse.SERVING
+
+        await await_until(serving_again, timeout=30)
+        decisions = await engine.step(submits=big)  # the same step again: its decisions
+        assert [d.request_id for d in decisions] == [f"b{i}" for i in range(100)]
+        rows = daemon.decision_rows()
+        assert [r["request_id"] for r in rows] == ["a", *(f"b{i}" for i in range(100))]
+        await engine.close()
