@@ -1,0 +1,177 @@
+"""The weights' memory, estimated from a Hugging Face config's fields alone.
+
+Sizing a pool from GPU memory (`kvbudget estimate`, the daemon without `num_gpu_blocks`
+or `kv_cache_memory_bytes`) subtracts it from what the KV cache may take, where vLLM
+would measure it in a profiling run, unless `weights_bytes` is given: parameters x the
+served dtype, quantised linears at their bits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvbudget.daemon.hf_fields import (
+    MAMBA,
+    MLA,
+    head_dim,
+    int_field,
+    layer_kinds,
+    num_kv_heads,
+    served_dtype,
+    text_config,
+)
+
+
+@dataclass(frozen=True)
+class WeightEstimate:
+    """Parameter count and bytes of the served weights, from config fields alone.
+
+    Parameters (biases ignored; they are < 0.1% of any preset):
+      embeddings  vocab x hidden, twice unless `tie_word_embeddings`
+      attention   q: hidden x heads x head_dim, k and v: 2 x hidden x kv_heads x head_dim,
+                  o: heads x head_dim x hidden
+      MLA         q_a/q_b (or q), kv_a: hidden x (kv_lora_rank + rope), kv_b: kv_lora_rank x
+                  heads x (nope + v), o: heads x v x hidden
+      mamba       in_proj hidden x 2 d_inner, conv d_inner x d_conv, x_proj d_inner x
+                  (dt_rank + 2 d_state), dt_proj dt_rank x d_inner, A and D, out_proj
+      MLP         3 x hidden x intermediate (gate, up, down) per dense layer, per expert
+                  and per shared expert of MoE layers, plus the router hidden x experts
+      norms       2 x hidden per layer
+    Bytes: the served dtype (2 bytes for fp32/bf16/fp16 checkpoints, as vLLM's dtype=auto
+    serves fp32 in 16 bits), except decoder linears under `quantization_config`: fp8 1 byte,
+    mxfp4 experts 4.25 bits (4-bit values + one 8-bit scale per 32), gptq/awq `bits`.
+    """
+
+    num_parameters: int
+    expert_parameters: int
+    weight_bytes: int
+    note: str
+
+
+def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
+    cfg = text_config(config)
+    kinds, _ = layer_kinds(cfg)
+    hidden = int_field(cfg, "hidden_size")
+    vocab = int_field(cfg, "vocab_size")
+
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    attention = mamba = dense = experts = other = 0
+    for i, kind in enumerate(kinds):
+        other += 2 * hidden
+        if kind == MLA:
+            attention += _mla_params(cfg)
+        elif kind == MAMBA:
+            mamba += _mamba_params(cfg)
+        else:
+            heads, kv, hd = int_field(cfg, "num_attention_heads"), num_kv_heads(cfg), head_dim(cfg)
+            attention += 2 * hidden * heads * hd + 2 * hidden * kv * hd
+        layer_dense, layer_experts = _mlp_params(cfg, i)
+        dense += layer_dense
+        experts += layer_experts
+    other += hidden  # final norm
+    other += _vision_params(config)
+
+    served = served_dtype(cfg).bits / 8
+    linear_bytes, expert_bytes, note = served, served, f"{served_dtype(cfg).name} weights"
+    quant = config.get("quantization_config") or cfg.get("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", ""))
+        if method == "fp8":
+            linear_bytes = expert_bytes = 1.0
+            note = "fp8 decoder linears, 16-bit embeddings"
+        elif method == "mxfp4":
+            expert_bytes = 17 / 32
+            note = "mxfp4 experts (4.25 bits), 16-bit rest"
+        elif isinstance(quant.get("bits"), int):
+            linear_bytes = expert_bytes = quant["bits"] / 8
+            note = f"{quant['bits']}-bit {method or 'quantised'} decoder linears"
+        else:
+            note = f"unknown quant_method {method!r}: counted at {served_dtype(cfg).name}"
+
+    total = embed + attention + mamba + dense + experts + other
+    weight_bytes = (
+        (embed + other) * served
+        + (attention + mamba + dense) * linear_bytes
+        + experts * expert_bytes
+    )
+    return WeightEstimate(
+        num_parameters=total,
+        expert_parameters=experts,
+        weight_bytes=int(weight_bytes),
+        note=note,
+    )
+
+
+def _mla_params(cfg: Mapping[str, Any]) -> int:
+    hidden, heads = int_field(cfg, "hidden_size"), int_field(cfg, "num_attention_heads")
+    rope, nope = int_field(cfg, "qk_rope_head_dim"), int_field(cfg, "qk_nope_head_dim")
+    v, lora = int_field(cfg, "v_head_dim"), int_field(cfg, "kv_lora_rank")
+    q_lora = cfg.get("q_lora_rank")
+    q_out = heads * (nope + rope)
+    q = hidden * q_lora + q_lora * q_out if q_lora else hidden * q_out
+    kv = hidden * (lora + rope) + lora * heads * (nope + v)
+    return q + kv + heads * v * hidden
+
+
+def _mamba_params(cfg: Mapping[str, Any]) -> int:
+    hidden = int_field(cfg, "hidden_size")
+    d_inner = int_field(cfg, "mamba_expand", 2) * hidden
+    d_state, d_conv = int_field(cfg, "mamba_d_state", 16), int_field(cfg, "mamba_d_conv", 4)
+    dt_rank = int_field(cfg, "mamba_dt_rank", math.ceil(hidden / 16))
+    return (
+        hidden * 2 * d_inner
+        + d_inner * d_conv
+        + d_inner * (dt_rank + 2 * d_state)
+        + dt_rank * d_inner
+        + d_inner * d_state
+        + d_inner
+        + d_inner * hidden
+    )
+
+
+def _mlp_params(cfg: Mapping[str, Any], layer: int) -> tuple[int, int]:
+    """(dense parameters, expert parameters) of layer `layer`'s feed-forward block."""
+    hidden = int_field(cfg, "hidden_size")
+    num_experts = (
+        cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    )
+    if num_experts <= 1 or not _is_moe_layer(cfg, layer):
+        # Llama 4 calls its dense layers' width intermediate_size_mlp (intermediate_size
+        # is the expert width there).
+        key = "intermediate_size_mlp" if cfg.get("intermediate_size_mlp") else "intermediate_size"
+        return 3 * hidden * int_field(cfg, key), 0
+    width = cfg.get("moe_intermediate_size") or int_field(cfg, "intermediate_size")
+    shared = cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0
+    if cfg.get("model_type") in ("llama4_text", "llama4"):
+        shared = 1  # every Llama 4 MoE layer has one shared expert
+    router = hidden * num_experts
+    return 3 * hidden * width * shared + router, 3 * hidden * width * num_experts
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], layer: int) -> bool:
+    if cfg.get("first_k_dense_replace") is not None:  # DeepSeek
+        freq = cfg.get("moe_layer_freq", 1) or 1
+        return layer >= cfg["first_k_dense_replace"] and layer % freq == 0
+    if cfg.get("expert_layer_period") is not None:  # Jamba
+        return layer % cfg["expert_layer_period"] == cfg.get("expert_layer_offset", 0)
+    if cfg.get("interleave_moe_layer_step") is not None:  # Llama 4
+        step = cfg["interleave_moe_layer_step"]
+        return (layer + 1) % step == 0
+    if layer in (cfg.get("mlp_only_layers") or []):  # Qwen MoE
+        return False
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    return (layer + 1) % step == 0
+
+
+def _vision_params(config: Mapping[str, Any]) -> int:
+    """A ViT tower: layers x (4 h^2 attention + 2 h i MLP); small next to the LM."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping) or not vision.get("hidden_size"):
+        return 0
+    h = vision["hidden_size"]
+    i = vision.get("intermediate_size", 4 * h)
+    layers = vision.get("num_hidden_layers", 0)
+    return layers * (4 * h * h + 2 * h * i)
