@@ -82,7 +82,7 @@ from kvbudget.daemon.decision_schema import (
     create_or_upgrade,
     decision_row,
 )
-from kvbudget.daemon.decision_unwritten import Unwritten, UnwrittenError
+from kvbudget.daemon.decision_unwritten import KeepsUnwritten, Unwritten
 from kvbudget.daemon.records import Decision
 
 _log = logging.getLogger("kvbudget.daemon.decision_log")
@@ -167,7 +167,7 @@ class _Pending:
     future: concurrent.futures.Future[None]
 
 
-class DecisionLog(UpkeepPacing):
+class DecisionLog(UpkeepPacing, KeepsUnwritten):
     """See the module docstring. Thread-safe `append`; one writer thread owns the connection."""
 
     def __init__(
@@ -403,30 +403,6 @@ class DecisionLog(UpkeepPacing):
         future.set_result(None)
         return future
 
-    def write_unwritten(self) -> bool:
-        """Writes now what failed writes left, if it can; True when nothing is left unwritten.
-
-        The writer retries every `unwritten_retry_s` by itself; a caller about to make
-        more decisions calls this first, so that the first call after the disk has room
-        again goes through."""
-        if not self.num_unwritten:
-            return True
-        if not self._conn_lock.acquire(timeout=self.inline_wait_s):
-            return False
-        try:
-            if self._db is None:
-                return False  # closed
-            if self.num_unwritten:  # (the writer may have written them meanwhile)
-                try:
-                    first_to_fold = self._write_behind_unwritten((), time.time())
-                except DecisionLogError:
-                    return False
-                if first_to_fold:
-                    self._queue.put(_WAKE)
-        finally:
-            self._conn_lock.release()
-        return True
-
     def flush(self) -> None:
         """Block until everything appended so far is committed (folded or not)."""
         # FIFO queue + one writer: once this empty batch is done, all before it are too.
@@ -656,47 +632,8 @@ class DecisionLog(UpkeepPacing):
         for future in live:
             future.set_result(None)
 
-    # ------------------------------------------------------------------ failed writes
-    def _write_behind_unwritten(self, decisions: Sequence[Decision], logged_at: float) -> bool:
-        """Writes the decisions failed writes left, then these, in one transaction. Caller
-        holds _conn_lock. Raises UnwrittenError (these kept too); returns `_insert`'s answer."""
-        everything = [*self._unwritten.decisions, *decisions]
-        first_id = self._next_id
-        rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(everything)]
-        try:
-            first_to_fold = self._insert(rows)
-        except sqlite3.Error as exc:
-            raise self._keep_unwritten(decisions, exc) from exc
-        self._settle_unwritten()
-        return first_to_fold
-
-    def _keep_unwritten(self, decisions: Sequence[Decision], exc: sqlite3.Error) -> UnwrittenError:
-        """A write failed: its decisions wait, after any already waiting. Caller holds _conn_lock."""
-        first = not self.num_unwritten
-        error = self._unwritten.keep(decisions, f"{self.path}: write failed: {exc}")
-        self.num_unwritten = len(self._unwritten)
-        if first:
-            self._unwritten_retry_at = time.monotonic() + self.unwritten_retry_s
-            self._queue.put(_WAKE)  # the writer may be blocked with no timeout: it retries from now on
-            _log.error(
-                "decision log: %s; %d decisions kept to be written first once writes work again "
-                "(retrying every %g s)", self._unwritten.error, self.num_unwritten, self.unwritten_retry_s,
-            )
-            if self._on_write_trouble is not None:
-                self._on_write_trouble(self._unwritten.error)
-        return error
-
-    def _settle_unwritten(self) -> None:
-        """What failed writes left has just been written. Caller holds _conn_lock."""
-        since = self._unwritten.since_unix_s
-        self.num_unwritten = 0
-        _log.warning(
-            "decision log: writes work again; the %d decisions kept since %s are written",
-            len(self._unwritten), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
-        )
-        if self._on_write_trouble is not None:
-            self._on_write_trouble(None)
-        self._unwritten.settle()  # last: whoever waits on `written` finds the log whole
+    def _wake_writer(self) -> None:
+        self._queue.put(_WAKE)
 
     def _insert(self, rows: list[tuple]) -> bool:
         """Inserts rows numbered from `_next_id` into the recent table, in one transaction.
