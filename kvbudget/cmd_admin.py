@@ -235,6 +235,9 @@ def status_fields(s: Any) -> dict[str, Any]:
             "evictable": s.num_evictable_blocks,
         },
         "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions},
+        # decisions a failed write left (a full disk): while any wait, steps are refused
+        "decision_log": {"unwritten": s.decision_log.num_unwritten_decisions,
+                         "write_error": s.decision_log.write_error},
         "tenants": [
             {
                 "tenant": t.tenant,
@@ -268,6 +271,11 @@ def render_status(s: Any, target: str) -> str:
         f"  requests   {requests['running']} running, {requests['waiting']} waiting, "
         f"{requests['preemptions']} preemptions",
     ]
+    if f["decision_log"]["unwritten"]:
+        lines.append(
+            f"  log        CANNOT WRITE ({f['decision_log']['write_error']}): "
+            f"{f['decision_log']['unwritten']} decisions wait, steps are refused"
+        )
     if f["tenants"]:
         lines.append("  tenants    name              held  reserved  quota  weight  running  waiting")
         for t in f["tenants"]:

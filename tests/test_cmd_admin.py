@@ -102,6 +102,20 @@ def test_status_text_is_one_screen_with_the_pool_figures(daemon, capsys) -> None
                                 "0", "reserved"]
     assert lines[3].split() == ["requests", "0", "running,", "0", "waiting,", "0", "preemptions"]
     assert len(lines) <= 24
+    assert not any(line.split()[0] == "log" for line in lines[1:])  # said only when writes fail
+
+
+def test_status_says_when_the_decision_log_cannot_write() -> None:
+    from kvbudget.cmd_admin import render_status, status_fields
+    from kvbudget.v1 import common_pb2
+
+    snapshot = common_pb2.Snapshot(
+        num_blocks=64, num_free_blocks=20, num_held_blocks=44,
+        decision_log=common_pb2.DecisionLogState(num_unwritten_decisions=21, write_error="write failed: disk full"),
+    )
+    assert status_fields(snapshot)["decision_log"] == {"unwritten": 21, "write_error": "write failed: disk full"}
+    lines = render_status(snapshot, "unix:///x.sock").splitlines()
+    assert lines[4] == "  log        CANNOT WRITE (write failed: disk full): 21 decisions wait, steps are refused"
 
 
 # ---------------------------------------------------------------- quotas
