@@ -204,6 +204,16 @@ def test_physical_panel_without_a_gpu_says_so_plainly():
     ])
 
 
+def test_physical_panel_says_first_when_the_decision_log_cannot_write():
+    failing = common_pb2.DecisionLogState(num_unwritten_decisions=21, write_error="disk full")
+    state = state_of(snapshot(gpu=common_pb2.GpuState(present=False, note="NVML not available"),
+                              num_waiting=2, decision_log=failing))
+    assert text_of(panels.physical_panel(state), width=200).splitlines()[-1] == (
+        "⇒ decision log cannot write: 21 decisions wait to be written (disk full); steps are refused until the "
+        "log's disk has room"
+    )
+
+
 def test_physical_panel_with_a_gpu():
     # used 100 of 141 GiB = 70.9% -> "71%"; outside the pool 100 - 80 = 20 GiB.
     # mem plot at ceiling 141 GiB: 100/141*7 = 4.96 -> 5 ▆ (one point).
