@@ -50,11 +50,17 @@ def query_decisions(
     until_s: float | None = None,
     limit: int | None = 100,
     newest_first: bool = True,
+    after_id: int | None = None,
 ) -> list[dict[str, Any]]:
     """Rows matching every given filter (time filters on `logged_at`, unix seconds, since
-    inclusive, until exclusive), JSON columns decoded to lists. `limit=None` or 0: all."""
+    inclusive, until exclusive; `after_id`: ids above it, what `--follow` has not shown
+    yet), JSON columns decoded to lists. `limit=None` or 0: all."""
     where: list[str] = []
     params: list[Any] = []
+    if after_id is not None:
+        # (an index on engine, kind... is ordered by id within each value too: a range there)
+        where.append("id > ?")
+        params.append(after_id)
     for column, value in (("request_id", request_id), ("engine_id", engine_id), ("tenant", tenant)):
         if value is not None:
             where.append(f"{column} = ?")
@@ -138,6 +144,18 @@ def _query_by_time(
     parts += [f"SELECT * FROM {table} WHERE {condition}" for table in recent]
     sql = f"SELECT * FROM ({' UNION ALL '.join(parts)})" + order
     return conn.execute(sql, params * len(parts) + tail).fetchall()
+
+
+def newest_id(path: str | os.PathLike[str]) -> int:
+    """The newest row's id (0: none), from the ends of the primary keys: instant."""
+    conn = open_read_only(path)
+    try:
+        ids = [conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0] for table in _tables(conn)]
+    except sqlite3.DatabaseError as exc:
+        raise DecisionLogError(f"{path}: {exc}") from None
+    finally:
+        conn.close()
+    return max((i for i in ids if i is not None), default=0)
 
 
 @dataclass(frozen=True)

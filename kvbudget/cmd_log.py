@@ -5,8 +5,11 @@
     kvbudget log --engine vllm-0 --json | jq .     JSON lines, one decision per line
     kvbudget log --since 2026-11-29T08:00Z --csv   CSV with a header row
     kvbudget log --disk-usage                      how big the log is, how far back it reaches
+    kvbudget log -f --kind preempt                 the last 10 preemptions, then each new one
 
 Rows are printed oldest first; `--limit` keeps the newest N that match (0: all).
+`-f` (like journalctl -f) prints the newest 10 that match, then follows the file, printing
+new matching decisions as the daemon commits them, until Ctrl-C.
 Times are unix seconds, ISO 8601 (naive means local time, like journalctl), or relative
 to now (`30s`, `10m`, `2h`, `1d`).
 """
@@ -42,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", metavar="KIND", help=f"only this kind: {', '.join(KINDS)}")
     parser.add_argument("--since", metavar="TIME", help="from this time on (unix s, ISO 8601, or 10m / 2h / 1d ago)")
     parser.add_argument("--until", metavar="TIME", help="before this time (same forms as --since)")
-    parser.add_argument("--limit", metavar="N", default="100", help="newest N matching rows (default 100; 0: all)")
+    parser.add_argument("--limit", metavar="N", help="newest N matching rows (default 100, 10 with -f; 0: all)")
+    parser.add_argument("-f", "--follow", action="store_true",
+                        help="then print new matching decisions as they are committed, until Ctrl-C")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="JSON lines: one object per decision")
     output.add_argument("--csv", action="store_true", help="CSV with a header row")
@@ -83,7 +88,7 @@ def _parse_limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.daemon.decision_query import query_decisions
+    from kvbudget.daemon.decision_query import newest_id, query_decisions
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     if args.disk_usage:
@@ -95,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until, option="--until", now=now) if args.until else None
     if since is not None and until is not None and since >= until:
         raise CLIError("--since must be earlier than --until")
-    limit = _parse_limit(args.limit)
+    if args.follow and until is not None:
+        raise CLIError("--follow: shows decisions as they come; drop --until")
+    limit = _parse_limit(args.limit) if args.limit is not None else (FOLLOW_LIMIT if args.follow else 100)
     try:
+        # (taken first: a row committed meanwhile is in the query's answer, or matches not)
+        newest = newest_id(args.db) if args.follow else 0
         rows = query_decisions(
             args.db,
             request_id=args.request,
@@ -111,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     except DecisionLogError as exc:
         raise CLIError(str(exc)) from None
     rows.reverse()  # newest N selected; shown oldest first, like a log
+    if args.follow:
+        return _follow(args, rows, after_id=max([newest, *(row["id"] for row in rows)]))
     if args.json:
         _print_json_lines(rows)
     elif args.csv:
@@ -118,6 +129,40 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(rows, args.db)
     return 0
+
+
+FOLLOW_LIMIT = 10  # journalctl -f's
+FOLLOW_POLL_S = 0.25
+
+
+def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: int) -> int:
+    """Prints `rows`, then, every FOLLOW_POLL_S, the matching rows committed since (by id:
+    the daemon numbers them in commit order), until interrupted (the CLI's Ctrl-C).
+    Reading takes no lock the daemon waits for (WAL readers never block the writer)."""
+    from kvbudget.daemon.decision_query import query_decisions
+    from kvbudget.daemon.decision_schema import DecisionLogError
+
+    first = True
+    while True:
+        if rows or first:
+            if args.json:
+                _print_json_lines(rows)
+            elif args.csv:
+                _print_csv(rows, header=first)
+            else:
+                _print_table(rows, args.db, following=True, header=first)
+            sys.stdout.flush()  # (a pipe would otherwise hold them back)
+            first = False
+        time.sleep(FOLLOW_POLL_S)
+        try:
+            rows = query_decisions(
+                args.db, request_id=args.request, engine_id=args.engine, tenant=args.tenant, kind=args.kind,
+                limit=None, newest_first=False, after_id=after_id,
+            )
+        except DecisionLogError as exc:
+            raise CLIError(str(exc)) from None
+        if rows:
+            after_id = rows[-1]["id"]
 
 
 _FILTERS = ("request", "engine", "tenant", "kind", "since", "until")
@@ -131,8 +176,9 @@ def _disk_usage(args: argparse.Namespace) -> int:
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     given = [f"--{name}" for name in _FILTERS if getattr(args, name) is not None]
-    if given or args.csv:
-        raise CLIError(f"--disk-usage: describes the whole log; drop {', '.join(given or ['--csv'])}")
+    given += ["--csv"] * args.csv + ["--follow"] * args.follow
+    if given:
+        raise CLIError(f"--disk-usage: describes the whole log; drop {', '.join(given)}")
     try:
         usage = log_usage(args.db)
     except (DecisionLogError, OSError) as exc:
@@ -166,11 +212,12 @@ def _print_json_lines(rows: list[dict[str, Any]]) -> None:
         out.write(json.dumps(row, separators=(",", ":")) + "\n")
 
 
-def _print_csv(rows: list[dict[str, Any]]) -> None:
+def _print_csv(rows: list[dict[str, Any]], *, header: bool = True) -> None:
     from kvbudget.daemon.decision_schema import COLUMNS, JSON_FIELDS
 
     writer = csv.writer(sys.stdout, lineterminator="\n")
-    writer.writerow(["id", *COLUMNS])
+    if header:
+        writer.writerow(["id", *COLUMNS])
     for row in rows:
         writer.writerow(
             [json.dumps(row[c], separators=(",", ":")) if c in JSON_FIELDS else row[c] for c in ("id", *COLUMNS)]
@@ -181,7 +228,18 @@ def _format_time(unix_s: float) -> str:
     return datetime.fromtimestamp(unix_s).isoformat(sep=" ", timespec="milliseconds")
 
 
-def _print_table(rows: list[dict[str, Any]], db: str) -> None:
+# (name, justify, width when following: every batch then lines up under the one header)
+_TABLE_COLUMNS = (
+    ("time", "left", 23), ("seq", "right", 7), ("kind", "left", 7), ("reason", "left", 14),
+    ("request", "left", 20), ("engine", "left", 12), ("tenant", "left", 10), ("tokens", "right", 11),
+    ("held", "right", 9), ("+new/-freed", "right", 11), ("free", "right", 6), ("run/wait", "right", 8),
+    ("detail", "left", None),
+)
+
+
+def _print_table(rows: list[dict[str, Any]], db: str, *, following: bool = False, header: bool = True) -> None:
+    """A table, with a count under it; following, batch after batch in fixed widths, the
+    header over the first only."""
     from rich.console import Console
     from rich.table import Table
 
@@ -189,17 +247,16 @@ def _print_table(rows: list[dict[str, Any]], db: str) -> None:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=200)  # piped: 80 columns would fold every cell
     if not rows:
-        console.print(f"no matching decisions in {db}")
+        if following:
+            console.print(f"following {db}: no matching decisions yet", style="dim")
+        else:
+            console.print(f"no matching decisions in {db}")
         return
-    table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    for name, justify in (
-        ("time", "left"), ("seq", "right"), ("kind", "left"), ("reason", "left"), ("request", "left"),
-        ("engine", "left"), ("tenant", "left"), ("tokens", "right"), ("held", "right"),
-        ("+new/-freed", "right"), ("free", "right"), ("run/wait", "right"), ("detail", "left"),
-    ):
+    table = Table(show_edge=False, header_style="bold", pad_edge=False, show_header=header)
+    for name, justify, width in _TABLE_COLUMNS:
         wraps = name == "detail"
         table.add_column(name, justify=justify, overflow="fold" if wraps else "ellipsis",  # type: ignore[arg-type]
-                         no_wrap=not wraps)
+                         no_wrap=not wraps, width=width if following else None)
     for row in rows:
         new_blocks = sum(len(ids) for ids in row["new_block_ids"])
         table.add_row(
@@ -218,4 +275,5 @@ def _print_table(rows: list[dict[str, Any]], db: str) -> None:
             row["detail"],
         )
     console.print(table)
-    console.print(f"{len(rows)} decision(s) from {db}", style="dim")
+    if not following:
+        console.print(f"{len(rows)} decision(s) from {db}", style="dim")

@@ -139,6 +139,7 @@ def test_parse_time_forms() -> None:
         (["--limit", "-1"], "--limit: must be 0 (all) or more"),
         (["--limit", "ten"], "--limit: expected a whole number"),
         (["--since", "2026-01-02T00:00:00Z", "--until", "2026-01-01T00:00:00Z"], "--since must be earlier"),
+        (["-f", "--until", "1h"], "--follow: shows decisions as they come; drop --until"),
     ],
 )
 def test_bad_options_are_one_line_errors(db: Path, args: list[str], message: str) -> None:
@@ -229,6 +230,7 @@ def test_disk_usage_of_an_empty_log(tmp_path: Path) -> None:
         (["--disk-usage", "--kind", "admit"], "--disk-usage: describes the whole log; drop --kind"),
         (["--disk-usage", "--request", "r1", "--since", "1h"], "drop --request, --since"),
         (["--disk-usage", "--csv"], "drop --csv"),
+        (["--disk-usage", "--follow"], "drop --follow"),
     ],
 )
 def test_disk_usage_takes_no_filters(db: Path, args: list[str], message: str) -> None:
