@@ -67,6 +67,11 @@ class Authorizer:
         self._tokens = [(token.encode(), Role(role)) for token, role in (tokens or {}).items()]
         self._trust_tcp = trust_tcp
 
+    def replace_tokens(self, tokens: Mapping[str, str]) -> None:
+        """New tokens from now on (a reload); calls already let in keep going. One
+        assignment, so a call checks against the old table or the new, never a mix."""
+        self._tokens = [(token.encode(), Role(role)) for token, role in tokens.items()]
+
     @property
     def trusts_everyone(self) -> bool:
         """Every caller gets full access (no tokens): `require` never refuses."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 
 def notify(message: str) -> bool:
@@ -35,6 +36,11 @@ def ready(status_text: str | None = None) -> bool:
 
 def stopping(status_text: str | None = None) -> bool:
     return notify("STOPPING=1" + (f"\nSTATUS={_one_line(status_text)}" if status_text else ""))
+
+
+def reloading() -> bool:
+    """A reload begins (READY=1 says it ended); MONOTONIC_USEC as Type=notify-reload wants."""
+    return notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
 
 
 def status(text: str) -> bool:

@@ -109,10 +109,16 @@ class Daemon:
     def __init__(
         self, config: DaemonConfig, *, core_options: CoreOptions | None = None,
         on_ready: Callable[[], None] | None = None,
+        reload_config: Callable[[], DaemonConfig] | None = None,
     ) -> None:
         """`on_ready` runs once start-up is done, just before READY=1 (the CLI settles
-        the heap there: interpreter.settle_heap)."""
+        the heap there: interpreter.settle_heap). `reload_config` loads the config again
+        on SIGHUP (raising ConfigError / OSError); without it a SIGHUP changes nothing."""
         self.config = config
+        self._reload_config = reload_config
+        self._reloads: set[asyncio.Task] = set()
+        self._reload_lock = asyncio.Lock()
+        self._auth: Authorizer | None = None
         self.core_options = core_options or CoreOptions()
         self._on_ready = on_ready
         self.tokens = load_tokens(config.tokens_file) if config.tokens_file else {}
@@ -158,7 +164,7 @@ class Daemon:
             ]
         )
         # TCP without a tokens file is trusted: only TLS-only or allow_insecure_tcp get here.
-        auth = Authorizer(self.tokens or None, trust_tcp=not self.tokens)
+        auth = self._auth = Authorizer(self.tokens or None, trust_tcp=not self.tokens)
         engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core, auth), server)
         observer_pb2_grpc.add_ObserverServiceServicer_to_server(
             ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server
@@ -202,6 +208,55 @@ class Daemon:
     # ------------------------------------------------------------------ run
     def request_stop(self) -> None:
         self._stop.set()
+
+    def request_reload(self) -> None:
+        reload = asyncio.ensure_future(self._reload())
+        self._reloads.add(reload)  # (a task nobody holds may be collected mid-run)
+        reload.add_done_callback(self._reloads.discard)
+
+    async def _reload(self) -> None:
+        """SIGHUP: read the config again and apply what may change live (daemon/reload.py)."""
+        from kvbudget.daemon.config import ConfigError
+        from kvbudget.daemon.reload import plan_reload, tenant_updates
+
+        core = self._core
+        if core is None or self._stop.is_set():
+            log.warning("reload: not serving yet (or stopping); SIGHUP ignored")
+            return
+        if self._reload_config is None:
+            log.warning("reload: this daemon was started without a config to read again; nothing changed")
+            return
+        async with self._reload_lock:  # (two SIGHUPs in a row: one after the other)
+            sdnotify.reloading()
+            try:
+                plan = plan_reload(self.config, self._reload_config())
+            except (ConfigError, OSError) as exc:
+                log.error("reload failed, nothing changed: %s", exc)
+                sdnotify.ready("reload failed, still running the previous config")
+                return
+            running, target = self.config, plan.config
+            if target.policy != running.policy:
+                try:
+                    await core.record(core.set_policy(target.policy))
+                except Exception as exc:  # applied; its POLICY decision waits to be written
+                    log.error("reload: policy %s: decision log: %s", target.policy, exc)
+            for tenant, max_share, weight in tenant_updates(running, target):
+                core.controller.set_tenant_quota(tenant, max_share, weight)
+            core.log.retention_s = target.retention_s  # (read by the writer at each pass)
+            core.log.max_rows = target.retention_rows
+            core.log.max_bytes = target.retention_bytes
+            core.sessions.default_ttl_s = target.lease_ttl_s  # new sessions; open ones keep theirs
+            if plan.tokens is not None and self._auth is not None:
+                self._auth.replace_tokens(plan.tokens)
+                self.tokens = plan.tokens
+            self.config = target
+            log.info("reloaded: %s", "; ".join(plan.changes) or "nothing changed")
+            if plan.at_restart:
+                log.warning("reload: %s changed; that takes a restart (systemctl restart kvbudget)",
+                            ", ".join(plan.at_restart))
+            if target.retention_max_bytes != running.retention_max_bytes:
+                _warn_if_the_log_outgrows_its_disk(core.log.figures(), target.db_path)
+            sdnotify.ready("reloaded")
 
     def _log_writer_stopped(self, why: str) -> None:
         """The decision log can commit nothing more, so nothing can be decided: stop (the
@@ -326,6 +381,7 @@ class Daemon:
         server = self._build_server(core, health)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)  # systemctl reload
         await server.start()
         stack.callback(self._remove_sockets)
         stack.push_async_callback(server.stop, 0)  # no-op after the graceful stop

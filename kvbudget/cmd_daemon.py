@@ -3,6 +3,8 @@
 Every config key has a flag of the same name (`--num-gpu-blocks` for `pool.num_gpu_blocks`,
 `--db-path` for `log.db_path`, ...); flags win over the `--config` file. With neither a GPU
 nor an explicit size, pass `--num-gpu-blocks` or `--kv-cache-memory-bytes`.
+SIGHUP (`systemctl reload kvbudget`) reads the `--config` file again and applies what can
+change live (daemon/reload.py).
 
   kvbudget daemon --model llama-3.1-8b --num-gpu-blocks 4096 \\
       --listen unix:kvbudget.sock --db-path decisions.db --memory-mode accounting
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -84,16 +87,23 @@ def _tenants(values: list[str] | None) -> dict[str, dict[str, float]] | None:
     return tenants
 
 
-def load(args: argparse.Namespace):
-    from kvbudget.daemon.config import ConfigError, DaemonConfig, load_config
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The flags given, as config fields (None: not given, the file or the default rules)."""
+    from kvbudget.daemon.config import DaemonConfig
 
     overrides: dict[str, object] = {
         f.name: getattr(args, f.name, None) for f in dataclasses.fields(DaemonConfig) if f.name not in _SPECIAL
     }
     overrides["listen"] = tuple(args.listen) if args.listen else None
     overrides["tenants"] = _tenants(args.tenant)
+    return overrides
+
+
+def load(args: argparse.Namespace):
+    from kvbudget.daemon.config import ConfigError, load_config
+
     try:
-        return load_config(args.config, overrides)
+        return load_config(args.config, _overrides(args))
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
     except OSError as exc:
@@ -108,7 +118,11 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.daemon import interpreter
     from kvbudget.daemon.server import Daemon, StartupError
 
-    daemon = Daemon(config, on_ready=_settle_heap)
+    from kvbudget.daemon.config import load_config
+
+    # SIGHUP reads the file again, the flags still over it (they were given once, at start).
+    daemon = Daemon(config, on_ready=_settle_heap,
+                    reload_config=functools.partial(load_config, args.config, _overrides(args)))
     if args.check_config:
         from kvbudget.daemon.pool_setup import PoolSetupError, setup_pool
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,11 @@ def test_messages_reach_the_socket(notify_socket: socket.socket) -> None:
     assert received(notify_socket) == "STOPPING=1"
     assert sdnotify.extend_timeout(2.5) is True
     assert received(notify_socket) == "EXTEND_TIMEOUT_USEC=2500000"
+    before_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    assert sdnotify.reloading() is True
+    head, stamp = received(notify_socket).split("\n")
+    assert head == "RELOADING=1" and stamp.startswith("MONOTONIC_USEC=")
+    assert before_us <= int(stamp.removeprefix("MONOTONIC_USEC=")) <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
 
 
 def test_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,8 @@ def runnable_copy(tmp_path: Path) -> Path:
     stand_in = Path(sys.executable).resolve()
     swapped, count = re.subn(r"^ExecStart=\S+", f"ExecStart={stand_in}", text, flags=re.M)
     assert count == 1, "the unit must have exactly one ExecStart="
+    if not Path("/bin/kill").exists():  # (procps is not on every image; systemd hosts have it)
+        swapped = swapped.replace("ExecReload=/bin/kill", f"ExecReload={stand_in}")
     copy = tmp_path / UNIT.name
     copy.write_text(swapped)
     return copy
@@ -72,6 +74,12 @@ def require(tool: str) -> str:
 
 
 # ------------------------------------------------------------------ systemd's own judgement
+
+
+def test_reload_is_a_sighup_to_the_daemon() -> None:
+    unit = unit_settings(UNIT.read_text())
+    assert unit["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # the daemon reads its config again
+    assert unit["NotifyAccess"] == ["main"]  # RELOADING=1 / READY=1 come from the daemon itself
 
 
 def test_verify_prints_nothing(tmp_path: Path) -> None:

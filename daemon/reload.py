@@ -1,0 +1,97 @@
+"""`systemctl reload kvbudget` (SIGHUP): the config read again, what can change live applied.
+
+Live: the admission `policy`, `[tenants.NAME]` quotas and weights, the log's retention
+(`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
+sessions, `drain_timeout_s`, and the tokens file's contents (rotate a token without a
+restart). Everything else shaped what was built at start (the pool and its memory, the
+model, the sockets and TLS, the log's file, metrics, the admission parameters): a change
+there is reported and waits for the next restart.
+
+A reload applies what changed in the file since the daemon started (or last reloaded), so
+a policy or quota set live over AdminService stays unless the file's own value for it
+changes. A file that no longer loads changes nothing: the daemon goes on as it was, and
+the journal says why (like `nginx -s reload`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvbudget.daemon.config import DaemonConfig, TenantQuota, load_tokens
+
+LIVE_KEYS = (
+    "policy", "tenants", "retention_days", "retention_max_rows", "retention_max_bytes", "lease_ttl_s",
+    "drain_timeout_s", "tokens_file",
+)
+
+
+@dataclass(frozen=True)
+class ReloadPlan:
+    """What a reload would do: the running config after it, the changes in words, the
+    keys that changed but wait for a restart, and the tokens to serve with (None: as now)."""
+
+    config: DaemonConfig
+    changes: tuple[str, ...]
+    at_restart: tuple[str, ...]
+    tokens: dict[str, str] | None
+
+
+def plan_reload(running: DaemonConfig, loaded: DaemonConfig) -> ReloadPlan:
+    """Compares the config the daemon runs with the one just loaded. Raises ConfigError /
+    OSError (a tokens file that cannot be read): then nothing is to change."""
+    live: dict[str, object] = {}
+    changes: list[str] = []
+    at_restart: list[str] = []
+    tokens: dict[str, str] | None = None
+    for f in dataclasses.fields(DaemonConfig):
+        before, after = getattr(running, f.name), getattr(loaded, f.name)
+        if f.name == "tokens_file":
+            if bool(before) != bool(after):
+                at_restart.append(f.name)  # with tokens or without: TCP trusts callers or not
+            elif after:
+                tokens = load_tokens(after)  # the file's contents may have changed, not its name
+                changes.append(f"tokens from {after}: {len(tokens)}")
+                live[f.name] = after
+            continue
+        if before == after:
+            continue
+        if f.name not in LIVE_KEYS:
+            at_restart.append(f.name)
+            continue
+        live[f.name] = after
+        if f.name == "tenants":
+            changes.extend(_tenant_changes(before, after))
+        else:
+            changes.append(f"{f.name} {_shown(before)} -> {_shown(after)}")
+    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), tokens)  # type: ignore[arg-type]
+
+
+def tenant_updates(running: DaemonConfig, target: DaemonConfig) -> list[tuple[str, float | None, float]]:
+    """(tenant, max_share or None, weight) to set so the quotas become `target`'s: a tenant
+    the file no longer names loses its quota."""
+    updates = [(name, q.max_share, q.weight) for name, q in target.tenants.items()
+               if running.tenants.get(name) != q]
+    updates += [(name, None, 1.0) for name in running.tenants if name not in target.tenants]
+    return updates
+
+
+def _tenant_changes(before: dict[str, TenantQuota], after: dict[str, TenantQuota]) -> list[str]:
+    changes = []
+    for name in sorted({*before, *after}):
+        old, new = before.get(name), after.get(name)
+        if old == new:
+            continue
+        changes.append(f"tenant {name} {_quota(old)} -> {_quota(new)}")
+    return changes
+
+
+def _quota(quota: TenantQuota | None) -> str:
+    if quota is None:
+        return "(none)"
+    share = "none" if quota.max_share is None else f"{quota.max_share:g}"
+    return f"max_share {share} weight {quota.weight:g}"
+
+
+def _shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

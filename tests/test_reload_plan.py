@@ -1,0 +1,67 @@
+"""What a reload changes live and what waits for a restart (daemon/reload.py), in process."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
+from kvbudget.daemon.reload import plan_reload, tenant_updates
+
+BASE = DaemonConfig(model="llama-3.1-8b", num_gpu_blocks=65, device="cpu", memory_mode="accounting",
+                    tenants={"team-a": TenantQuota(0.25, 1.0), "team-c": TenantQuota(None, 3.0)})
+
+
+def test_nothing_changed() -> None:
+    plan = plan_reload(BASE, BASE)
+    assert (plan.changes, plan.at_restart, plan.tokens) == ((), (), None)
+    assert plan.config == BASE
+
+
+def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
+    loaded = dataclasses.replace(
+        BASE, policy="guaranteed", retention_days=7.0, retention_max_bytes=2**30, lease_ttl_s=20.0,
+        tenants={"team-a": TenantQuota(0.5, 1.0), "team-b": TenantQuota(0.125, 2.0)},
+        num_gpu_blocks=129, max_queue_len=10, listen=("unix:///elsewhere.sock",),
+    )
+    plan = plan_reload(BASE, loaded)
+    assert plan.changes == (
+        "policy optimistic -> guaranteed",
+        "tenant team-a max_share 0.25 weight 1 -> max_share 0.5 weight 1",
+        "tenant team-b (none) -> max_share 0.125 weight 2",
+        "tenant team-c max_share none weight 3 -> (none)",
+        "lease_ttl_s 10 -> 20",
+        "retention_days 30 -> 7",
+        f"retention_max_bytes {10 * 2**30} -> {2**30}",
+    )
+    assert plan.at_restart == ("num_gpu_blocks", "max_queue_len", "listen")
+    # The running config after it: the live keys new, the others as they run now.
+    assert (plan.config.policy, plan.config.retention_days, plan.config.lease_ttl_s) == ("guaranteed", 7.0, 20.0)
+    assert (plan.config.num_gpu_blocks, plan.config.max_queue_len, plan.config.listen) == (
+        65, 0, BASE.listen)
+    assert tenant_updates(BASE, plan.config) == [("team-a", 0.5, 1.0), ("team-b", 0.125, 2.0), ("team-c", None, 1.0)]
+    # Reloading the same file again reports the restart keys again, and nothing else.
+    again = plan_reload(plan.config, loaded)
+    assert (again.changes, again.at_restart) == ((), ("num_gpu_blocks", "max_queue_len", "listen"))
+
+
+def test_the_tokens_file_is_read_again_each_reload(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('engine = ["engine-token-123"]\n')
+    running = dataclasses.replace(BASE, tokens_file=str(tokens))
+    tokens.write_text('engine = ["engine-token-456"]\nadmin = ["admin-token-789"]\n')
+    plan = plan_reload(running, running)  # the same name, new contents
+    assert plan.tokens == {"engine-token-456": "engine", "admin-token-789": "admin"}
+    assert plan.changes == (f"tokens from {tokens}: 2",)
+    # A file that no longer reads fails the whole reload (the caller changes nothing).
+    tokens.write_text('engine = ["short"]\n')
+    with pytest.raises(ConfigError, match=r"engine\[0\]: a token must be at least"):
+        plan_reload(running, running)
+
+
+def test_tokens_on_or_off_is_a_restart() -> None:
+    # Without a tokens file TCP callers are trusted (TLS-only setups): that mode is set at start.
+    plan = plan_reload(BASE, dataclasses.replace(BASE, tokens_file="/etc/kvbudget/tokens.toml"))
+    assert (plan.changes, plan.at_restart, plan.tokens) == ((), ("tokens_file",), None)

@@ -1,0 +1,109 @@
+"""SIGHUP (`systemctl reload kvbudget`) on a real daemon: the config file read again."""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+import grpc
+import pytest
+
+from kvbudget.client import ObserverClient
+from kvbudget.daemon import convert
+from kvbudget.v1 import observer_pb2, observer_pb2_grpc
+
+from daemon_harness import DaemonProcess, await_until, wait_until
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+[admission]
+policy = "{policy}"
+max_queue_len = {max_queue_len}
+
+[tenants.team-a]
+max_share = {share_a}
+{team_b}
+[log]
+retention_max_bytes = {max_bytes}
+"""
+
+
+def write_config(path, *, policy="optimistic", share_a=0.25, team_b="", max_bytes=10 * 2**30, max_queue_len=0):
+    path.write_text(CONFIG.format(policy=policy, share_a=share_a, team_b=team_b, max_bytes=max_bytes,
+                                  max_queue_len=max_queue_len))
+
+
+async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path) -> None:
+    config = tmp_path / "kvbudget.toml"
+    write_config(config)
+    with DaemonProcess(tmp_path, "--config", str(config)) as daemon:
+        async with ObserverClient(daemon.target) as observer:
+            before = await observer.snapshot()
+            assert {t.tenant: t.quota_blocks for t in before.tenants} == {"team-a": 16}  # 0.25 x 64
+            write_config(config, policy="guaranteed", share_a=0.5, max_bytes=2 * 2**20, max_queue_len=5,
+                         team_b="[tenants.team-b]\nmax_share = 0.125\nweight = 2\n")
+            daemon.signal(signal.SIGHUP)
+
+            async def reloaded():
+                return "reloaded:" in daemon.stderr()
+
+            await await_until(reloaded)
+            after = await observer.snapshot()
+            assert convert.policy_from_proto(after.policy) == "guaranteed"
+            assert {t.tenant: (t.quota_blocks, t.weight) for t in after.tenants} == {
+                "team-a": (32, 1.0), "team-b": (8, 2.0)}  # 0.5 x 64, 0.125 x 64
+            assert after.decision_log.max_bytes == 2 * 2**20
+            stderr = daemon.stderr()
+            assert (
+                "INFO: reloaded: policy optimistic -> guaranteed; tenant team-a max_share 0.25 weight 1 -> "
+                "max_share 0.5 weight 1; tenant team-b (none) -> max_share 0.125 weight 2; "
+                f"retention_max_bytes {10 * 2**30} -> {2 * 2**20}"
+            ) in stderr
+            assert "WARNING: reload: max_queue_len changed; that takes a restart" in stderr
+            # The switch is a decision like any other, in the log.
+            policy_rows = daemon.decision_rows("kind = 'policy'")
+            assert [r["detail"] for r in policy_rows] == ["optimistic -> guaranteed"]
+
+            # A file that no longer loads changes nothing; the daemon goes on.
+            config.write_text('[admission]\npolicy = "bogus"\n')
+            daemon.signal(signal.SIGHUP)
+
+            async def refused():
+                return "reload failed, nothing changed" in daemon.stderr()
+
+            await await_until(refused)
+            assert "policy" in daemon.stderr().split("reload failed, nothing changed: ")[1].splitlines()[0]
+            still = await observer.snapshot()
+            assert still.policy == after.policy and len(still.tenants) == 2
+    assert daemon.process.returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sighup_reads_the_tokens_file_again(tmp_path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('observer = ["observer-token-old"]\n')
+    address = f"127.0.0.1:{_free_port()}"
+    with DaemonProcess(tmp_path, "--tokens-file", str(tokens),
+                       listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
+        with grpc.insecure_channel(address) as channel:
+            stub = observer_pb2_grpc.ObserverServiceStub(channel)
+
+            def snapshot_with(token: str):
+                return stub.GetSnapshot(observer_pb2.GetSnapshotRequest(), timeout=10,
+                                        metadata=(("authorization", f"Bearer {token}"),))
+
+            snapshot_with("observer-token-old")
+            tokens.write_text('observer = ["observer-token-new"]\n')  # rotated
+            daemon.signal(signal.SIGHUP)
+            wait_until(lambda: "reloaded:" in daemon.stderr())
+            assert f"reloaded: tokens from {tokens}: 1" in daemon.stderr()
+            snapshot_with("observer-token-new")
+            with pytest.raises(grpc.RpcError) as old:
+                snapshot_with("observer-token-old")
+            assert old.value.code() == grpc.StatusCode.UNAUTHENTICATED
