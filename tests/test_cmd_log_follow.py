@@ -36,6 +36,9 @@ class Follower:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kvbudget", "log", "--db", str(db), "-f", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            # A shell's background job ignores SIGINT, and its children inherit that (then
+            # Python installs no KeyboardInterrupt): give this one Ctrl-C as a terminal would.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
