@@ -46,6 +46,7 @@ requests returning).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -345,6 +346,16 @@ class AdmissionController:
         account.max_share = max_share or None
         account.weight = weight
         self._dirty = True
+        self._epoch += 1
+
+    def retune_queue(self, *, max_queue_len: int, backfill_depth: int, max_head_wait_s: float) -> None:
+        """The waiting queue's bounds, live (a config reload). They are read on each submit
+        and queue pass; requests already waiting stay, even past a lower max_queue_len."""
+        config = dataclasses.replace(self.config, max_queue_len=max_queue_len, backfill_depth=backfill_depth,
+                                     max_head_wait_s=max_head_wait_s)
+        config.validate()
+        self.config = config
+        self._dirty = True  # a deeper backfill or a longer head wait may admit at once
         self._epoch += 1
 
     def snapshot(self, now: float) -> Snapshot:

@@ -3,7 +3,9 @@ tenant quotas and weighted fair share."""
 
 from __future__ import annotations
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
+import pytest
+
+from kvbudget.daemon.admission import AdmissionConfig, AdmissionController, AdmissionError
 from kvbudget.daemon.records import DecisionKind, RequestSpec
 
 from test_admission_support import SMALL_LAYOUTS, kinds
@@ -113,6 +115,20 @@ def test_queue_full_rejects_but_a_fitting_request_is_still_admitted():
     assert kinds(ctrl.submit(req("fits", 1), 0.0)) == [("admit", "fits", "fits")]
     assert ctrl.snapshot(0.0).rejections_by_reason == {"queue_full": 1}
     ctrl.check_integrity()
+
+
+def test_retune_queue_changes_the_bound_live_and_keeps_who_waits():
+    ctrl = make(max_queue_len=0)
+    ctrl.submit(req("run", 7), 0.0)
+    for rid in ("w1", "w2", "w3"):
+        assert kinds(ctrl.submit(req(rid, 2), 0.0)) == [("queue", "pool_full", rid)]
+    ctrl.retune_queue(max_queue_len=2, backfill_depth=16, max_head_wait_s=30.0)  # a reload lowers it
+    assert kinds(ctrl.submit(req("w4", 2), 0.0)) == [("reject", "queue_full", "w4")]
+    assert [r.request_id for r in ctrl.waiting_requests()] == ["w1", "w2", "w3"]  # nobody dropped
+    ctrl.check_integrity()
+    with pytest.raises(AdmissionError, match="max_queue_len: must not be negative"):
+        ctrl.retune_queue(max_queue_len=-1, backfill_depth=16, max_head_wait_s=30.0)
+    assert ctrl.config.max_queue_len == 2  # the refused one changed nothing
 
 
 def test_deadline_passed_while_waiting_is_rejected_in_schedule():

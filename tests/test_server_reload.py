@@ -20,6 +20,7 @@ CONFIG = """
 [admission]
 policy = "{policy}"
 max_queue_len = {max_queue_len}
+watermark = {watermark}
 
 [tenants.team-a]
 max_share = {share_a}
@@ -29,9 +30,10 @@ retention_max_bytes = {max_bytes}
 """
 
 
-def write_config(path, *, policy="optimistic", share_a=0.25, team_b="", max_bytes=10 * 2**30, max_queue_len=0):
+def write_config(path, *, policy="optimistic", share_a=0.25, team_b="", max_bytes=10 * 2**30, max_queue_len=0,
+                 watermark=0.01):
     path.write_text(CONFIG.format(policy=policy, share_a=share_a, team_b=team_b, max_bytes=max_bytes,
-                                  max_queue_len=max_queue_len))
+                                  max_queue_len=max_queue_len, watermark=watermark))
 
 
 async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path) -> None:
@@ -42,7 +44,7 @@ async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path)
             before = await observer.snapshot()
             assert {t.tenant: t.quota_blocks for t in before.tenants} == {"team-a": 16}  # 0.25 x 64
             write_config(config, policy="guaranteed", share_a=0.5, max_bytes=2 * 2**20, max_queue_len=5,
-                         team_b="[tenants.team-b]\nmax_share = 0.125\nweight = 2\n")
+                         watermark=0.05, team_b="[tenants.team-b]\nmax_share = 0.125\nweight = 2\n")
             daemon.signal(signal.SIGHUP)
 
             async def reloaded():
@@ -56,11 +58,11 @@ async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path)
             assert after.decision_log.max_bytes == 2 * 2**20
             stderr = daemon.stderr()
             assert (
-                "INFO: reloaded: policy optimistic -> guaranteed; tenant team-a max_share 0.25 weight 1 -> "
+                "INFO: reloaded: policy optimistic -> guaranteed; max_queue_len 0 -> 5; tenant team-a max_share 0.25 weight 1 -> "
                 "max_share 0.5 weight 1; tenant team-b (none) -> max_share 0.125 weight 2; "
                 f"retention_max_bytes {10 * 2**30} -> {2 * 2**20}"
             ) in stderr
-            assert "WARNING: reload: max_queue_len changed; that takes a restart" in stderr
+            assert "WARNING: reload: watermark changed; that takes a restart" in stderr
             # The switch is a decision like any other, in the log.
             policy_rows = daemon.decision_rows("kind = 'policy'")
             assert [r["detail"] for r in policy_rows] == ["optimistic -> guaranteed"]
