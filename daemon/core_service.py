@@ -90,6 +90,7 @@ class CoreService:
             asyncio.Queue()
         )
         self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()  # set by stop(): the dispatcher waits no longer for a failed write
         self._snapshot_cache: tuple[float, common_pb2.Snapshot] | None = None
         self._resolved_future: asyncio.Future | None = None
 
@@ -110,10 +111,16 @@ class CoreService:
         ticker = self._tasks[1]
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
+        if self.log.num_unwritten:
+            await asyncio.to_thread(self.log.write_unwritten)  # a last try: the disk may have room now
+        self._stopping.set()  # (a batch still unwritten then is not waited for: see close())
         await self._dispatch.put(None)
         await asyncio.gather(self._tasks[0], return_exceptions=True)
         self._tasks = []
-        await asyncio.to_thread(self.log.flush)
+        try:
+            await asyncio.to_thread(self.log.flush)
+        except DecisionLogError as exc:  # decisions still unwritten: close() says how many are lost
+            log.error("decision log: %s", exc)
 
     @property
     def gpu(self) -> object | None:
@@ -186,17 +193,8 @@ class CoreService:
             except Exception:
                 pass  # read below
             failure = None if committed.cancelled() else committed.exception()
-            if isinstance(failure, UnwrittenError):
-                # The caller was told "not committed"; the decisions stand in the pool and
-                # go first in the next write that works: they are heard of then, in order
-                # (later batches queue behind this one, and are written no earlier).
-                try:
-                    await asyncio.wrap_future(failure.written)
-                    committed = self._resolved()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    pass  # the log closed with them unwritten: reported below
+            if isinstance(failure, UnwrittenError) and await self._written_in_time(failure):
+                committed = self._resolved()
             if committed.cancelled() or committed.exception() is not None:
                 # The caller reports a failure; nothing was promised, nothing is published.
                 log.error("decision log commit failed (%s); %d decisions not published",
@@ -206,6 +204,22 @@ class CoreService:
                 self._publish(decisions, origin_engine, started)
             except Exception:  # a broken watcher or metric must not stop the others
                 log.exception("publishing decisions failed")
+
+    async def _written_in_time(self, failure: UnwrittenError) -> bool:
+        """Waits until the decisions of a failed write are written after all (True), or
+        the daemon stops first (False). The caller was told "not committed"; they stand in
+        the pool and go first in the next write that works, so they are heard of then, in
+        order (later batches queue behind this one, and are written no earlier)."""
+        written = asyncio.wrap_future(failure.written)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((written, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not written.done():
+            written.cancel()  # stopping, still unwritten: the log says at close they are lost
+            return False
+        return not written.cancelled() and written.exception() is None
 
     def _publish(self, decisions: list[Decision], origin_engine: str, started: float | None) -> None:
         of_engine = self.sessions.of_engine

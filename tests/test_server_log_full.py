@@ -9,6 +9,7 @@ shipped, over its unix socket.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import textwrap
@@ -183,3 +184,27 @@ async def test_a_really_full_disk_fails_a_write_and_the_daemon_resumes_once_ther
         rows = daemon.decision_rows()
         assert [r["request_id"] for r in rows] == ["a", *(f"b{i}" for i in range(100))]
         await engine.close()
+
+
+async def test_a_daemon_stopped_while_its_log_cannot_write_stops_and_says_what_is_lost(tmp_path) -> None:
+    flag = tmp_path / "disk-is-full"
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "2049", env={"KVBUDGET_TEST_DISK_FULL": str(flag)})
+    daemon.args[1:3] = ["-c", FULL_DISK_DAEMON]
+    with daemon:
+        engine = EngineClient(daemon.target, "e1", heartbeat=False)
+        await engine.open()
+        await engine.step(submits=[RequestSpec("a", 100, 28)])
+        async with ObserverClient(daemon.target) as observer:
+            stream = observer.watch()
+            await stream.__anext__()  # a watcher, so the kept batch goes to the dispatcher, which waits on it
+            flag.touch()
+            with pytest.raises(grpc.aio.AioRpcError):
+                await engine.step(submits=[RequestSpec(f"b{i}", 1200, 28) for i in range(20)])
+            daemon.signal(signal.SIGTERM)
+            # It stops the usual way, not waiting for a write that cannot happen.
+            assert await asyncio.to_thread(daemon.wait, 60) == 0
+            await stream.aclose()
+    stderr = daemon.stderr()
+    assert "decision log: 20 decisions were never written" in stderr
+    assert "Traceback" not in stderr
+    assert [r["request_id"] for r in daemon.decision_rows()] == ["a"]
