@@ -243,3 +243,21 @@ def test_labelled_children_are_looked_up_once_per_pair_not_per_decision(monkeypa
     assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="fits") == 101.0
     assert value(metrics, "kvbudget_decisions_total", kind="preempt", reason="growth") == 6.0
     assert value(metrics, "kvbudget_num_preemptions_total", reason="growth") == 6.0
+
+
+def test_every_metric_the_operators_guide_alerts_on_is_exposed() -> None:
+    """The guide's alert rules name real series: a renamed metric would silence an alert."""
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "operators-guide.md").read_text()
+    rules = guide.split("Useful alerts", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    named = set(re.findall(r"\b(kvbudget_[a-z_]+)", rules))
+    assert "kvbudget_decision_log_unwritten_decisions" in named
+    metrics = Metrics()
+    metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
+    metrics.update(snapshot(), FakeGpu(), FakeLog())
+    exposed = {line.split("{")[0].split(" ")[0] for line in metrics.render().decode().splitlines()
+               if line and not line.startswith("#")}
+    assert named <= exposed, named - exposed
+
