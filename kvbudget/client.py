@@ -16,6 +16,9 @@ lapsed), the client opens a new one and raises `SessionLost` from the call that 
 out: the engine's requests are gone on the daemon side and must be submitted again.
 If another process has taken the engine id meanwhile (`replace_existing`), the re-open is
 refused with ALREADY_EXISTS: the client never takes an engine id back by itself.
+A step that fails with UNAVAILABLE "decision log: ..." (the daemon's disk is full) may be
+sent again as it is, with the same arguments: a step the daemon applied gets its reply
+then, one it refused is applied then (docs/engine-integration.md).
 """
 
 from __future__ import annotations
