@@ -348,14 +348,23 @@ class AdmissionController:
         self._dirty = True
         self._epoch += 1
 
-    def retune_queue(self, *, max_queue_len: int, backfill_depth: int, max_head_wait_s: float) -> None:
-        """The waiting queue's bounds, live (a config reload). They are read on each submit
-        and queue pass; requests already waiting stay, even past a lower max_queue_len."""
-        config = dataclasses.replace(self.config, max_queue_len=max_queue_len, backfill_depth=backfill_depth,
-                                     max_head_wait_s=max_head_wait_s)
+    def retune(
+        self, *, max_queue_len: int, backfill_depth: int, max_head_wait_s: float, watermark: float,
+        lookahead_tokens: int, reject_over_quota: bool,
+    ) -> None:
+        """The queue's bounds and the fit test's margins, live (a config reload). Each is
+        read when a request is tried (none is in a memo); what runs or waits stays, even
+        past a lower max_queue_len. Raises AdmissionError, changing nothing."""
+        config = dataclasses.replace(
+            self.config, max_queue_len=max_queue_len, backfill_depth=backfill_depth, max_head_wait_s=max_head_wait_s,
+            watermark=watermark, lookahead_tokens=lookahead_tokens, reject_over_quota=reject_over_quota,
+        )
         config.validate()
         self.config = config
-        self._dirty = True  # a deeper backfill or a longer head wait may admit at once
+        self._fit.watermark_blocks = int(watermark * self.pool.capacity)
+        self._fit.lookahead_tokens = lookahead_tokens
+        self._fit.reject_over_quota = reject_over_quota
+        self._dirty = True  # a deeper backfill, a longer head wait or a lower watermark may admit at once
         self._epoch += 1
 
     def snapshot(self, now: float) -> Snapshot:

@@ -1,12 +1,13 @@
 """`systemctl reload kvbudget` (SIGHUP): the config read again, what can change live applied.
 
-Live: the admission `policy`, the queue's bounds (`max_queue_len`, `backfill_depth`,
+Live: the admission `policy`, the fit test's margins (`watermark`, `lookahead_tokens`,
+`reject_over_quota`), the queue's bounds (`max_queue_len`, `backfill_depth`,
 `max_head_wait_s`), `[tenants.NAME]` quotas and weights, the log's retention
 (`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
 sessions, `drain_timeout_s`, and the tokens file's contents (rotate a token without a
 restart). Everything else shaped what was built at start (the pool and its memory, the
-model, the sockets and TLS, the log's file, metrics, the fit test's parameters such as
-`watermark`): a change there is reported and waits for the next restart.
+model and its block size, `enable_prefix_caching`, the sockets and TLS, the log's file,
+metrics): a change there is reported and waits for the next restart.
 
 A reload applies what changed in the file since the daemon started (or last reloaded), so
 a policy or quota set live over AdminService stays unless the file's own value for it
@@ -21,9 +22,11 @@ from dataclasses import dataclass
 
 from kvbudget.daemon.config import DaemonConfig, TenantQuota, load_tokens
 
-QUEUE_KEYS = ("max_queue_len", "backfill_depth", "max_head_wait_s")  # AdmissionController.retune_queue
+# AdmissionController.retune's keyword arguments, the config's field names
+RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s",
+               "reject_over_quota")
 LIVE_KEYS = (
-    "policy", *QUEUE_KEYS, "tenants", "retention_days", "retention_max_rows", "retention_max_bytes",
+    "policy", *RETUNE_KEYS, "tenants", "retention_days", "retention_max_rows", "retention_max_bytes",
     "lease_ttl_s", "drain_timeout_s", "tokens_file",
 )
 

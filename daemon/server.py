@@ -217,7 +217,7 @@ class Daemon:
     async def _reload(self) -> None:
         """SIGHUP: read the config again and apply what may change live (daemon/reload.py)."""
         from kvbudget.daemon.config import ConfigError
-        from kvbudget.daemon.reload import QUEUE_KEYS, plan_reload, tenant_updates
+        from kvbudget.daemon.reload import RETUNE_KEYS, plan_reload, tenant_updates
 
         core = self._core
         if core is None or self._stop.is_set():
@@ -240,9 +240,8 @@ class Daemon:
                     await core.record(core.set_policy(target.policy))
                 except Exception as exc:  # applied; its POLICY decision waits to be written
                     log.error("reload: policy %s: decision log: %s", target.policy, exc)
-            if any(getattr(target, key) != getattr(running, key) for key in QUEUE_KEYS):
-                core.controller.retune_queue(max_queue_len=target.max_queue_len, backfill_depth=target.backfill_depth,
-                                             max_head_wait_s=target.max_head_wait_s)
+            if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
+                core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
             for tenant, max_share, weight in tenant_updates(running, target):
                 core.controller.set_tenant_quota(tenant, max_share, weight)
             core.log.retention_s = target.retention_s  # (read by the writer at each pass)

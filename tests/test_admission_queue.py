@@ -117,18 +117,33 @@ def test_queue_full_rejects_but_a_fitting_request_is_still_admitted():
     ctrl.check_integrity()
 
 
-def test_retune_queue_changes_the_bound_live_and_keeps_who_waits():
+RETUNED = dict(max_queue_len=0, backfill_depth=16, max_head_wait_s=30.0, watermark=0.0, lookahead_tokens=0,
+               reject_over_quota=False)
+
+
+def test_retune_changes_the_queue_bound_live_and_keeps_who_waits():
     ctrl = make(max_queue_len=0)
     ctrl.submit(req("run", 7), 0.0)
     for rid in ("w1", "w2", "w3"):
         assert kinds(ctrl.submit(req(rid, 2), 0.0)) == [("queue", "pool_full", rid)]
-    ctrl.retune_queue(max_queue_len=2, backfill_depth=16, max_head_wait_s=30.0)  # a reload lowers it
+    ctrl.retune(**{**RETUNED, "max_queue_len": 2})  # a reload lowers it
     assert kinds(ctrl.submit(req("w4", 2), 0.0)) == [("reject", "queue_full", "w4")]
     assert [r.request_id for r in ctrl.waiting_requests()] == ["w1", "w2", "w3"]  # nobody dropped
     ctrl.check_integrity()
     with pytest.raises(AdmissionError, match="max_queue_len: must not be negative"):
-        ctrl.retune_queue(max_queue_len=-1, backfill_depth=16, max_head_wait_s=30.0)
+        ctrl.retune(**{**RETUNED, "max_queue_len": -1})
     assert ctrl.config.max_queue_len == 2  # the refused one changed nothing
+
+
+def test_retune_changes_the_watermark_live():
+    # optimistic keeps watermark x 8 blocks free while something runs: 0.25 -> 2 blocks.
+    ctrl = make(policy="optimistic")
+    assert kinds(ctrl.submit(req("a", 5), 0.0)) == [("admit", "fits", "a")]
+    ctrl.retune(**{**RETUNED, "watermark": 0.25})
+    assert kinds(ctrl.submit(req("b", 2), 0.0))[0][0] == "queue"  # 3 free - 2 < 2 kept: waits
+    ctrl.retune(**RETUNED)  # back to 0: it goes in on the next pass
+    assert [d.request_id for d in ctrl.schedule(1.0) if d.kind is DecisionKind.ADMIT] == ["b"]
+    ctrl.check_integrity()
 
 
 def test_deadline_passed_while_waiting_is_rejected_in_schedule():

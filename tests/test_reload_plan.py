@@ -24,11 +24,13 @@ def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
     loaded = dataclasses.replace(
         BASE, policy="guaranteed", retention_days=7.0, retention_max_bytes=2**30, lease_ttl_s=20.0,
         tenants={"team-a": TenantQuota(0.5, 1.0), "team-b": TenantQuota(0.125, 2.0)},
-        num_gpu_blocks=129, max_queue_len=10, watermark=0.05, listen=("unix:///elsewhere.sock",),
+        num_gpu_blocks=129, max_queue_len=10, watermark=0.05, enable_prefix_caching=False,
+        listen=("unix:///elsewhere.sock",),
     )
     plan = plan_reload(BASE, loaded)
     assert plan.changes == (
         "policy optimistic -> guaranteed",
+        "watermark 0.01 -> 0.05",
         "max_queue_len 0 -> 10",
         "tenant team-a max_share 0.25 weight 1 -> max_share 0.5 weight 1",
         "tenant team-b (none) -> max_share 0.125 weight 2",
@@ -37,15 +39,16 @@ def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
         "retention_days 30 -> 7",
         f"retention_max_bytes {10 * 2**30} -> {2**30}",
     )
-    assert plan.at_restart == ("num_gpu_blocks", "watermark", "listen")
+    assert plan.at_restart == ("num_gpu_blocks", "enable_prefix_caching", "listen")
     # The running config after it: the live keys new, the others as they run now.
     assert (plan.config.policy, plan.config.retention_days, plan.config.lease_ttl_s) == ("guaranteed", 7.0, 20.0)
-    assert (plan.config.num_gpu_blocks, plan.config.watermark, plan.config.listen) == (65, 0.01, BASE.listen)
-    assert plan.config.max_queue_len == 10
+    assert (plan.config.num_gpu_blocks, plan.config.enable_prefix_caching, plan.config.listen) == (
+        65, True, BASE.listen)
+    assert (plan.config.max_queue_len, plan.config.watermark) == (10, 0.05)
     assert tenant_updates(BASE, plan.config) == [("team-a", 0.5, 1.0), ("team-b", 0.125, 2.0), ("team-c", None, 1.0)]
     # Reloading the same file again reports the restart keys again, and nothing else.
     again = plan_reload(plan.config, loaded)
-    assert (again.changes, again.at_restart) == ((), ("num_gpu_blocks", "watermark", "listen"))
+    assert (again.changes, again.at_restart) == ((), ("num_gpu_blocks", "enable_prefix_caching", "listen"))
 
 
 def test_the_tokens_file_is_read_again_each_reload(tmp_path: Path) -> None:

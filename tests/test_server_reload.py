@@ -20,7 +20,7 @@ CONFIG = """
 [admission]
 policy = "{policy}"
 max_queue_len = {max_queue_len}
-watermark = {watermark}
+enable_prefix_caching = {prefix_caching}
 
 [tenants.team-a]
 max_share = {share_a}
@@ -31,9 +31,9 @@ retention_max_bytes = {max_bytes}
 
 
 def write_config(path, *, policy="optimistic", share_a=0.25, team_b="", max_bytes=10 * 2**30, max_queue_len=0,
-                 watermark=0.01):
+                 prefix_caching="true"):
     path.write_text(CONFIG.format(policy=policy, share_a=share_a, team_b=team_b, max_bytes=max_bytes,
-                                  max_queue_len=max_queue_len, watermark=watermark))
+                                  max_queue_len=max_queue_len, prefix_caching=prefix_caching))
 
 
 async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path) -> None:
@@ -44,7 +44,7 @@ async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path)
             before = await observer.snapshot()
             assert {t.tenant: t.quota_blocks for t in before.tenants} == {"team-a": 16}  # 0.25 x 64
             write_config(config, policy="guaranteed", share_a=0.5, max_bytes=2 * 2**20, max_queue_len=5,
-                         watermark=0.05, team_b="[tenants.team-b]\nmax_share = 0.125\nweight = 2\n")
+                         prefix_caching="false", team_b="[tenants.team-b]\nmax_share = 0.125\nweight = 2\n")
             daemon.signal(signal.SIGHUP)
 
             async def reloaded():
@@ -62,7 +62,7 @@ async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path)
                 "max_share 0.5 weight 1; tenant team-b (none) -> max_share 0.125 weight 2; "
                 f"retention_max_bytes {10 * 2**30} -> {2 * 2**20}"
             ) in stderr
-            assert "WARNING: reload: watermark changed; that takes a restart" in stderr
+            assert "WARNING: reload: enable_prefix_caching changed; that takes a restart" in stderr
             # The switch is a decision like any other, in the log.
             policy_rows = daemon.decision_rows("kind = 'policy'")
             assert [r["detail"] for r in policy_rows] == ["optimistic -> guaranteed"]
