@@ -6,7 +6,9 @@ test can leave the pool inconsistent unnoticed (mini-sglang's habit, made mechan
 
 from __future__ import annotations
 
+import subprocess
 import weakref
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -31,3 +33,23 @@ def _check_every_pool(monkeypatch: pytest.MonkeyPatch):
     yield
     for pool in list(created):
         pool.check_integrity()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """An 8 MiB tmpfs of its own, for tests of a really full disk; mounting needs root."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "kvbudget-test", str(mount_point)],
+                                 capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("a really full disk needs a small tmpfs of its own, and there is no mount command")
+    if mounted.returncode != 0:
+        # (CI containers without CAP_SYS_ADMIN; the same paths run on a pinned page count too)
+        pytest.skip("a really full disk needs a small tmpfs of its own, and mount was refused: "
+                    f"{mounted.stderr.strip() or 'not permitted'}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=False)

@@ -1,26 +1,9 @@
-"""A disk a test can really fill: an 8 MiB tmpfs of its own (needs root; skips without)."""
+"""Filling a disk for real: the `small_disk` fixture (conftest.py) mounts one, 8 MiB."""
 
 from __future__ import annotations
 
 import errno
-import subprocess
 from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "kvbudget-test", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill ({mounted.stderr.strip() or 'not permitted'})")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
 
 
 def fill(disk: Path) -> int:

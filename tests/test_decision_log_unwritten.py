@@ -21,7 +21,7 @@ from kvbudget.daemon.decision_query import query_decisions
 from kvbudget.daemon.decision_schema import DecisionLogError
 from kvbudget.daemon.decision_unwritten import UnwrittenError
 
-from full_disk import fill, small_disk  # noqa: F401 (small_disk: a fixture)
+from full_disk import fill
 from test_decision_log import make_decision
 
 

@@ -22,7 +22,7 @@ from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.records import RequestSpec
 
 from daemon_harness import DaemonProcess, await_until
-from full_disk import fill, small_disk  # noqa: F401 (small_disk: a fixture)
+from full_disk import fill
 
 pytestmark = pytest.mark.slow
 
