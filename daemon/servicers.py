@@ -17,7 +17,7 @@ from kvbudget.daemon.auth import Authorizer, Role
 from kvbudget.daemon.core_service import CoreService, StepFailed
 from kvbudget.daemon.decision_unwritten import UnwrittenError
 from kvbudget.daemon.records import DecisionKind
-from kvbudget.daemon.sessions import SessionExists, TooManySessions
+from kvbudget.daemon.sessions import SessionExists, TooManySessions, UnansweredStep
 from kvbudget.daemon.step_validation import StepRejected, check_request_id, validate_step
 from kvbudget.daemon.watch import TooManyWatchers
 from kvbudget.v1 import (
@@ -147,7 +147,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 await committed
             except UnwrittenError as exc:
                 # Applied, kept to be written first: the same step sent again gets this reply.
-                session.unanswered = (request.SerializeToString(deterministic=True), reply)
+                session.unanswered = UnansweredStep(
+                    request.SerializeToString(deterministic=True), reply,
+                    tuple(d for d in decisions if d.engine_id == engine_id),
+                )
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE,
                     f"decision log: {exc}; this step was applied and its decisions wait to be written: "
@@ -160,12 +163,18 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def _answer_again(self, context, session, request):
         """The reply of the last step (applied, its decisions kept to be written), if this
         is that step sent again and they are in the log now; None if it is another step,
-        to be served as usual. While they still wait: UNAVAILABLE."""
-        sent, reply = session.unanswered
+        to be served as usual. While they still wait: UNAVAILABLE.
+
+        Another step, once they are written, means the engine moved on without the reply:
+        its decisions go out on the Events stream instead (an engine that gave up on the
+        step learns which of its requests hold blocks, and can finish or abort them)."""
+        unanswered = session.unanswered
         decision_log = self.core.log
-        if request.SerializeToString(deterministic=True) != sent:
+        if request.SerializeToString(deterministic=True) != unanswered.request:
             if decision_log.write_unwritten():
-                session.unanswered = None  # the engine moved on, and this step will be applied
+                session.unanswered = None  # this step will be applied
+                for decision in unanswered.decisions:
+                    session.push_event(decision)
             return None  # (else it is refused with nothing applied: the retry may still come)
         if not decision_log.write_unwritten():
             figures = decision_log.figures()
@@ -175,7 +184,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 f"written ({figures.num_unwritten} decisions in all): send it again later",
             )
         session.unanswered = None
-        return reply
+        return unanswered.reply
 
     async def Events(self, request, context):
         await self.auth.require(context, Role.ENGINE)

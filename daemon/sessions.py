@@ -12,7 +12,9 @@ requests. An engine that restarted before its old lease ran out may pass
 A step whose decisions could not be written (a full disk) was applied all the same: the
 session keeps its request and reply (`unanswered`), so that the engine's retry of that
 same step gets that reply once the decisions are in the log, rather than ALREADY_EXISTS
-for the submits it made. A different step means the engine moved on, and it is dropped.
+for the submits it made. A different step means the engine moved on: the reply is
+dropped, and its decisions go out on the session's Events stream instead, so that an
+engine that gave up on the step still hears which of its requests hold blocks.
 
 Leases run on the monotonic clock, so a wall-clock jump neither expires nor keeps alive
 anybody; decisions still carry unix time.
@@ -41,6 +43,15 @@ class TooManySessions(Exception):
 EVENTS_QUEUE_LIMIT = 10_000
 
 
+@dataclass(frozen=True)
+class UnansweredStep:
+    """A step applied whose decisions wait to be written (the engine was told UNAVAILABLE)."""
+
+    request: bytes  # the StepRequest, serialized deterministically: its retry has the same bytes
+    reply: object  # the StepResponse, kept for that retry
+    decisions: tuple[Decision, ...]  # the engine's own (those in the reply): streamed if it moves on
+
+
 @dataclass(eq=False)
 class Session:
     session_id: str
@@ -52,8 +63,8 @@ class Session:
     )
     events_dropped: int = 0
     closed: bool = False
-    # (the request's bytes, the reply) of a step applied but not yet written to the log
-    unanswered: tuple[bytes, object] | None = None
+    # A step applied but not yet written to the log: the engine's retry gets its reply
+    unanswered: UnansweredStep | None = None
 
     def renew(self, now_monotonic: float) -> None:
         self.expires_at = now_monotonic + self.lease_ttl_s

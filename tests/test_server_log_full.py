@@ -137,7 +137,22 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
             assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
             flag.unlink()
             await await_until(serving_again, timeout=30)
+            logged = {r["request_id"]: r["kind"] for r in daemon.decision_rows() if r["request_id"].startswith("m")}
+            assert list(logged) == [spec.request_id for spec in more]
             await engine.step(aborts=[spec.request_id for spec in (*big, *more)])
+            # The reply it never took arrives on its Events stream instead: the decisions of
+            # that step, as logged (so an engine that gave up on it hears what it holds).
+            streamed = []
+
+            async def stream_those() -> None:
+                async for event in engine.events():
+                    streamed.append(event)
+                    if len(streamed) == len(more):
+                        return
+
+            await asyncio.wait_for(stream_those(), timeout=30)
+            assert [(d.request_id, d.kind.value) for d in streamed] == list(logged.items())
+            assert all(d.new_block_ids[0] for d in streamed)  # admitted: with the blocks they held
             await engine.step(submits=[RequestSpec("c", 100, 28)])
             snapshot = await observer.snapshot()
             assert snapshot.num_running == 2
