@@ -1,7 +1,7 @@
 """The decision log's writer: every Decision as one SQLite row, committed before the reply.
 
 The file format (tables, row encoding, versions) is in `decision_schema`; reading is in
-`decision_query`. This module is the one writer.
+`decision_query`. This module is the one writer; its thread's loop is `decision_writer`.
 
 Writing. `append()` queues rows and returns a future. One writer thread takes everything
 queued (up to `max_batch` rows), writes it in ONE transaction, then resolves the futures
@@ -83,6 +83,7 @@ from kvbudget.daemon.decision_schema import (
     decision_row,
 )
 from kvbudget.daemon.decision_unwritten import KeepsUnwritten, Unwritten
+from kvbudget.daemon.decision_writer import STOP, WAKE, Pending, WriterThread
 from kvbudget.daemon.records import Decision
 
 _log = logging.getLogger("kvbudget.daemon.decision_log")
@@ -132,9 +133,6 @@ def _file_bytes(path: Path) -> int:
         return 0
 
 
-# ----------------------------------------------------------------------- writer
-_STOP = object()
-_WAKE = object()  # an inline commit left rows to fold: the writer sets its fold timer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,14 +158,7 @@ class LogFigures:
     unwritten_since_unix_s: float = 0.0
 
 
-@dataclasses.dataclass
-class _Pending:
-    decisions: Sequence[Decision]
-    logged_at: float
-    future: concurrent.futures.Future[None]
-
-
-class DecisionLog(UpkeepPacing, KeepsUnwritten):
+class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
     """See the module docstring. Thread-safe `append`; one writer thread owns the connection."""
 
     def __init__(
@@ -234,7 +225,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten):
         self.rows_deleted = 0
         self.rows_folded = 0
         self.batches_committed = 0
-        self._queue: queue.SimpleQueue[_Pending | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Pending | object] = queue.SimpleQueue()
         self._db: sqlite_utils.Database | None = None
         self._cursor: sqlite3.Cursor | None = None
         self._thread: threading.Thread | None = None
@@ -242,8 +233,8 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten):
         self._stop_checkpoints = threading.Event()
         self._closed = False
         self._lock = threading.Lock()  # orders append() against close()
-        self._carry: _Pending | None = None  # taken from the queue but over max_batch
-        self._in_flight: list[_Pending] = []  # the batch the writer is committing
+        self._carry: Pending | None = None  # taken from the queue but over max_batch
+        self._in_flight: list[Pending] = []  # the batch the writer is committing
         self._failure: str | None = None  # why the writer thread stopped, if it did
         self._on_failure = on_failure  # told why, from the writer thread, once
         # Told the error when writes start failing, None when they work again; from
@@ -328,7 +319,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten):
                 raise RuntimeError("decision log is not running (start() not called, or closed)")
             if self._failure is not None:
                 raise DecisionLogError(self._failure)
-            self._queue.put(_Pending(decisions, time.time(), future))
+            self._queue.put(Pending(decisions, time.time(), future))
             self._queued += 1
         return future
 
@@ -387,7 +378,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten):
             finally:
                 conn_lock.release()
         if first_to_fold:
-            self._queue.put(_WAKE)  # the first rows to fold: the writer starts its timer
+            self._queue.put(WAKE)  # the first rows to fold: the writer starts its timer
         return True
 
     def append_inline(self, decisions: Sequence[Decision], max_rows: int = 1024) -> concurrent.futures.Future[None]:
@@ -421,7 +412,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten):
             self._closed = True
             thread = self._thread
             if thread is not None:
-                self._queue.put(_STOP)
+                self._queue.put(STOP)
         if thread is not None:
             thread.join()
         self._stop_checkpoints.set()
@@ -471,169 +462,6 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ writer thread
-    def _run_or_fail(self) -> None:
-        """The writer; if it ever stops on an error (a bug: SQLite's errors are handled
-        where they happen), every commit waiting on it, and every later one, fails with
-        DecisionLogError: engines are told "not committed" (UNAVAILABLE) at once, where
-        they would otherwise wait out their deadlines, and nothing unlogged is promised."""
-        try:
-            self._run()
-        except BaseException as exc:
-            _log.exception("decision log writer stopped; every commit now fails")
-            with self._lock:
-                self._failure = f"{self.path}: the log's writer stopped: {exc!r}"
-                waiting = [*self._in_flight, *([self._carry] if self._carry else [])]
-                self._carry = None
-                while True:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(item, _Pending):
-                        waiting.append(item)
-                self._queued = 0
-            for pending in waiting:
-                if not pending.future.done():
-                    pending.future.set_exception(DecisionLogError(self._failure))
-            if self._on_failure is not None:
-                self._on_failure(self._failure)
-
-    def _run(self) -> None:
-        assert self._db is not None
-        conn = self._db.conn
-        next_retention = time.monotonic()
-        retention_behind = False
-        stopping = False
-        while not stopping:
-            batch, stopping = self._take_batch(self._wait_s(next_retention, retention_behind))
-            folded_before = self.rows_folded  # (a stall's folds too: retention owes them)
-            if batch:
-                self._in_flight = batch
-                self._stall_for_upkeep(conn, sum(len(p.decisions) for p in batch))
-                self._commit_queued(conn, batch)
-            now = time.monotonic()
-            if self._unfolded and (
-                stopping or self._unfolded >= self.fold_rows or now >= self._unfolded_since + self.fold_interval_s
-            ):
-                self._fold_chunks(conn, everything=stopping)
-            # Not on the way out (close() called): a stop must be quick (systemd's
-            # TimeoutStopSec), and the purge owed while behind can be a million rows (20 s);
-            # the next start purges first.
-            # Past the size bound, a pass is due at once (rows folded since the last check
-            # can only have grown the file): a minute's wait let a fast load take the file
-            # 70% past its bound before the first pass.
-            if self._has_retention and not self._closed and (
-                retention_behind or now >= next_retention
-                or (self.rows_folded > folded_before and self._over_size(conn))
-            ):
-                retention_behind = self._purge_chunks(conn, folded=self.rows_folded - folded_before)
-                next_retention = time.monotonic() + self.retention_interval_s
-            if self.num_unwritten and time.monotonic() >= self._unwritten_retry_at:
-                self.write_unwritten()
-                self._unwritten_retry_at = time.monotonic() + self.unwritten_retry_s
-        # Anything appended races with close() only before _closed was set; drain it.
-        leftover, _ = self._take_batch(0.0)
-        while leftover:
-            self._in_flight = leftover
-            self._commit_queued(conn, leftover)
-            leftover, _ = self._take_batch(0.0)
-        self.write_unwritten()  # a last try (close() reports what is still left)
-        self._fold_chunks(conn, everything=True)  # a cleanly closed log has every row indexed
-        # (nothing is committed after the drain above: close() has stopped appends and
-        # the caller's inline commits)
-
-    def _wait_s(self, next_retention: float, retention_behind: bool) -> float | None:
-        """How long the writer may block for the next batch: until a fold or purge is due."""
-        due: list[float] = []
-        if self._unfolded:
-            due.append(self._unfolded_since + self.fold_interval_s)
-        if self._has_retention:
-            due.append(next_retention)
-        if self.num_unwritten:
-            due.append(self._unwritten_retry_at)
-        if retention_behind:
-            return 0.0
-        return max(0.0, min(due) - time.monotonic()) if due else None
-
-    @property
-    def _has_retention(self) -> bool:
-        return self.retention_s is not None or self.max_rows is not None or self.max_bytes is not None
-
-    def _take_batch(self, timeout: float | None) -> tuple[list[_Pending], bool]:
-        """Everything queued now (at least one item unless timed out), up to max_batch rows."""
-        batch: list[_Pending] = []
-        rows = 0
-        if self._carry is not None:
-            batch.append(self._carry)
-            rows = len(self._carry.decisions)
-            self._carry = None
-        else:
-            while True:
-                try:
-                    item = self._queue.get(timeout=timeout) if timeout != 0.0 else self._queue.get_nowait()
-                except queue.Empty:
-                    return batch, False
-                if item is _STOP:
-                    return batch, True
-                if item is _WAKE:
-                    return batch, False  # the caller recomputes its wait, now with a fold due
-                assert isinstance(item, _Pending)
-                batch.append(item)
-                rows = len(item.decisions)
-                break
-        while rows < self.max_batch:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is _STOP:
-                return batch, True
-            if item is _WAKE:
-                continue
-            assert isinstance(item, _Pending)
-            if rows + len(item.decisions) > self.max_batch:
-                self._carry = item  # next transaction starts with it: order is kept
-                break
-            batch.append(item)
-            rows += len(item.decisions)
-        return batch, False
-
-    def _commit_queued(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
-        """Commits a batch taken from the queue; the caller has set `_in_flight` to it (so
-        that a writer stopping on an error fails its futures too)."""
-        with self._conn_lock:
-            self._commit(conn, batch)
-        with self._lock:
-            self._queued -= len(batch)
-        self._in_flight = []
-
-    def _commit(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
-        """Writes a queued batch in one transaction and settles its futures. Caller holds _conn_lock."""
-        # A future cancelled by its caller still gets its rows written: the decisions
-        # happened. set_running_or_notify_cancel makes the rest uncancellable from here.
-        live = [p.future for p in batch if p.future.set_running_or_notify_cancel()]
-        rows = []
-        if self.num_unwritten:  # a failed write's decisions go first
-            rows = [decision_row(self._next_id + i, d, batch[0].logged_at)
-                    for i, d in enumerate(self._unwritten.decisions)]
-        for p in batch:
-            for d in p.decisions:
-                rows.append(decision_row(self._next_id + len(rows), d, p.logged_at))
-        try:
-            self._insert(rows)
-        except sqlite3.Error as exc:  # disk full, I/O error: every caller of this batch hears it
-            error = self._keep_unwritten([d for p in batch for d in p.decisions], exc)
-            for future in live:
-                future.set_exception(error)
-            return
-        if self.num_unwritten:
-            self._settle_unwritten()
-        for future in live:
-            future.set_result(None)
-
-    def _wake_writer(self) -> None:
-        self._queue.put(_WAKE)
 
     def _insert(self, rows: list[tuple]) -> bool:
         """Inserts rows numbered from `_next_id` into the recent table, in one transaction.
