@@ -15,7 +15,7 @@ The file has sections; each key maps to one `DaemonConfig` field:
                  backfill_depth, max_head_wait_s, reject_over_quota
     [tenants.NAME]  max_share, weight
     [server]     listen, tokens_file, tls_cert_file, tls_key_file, allow_insecure_tcp,
-                 lease_ttl_s, watch_max_hz, drain_timeout_s
+                 lease_ttl_s, watch_max_hz, drain_timeout_s, log_level
     [log]        db_path, retention_days, retention_max_rows, retention_max_bytes
     [metrics]    address
 """
@@ -39,6 +39,7 @@ DEFAULT_CONFIG_PATH = "/etc/kvbudget/kvbudget.toml"
 DEFAULT_DB_PATH = "/var/lib/kvbudget/decisions.db"  # systemd StateDirectory=kvbudget
 DEFAULT_LISTEN = "unix:///run/kvbudget/kvbudget.sock"  # systemd RuntimeDirectory=kvbudget
 ROLES = ("engine", "observer", "admin")
+LOG_LEVELS = ("debug", "info", "warning", "error")  # of the daemon's own messages (stderr: the journal)
 MEMORY_MODES = ("owned", "accounting")
 MIN_TOKEN_LENGTH = 8
 # The decision log's size cap unless set: the disk is shared with the OS and the engines'
@@ -107,6 +108,7 @@ class DaemonConfig:
     lease_ttl_s: float = 10.0
     watch_max_hz: float = 30.0
     drain_timeout_s: float = 10.0
+    log_level: str = "info"  # one of LOG_LEVELS
     # [log]
     db_path: str = DEFAULT_DB_PATH
     retention_days: float = 30.0  # 0: keep forever
@@ -188,6 +190,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("server", "lease_ttl_s", "lease_ttl_s", float),
     _Key("server", "watch_max_hz", "watch_max_hz", float),
     _Key("server", "drain_timeout_s", "drain_timeout_s", float),
+    _Key("server", "log_level", "log_level", str),
     _Key("log", "db_path", "db_path", str),
     _Key("log", "retention_days", "retention_days", float),
     _Key("log", "retention_max_rows", "retention_max_rows", int),
@@ -421,6 +424,8 @@ def _source_of(fail: _Fail, field_name: str) -> str:
 
 
 def _check_server(c: DaemonConfig, fail: _Fail) -> None:
+    if c.log_level not in LOG_LEVELS:
+        raise fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {c.log_level!r}")
     if not c.listen:
         raise fail("listen", "needs at least one address (e.g. unix:///run/kvbudget/kvbudget.sock)")
     if len(set(c.listen)) != len(c.listen):

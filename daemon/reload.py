@@ -4,8 +4,8 @@ Live: the admission `policy`, the fit test's margins (`watermark`, `lookahead_to
 `reject_over_quota`), the queue's bounds (`max_queue_len`, `backfill_depth`,
 `max_head_wait_s`), `[tenants.NAME]` quotas and weights, the log's retention
 (`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
-sessions, `drain_timeout_s`, and the tokens file's contents (rotate a token without a
-restart). Everything else shaped what was built at start (the pool and its memory, the
+sessions, `drain_timeout_s`, `log_level`, and the tokens file's contents (rotate a token
+without a restart). Everything else shaped what was built at start (the pool and its memory, the
 model and its block size, `enable_prefix_caching`, the sockets and TLS, the log's file,
 metrics): a change there is reported and waits for the next restart.
 
@@ -27,7 +27,7 @@ RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth
                "reject_over_quota")
 LIVE_KEYS = (
     "policy", *RETUNE_KEYS, "tenants", "retention_days", "retention_max_rows", "retention_max_bytes",
-    "lease_ttl_s", "drain_timeout_s", "tokens_file",
+    "lease_ttl_s", "drain_timeout_s", "log_level", "tokens_file",
 )
 
 

@@ -251,6 +251,10 @@ class Daemon:
             if plan.tokens is not None and self._auth is not None:
                 self._auth.replace_tokens(plan.tokens)
                 self.tokens = plan.tokens
+            if target.log_level != running.log_level:
+                # The process's messages, as `kvbudget daemon` set them up (the root
+                # logger); set first, so that the summary below obeys the new level.
+                logging.getLogger().setLevel(target.log_level.upper())
             self.config = target
             log.info("reloaded: %s", "; ".join(plan.changes) or "nothing changed")
             if plan.at_restart:

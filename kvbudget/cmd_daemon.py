@@ -34,14 +34,11 @@ def _flag_type(annotation: str):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvbudget.daemon.config import DaemonConfig
+    from kvbudget.daemon.config import LOG_LEVELS, DaemonConfig
 
     parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
     parser.add_argument(
         "--check-config", action="store_true", help="validate the config and pool sizing, then exit"
-    )
-    parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="stderr log level"
     )
     parser.add_argument(
         "--listen",
@@ -65,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=default_text or None)
         else:
-            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=default_text or None)
+            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=default_text or None,
+                                choices=LOG_LEVELS if f.name == "log_level" else None)
 
 
 def _tenants(values: list[str] | None) -> dict[str, dict[str, float]] | None:
@@ -111,10 +109,12 @@ def load(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
-    )
     config = load(args)
+    # The root logger: the daemon's modules log under it, and `systemctl reload` may
+    # change its level (server.log_level).
+    logging.basicConfig(
+        level=config.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
+    )
     from kvbudget.daemon import interpreter
     from kvbudget.daemon.server import Daemon, StartupError
 

@@ -118,6 +118,8 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[server]\ntokens_file = '/nonexistent/tokens.toml'\n", "server.tokens_file", "no tokens file at"),
         (MODEL + "[server]\nlease_ttl_s = 0\n", "server.lease_ttl_s", "must be positive"),
         (MODEL + "[server]\nwatch_max_hz = -1\n", "server.watch_max_hz", "must be positive"),
+        (MODEL + "[server]\nlog_level = 'loud'\n", "server.log_level",
+         "must be one of debug, info, warning, error, got 'loud'"),
         (MODEL + "[log]\nretention_days = -1\n", "log.retention_days", "must be zero or more"),
         (MODEL + "[log]\ndb_path = ''\n", "log.db_path", "must not be empty"),
         (MODEL + "[metrics]\naddress = '9400'\n", "metrics.address", "bad address '9400'"),

@@ -25,7 +25,7 @@ def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
         BASE, policy="guaranteed", retention_days=7.0, retention_max_bytes=2**30, lease_ttl_s=20.0,
         tenants={"team-a": TenantQuota(0.5, 1.0), "team-b": TenantQuota(0.125, 2.0)},
         num_gpu_blocks=129, max_queue_len=10, watermark=0.05, enable_prefix_caching=False,
-        listen=("unix:///elsewhere.sock",),
+        listen=("unix:///elsewhere.sock",), log_level="warning",
     )
     plan = plan_reload(BASE, loaded)
     assert plan.changes == (
@@ -36,6 +36,7 @@ def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
         "tenant team-b (none) -> max_share 0.125 weight 2",
         "tenant team-c max_share none weight 3 -> (none)",
         "lease_ttl_s 10 -> 20",
+        "log_level info -> warning",
         "retention_days 30 -> 7",
         f"retention_max_bytes {10 * 2**30} -> {2**30}",
     )

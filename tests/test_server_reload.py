@@ -109,3 +109,32 @@ def test_sighup_reads_the_tokens_file_again(tmp_path) -> None:
             with pytest.raises(grpc.RpcError) as old:
                 snapshot_with("observer-token-old")
             assert old.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_sighup_changes_the_log_level(tmp_path) -> None:
+    config = tmp_path / "kvbudget.toml"
+    config.write_text('[server]\nlog_level = "warning"\n')
+    with DaemonProcess(tmp_path, "--config", str(config)) as daemon:
+        # Quiet: a reload's summary (info) is not said, its warning about a restart key is.
+        config.write_text('[server]\nlog_level = "warning"\n[model]\nblock_size = 32\n')
+        daemon.signal(signal.SIGHUP)
+        wait_until(lambda: "block_size changed; that takes a restart" in daemon.stderr())
+        assert "INFO:" not in daemon.stderr()
+        # Back to info, live: this reload's summary already obeys it.
+        config.write_text('[server]\nlog_level = "info"\n[admission]\npolicy = "guaranteed"\n')
+        daemon.signal(signal.SIGHUP)
+        wait_until(lambda: "reloaded:" in daemon.stderr())
+        assert "INFO: reloaded: policy optimistic -> guaranteed; log_level warning -> info" in daemon.stderr()
+    # The flag wins over the file, at start and at each reload.
+    config.write_text('[server]\nlog_level = "info"\n')
+    with DaemonProcess(tmp_path, "--config", str(config), "--log-level", "error") as daemon:
+        async with ObserverClient(daemon.target) as observer:
+            config.write_text('[server]\nlog_level = "info"\n[admission]\npolicy = "guaranteed"\n')
+            daemon.signal(signal.SIGHUP)
+
+            async def reloaded():
+                return convert.policy_from_proto((await observer.snapshot()).policy) == "guaranteed"
+
+            await await_until(reloaded)
+        assert "INFO:" not in daemon.stderr()
+    assert daemon.process.returncode == 0
