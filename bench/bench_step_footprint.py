@@ -7,7 +7,8 @@ trip is mostly paid in cache misses: the daemon sleeps between calls, so each St
 its code and data gone. valgrind counts both, the same on every run: this runs the real
 Step handler in process (EngineServicer, CoreService, the controller, a DecisionLog on a
 real SQLite file; no gRPC around it) under callgrind, once with and once without the
-Step calls (hash seed fixed, the log's folds and checkpoints off), and prints the
+Step calls (hash seed fixed, the log's folds and checkpoints off, the heap settled as the
+daemon settles it once up: `interpreter.settle_heap`), and prints the
 difference per Step on the handler's thread:
 
   - instructions (what a warm Step costs);
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 from kvbudget.client import step_message
+from kvbudget.daemon import interpreter
 from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.auth import Authorizer
 from kvbudget.daemon.convert import plan_to_proto
@@ -90,6 +92,7 @@ async def _inner(steps: int, shape: str, with_steps: bool, thrash: bool) -> None
         servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))  # as the daemon with no tokens
         context = _Context()
         calls = _messages(session.session_id, shape, steps)  # built before, in both runs
+        interpreter.settle_heap()  # as `kvbudget daemon` does once it is up (the collector's settings)
         scratch = bytearray(8 << 20)
         zeros = bytes(len(scratch[::64]))
         for message in calls:
