@@ -1,7 +1,7 @@
 """Admission round trip vs a bare gRPC ping, and decisions/s with batched steps.
 
     python bench/bench_roundtrip.py [--calls 3000] [--engines 4] [--batch 256] [--seconds 5] [--metrics]
-                                    [--request-ids sequential|uuid]
+                                    [--request-ids sequential|uuid] [--pin]
 
 Starts a real `kvbudget daemon` process (unix socket, durable decision log in a temp dir)
 and drives it from this process, so every figure crosses a process boundary:
@@ -24,7 +24,9 @@ and drives it from this process, so every figure crosses a process boundary:
    more pages per row than ids that sort in arrival order.
 
 The daemon runs without /metrics unless `--metrics` is given (then every batch is also
-counted by the Prometheus metrics, on an ephemeral loopback port).
+counted by the Prometheus metrics, on an ephemeral loopback port). `--pin` puts the daemon
+(every thread) on the last CPU and this process on the first, where the scheduler would
+otherwise move them between the cores.
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ from kvbudget.v1 import engine_pb2
 def start_daemon(
     workdir: Path, num_blocks: int, metrics: bool = False, *, python: str = sys.executable,
     cwd: str | None = None, name: str = "kvbudget", launcher: Sequence[str] = ("-m", "kvbudget"),
-    extra_flags: Sequence[str] = (),
+    extra_flags: Sequence[str] = (), cpus: set[int] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """A daemon of `python`'s kvbudget (another checkout's venv: bench_revisions.py), started
     by `launcher` (bench_step_parts.py: step_variant.py with a part of Step changed), with
-    `extra_flags` after the bench's own (bench_sustained.py: retention)."""
+    `extra_flags` after the bench's own (bench_sustained.py: retention), on `cpus` if given
+    (set before exec, so every thread the daemon starts inherits it)."""
     socket_path = workdir / f"{name}.sock"
     target = f"unix://{socket_path}"
     process = subprocess.Popen(
@@ -67,6 +70,7 @@ def start_daemon(
          *(["--metrics-address", "127.0.0.1:0"] if metrics else []), *extra_flags],
         stdout=subprocess.DEVNULL,
         cwd=cwd,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
     why = wait_until_serving(target, process)
     if why is not None:
@@ -172,12 +176,18 @@ def main() -> None:
     parser.add_argument("--metrics", action="store_true", help="serve /metrics (count every decision)")
     parser.add_argument("--request-ids", choices=("sequential", "uuid"), default="sequential",
                         help="the throughput run's request ids (uuid: as vLLM makes them)")
+    parser.add_argument("--pin", action="store_true", help="the daemon on the last CPU, this process on the first")
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs")
+    if args.pin:
+        os.sched_setaffinity(0, {cpus[0]})
     # Each in-flight request holds 1 block of 2 reserved (16 + 16 tokens); a step keeps two
     # batches alive (this one's submits, the previous one's until finished).
     num_blocks = max(4096, 4 * args.engines * args.batch + 1)
     with tempfile.TemporaryDirectory() as tmp:
-        process, target = start_daemon(Path(tmp), num_blocks, args.metrics)
+        process, target = start_daemon(Path(tmp), num_blocks, args.metrics, cpus={cpus[-1]} if args.pin else None)
         try:
             lat = asyncio.run(latency(target, args.calls))
             done, elapsed, steps = asyncio.run(
@@ -188,7 +198,8 @@ def main() -> None:
             process.terminate()
             process.wait(60)
     ping_p50, ping_p99 = lat["ping"]
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (figures scale with it)")
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (figures scale with it)"
+          + (f"; daemon pinned to CPU {cpus[-1]}, this process to CPU {cpus[0]}" if args.pin else ""))
     adm_p50, adm_p99 = lat["admission"]
     step_p50, step_p99 = lat["step"]
     print(f"latency, {args.calls} calls each, separate processes over a unix socket:")

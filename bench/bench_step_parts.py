@@ -47,8 +47,9 @@ VARIANTS = ("full", "no-commit", "canned", "spin", "staged")
 BLOCK = 100  # calls of one kind in a row
 
 
-async def one_round(target: str, calls: int, serial: int, finish: bool) -> float:
-    """admission p50 / ping p50 of `calls` of each, in blocks (the first block of each is warm-up)."""
+async def one_round(target: str, calls: int, serial: int, finish: bool) -> tuple[float, float]:
+    """(ping p50, admission p50) in seconds of `calls` of each, in blocks (the first block of
+    each is warm-up)."""
     channel = grpc.aio.insecure_channel(target)
     health = health_pb2_grpc.HealthStub(channel)
     ping_request = health_pb2.HealthCheckRequest()
@@ -78,7 +79,7 @@ async def one_round(target: str, calls: int, serial: int, finish: bool) -> float
             await engine.step(finishes=admitted)
     await engine.close()
     await channel.close()
-    return statistics.median(admission) / statistics.median(ping)
+    return statistics.median(ping), statistics.median(admission)
 
 
 def main() -> None:
@@ -100,8 +101,9 @@ def main() -> None:
                 order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
                 for name in order:
                     serial += 1
-                    ratios[name].append(asyncio.run(one_round(daemons[name][1], args.calls, serial,
-                                                              finish=name not in ("canned", "spin"))))
+                    ping, admission = asyncio.run(one_round(daemons[name][1], args.calls, serial,
+                                                            finish=name not in ("canned", "spin")))
+                    ratios[name].append(admission / ping)
                 print(f"round {r + 1}: " + "  ".join(f"{name} {ratios[name][-1]:.3f}x" for name in VARIANTS),
                       flush=True)
         finally:

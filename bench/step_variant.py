@@ -15,7 +15,8 @@ VARIANT is one of:
              costs the Step method over the health Check;
   spin       canned, after SPIN_US microseconds of a loop that reads the clock and touches
              no memory: what a handler that long would cost the round trip if it found its
-             code and data in cache (the calibration for the others).
+             code and data in cache (the calibration for the others); `spin:N` spins N
+             microseconds instead (bench_handler_cost.py).
 
 Only a bench uses this: the changes are made by replacing functions from outside, so the
 daemon's own code has no switches for them.
@@ -121,10 +122,13 @@ def _canned(spin_s: float = 0.0) -> None:
 
 
 def run(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[0] not in VARIANTS or argv[2] != "daemon":
-        print(f"usage: step_variant.py {{{','.join(VARIANTS)}}} STAGES_JSON daemon [flags...]", file=sys.stderr)
+    variant, spin_us = (argv[0], SPIN_US) if argv else ("", SPIN_US)
+    if variant.startswith("spin:") and variant[len("spin:"):].isdigit():
+        variant, spin_us = "spin", int(variant[len("spin:"):])
+    if len(argv) < 3 or variant not in VARIANTS or argv[2] != "daemon":
+        print(f"usage: step_variant.py {{{','.join(VARIANTS)},spin:N}} STAGES_JSON daemon [flags...]", file=sys.stderr)
         return 2
-    variant, stages_path, daemon_argv = argv[0], argv[1], argv[2:]
+    stages_path, daemon_argv = argv[1], argv[2:]
     if variant == "staged":
         _stage_timers(stages_path)
     elif variant == "no-commit":
@@ -132,7 +136,7 @@ def run(argv: list[str]) -> int:
     elif variant == "canned":
         _canned()
     elif variant == "spin":
-        _canned(SPIN_US / 1e6)
+        _canned(spin_us / 1e6)
     return main(daemon_argv)
 
 
