@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_roundtrip import start_daemon
+from bench_roundtrip import start_daemon, stop_daemons
 from bench_step_parts import one_round
 
 HERE = Path(__file__).resolve().parent
@@ -54,9 +54,7 @@ def main() -> None:
                 print(f"round {r + 1}: " + "  ".join(f"{spin} us {extra_us[spin][-1]:+.0f}" for spin in spins),
                       flush=True)
         finally:
-            for process, _ in daemons.values():
-                process.terminate()
-                process.wait(60)
+            stop_daemons(daemons.values())
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; ping p50 "
           f"{min(pings_us):.0f}-{max(pings_us):.0f} us; {args.rounds} rounds x {args.calls} calls of each kind")
     print("one-submit Step p50 over the ping's p50, median over rounds:")

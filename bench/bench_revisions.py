@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_roundtrip import latency, start_daemon, throughput
+from bench_roundtrip import latency, start_daemon, stop_daemons, throughput
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -57,9 +57,7 @@ def main() -> None:
                     print(f"round {r + 1} {name:5s}: ping p50 {lat['ping'][0] * 1e6:5.0f} us, admission / ping "
                           f"{ratios[name][-1]:.2f}x, {rates[name][-1]:,.0f} decisions/s", flush=True)
         finally:
-            for process, _ in daemons.values():
-                process.terminate()
-                process.wait(60)
+            stop_daemons(daemons.values())
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     for name in python_of:
         print(f"{name:5s} ({python_of[name][1]}): admission / ping median {statistics.median(ratios[name]):.3f}x "

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import grpc
@@ -76,6 +76,13 @@ def start_daemon(
     if why is not None:
         raise SystemExit(f"daemon {why}")
     return process, target
+
+
+def stop_daemons(daemons: Iterable[tuple[subprocess.Popen, str]]) -> None:
+    """SIGTERM each of `start_daemon`'s results and wait for it (a clean stop folds the log)."""
+    for process, _ in daemons:
+        process.terminate()
+        process.wait(60)
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:

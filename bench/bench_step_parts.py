@@ -38,7 +38,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench_roundtrip import start_daemon
+from bench_roundtrip import start_daemon, stop_daemons
 from kvbudget.client import EngineClient, step_message
 from kvbudget.v1 import engine_pb2
 
@@ -107,9 +107,7 @@ def main() -> None:
                 print(f"round {r + 1}: " + "  ".join(f"{name} {ratios[name][-1]:.3f}x" for name in VARIANTS),
                       flush=True)
         finally:
-            for process, _ in daemons.values():
-                process.terminate()
-                process.wait(60)
+            stop_daemons(daemons.values())
         stages = json.loads(stages_path.read_text()) if stages_path.exists() else None
 
     def median(name: str) -> float:
