@@ -446,10 +446,13 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
         missing = "tls_key_file" if c.tls_cert_file else "tls_cert_file"
         present = "tls_cert_file" if c.tls_cert_file else "tls_key_file"
         raise fail(missing, f"{present} is set but {missing} is not: TLS needs both")
-    for name in ("tls_cert_file", "tls_key_file"):
-        path = getattr(c, name)
-        if path and not _readable_file(path):
-            raise fail(name, f"cannot read {path}")
+    if c.tls_cert_file:
+        from kvbudget.daemon.tls import TlsError, read_pair  # (grpc: only for a TLS config)
+
+        try:
+            read_pair(c.tls_cert_file, c.tls_key_file)  # (read again to serve: daemon/tls.py)
+        except TlsError as exc:
+            raise fail(exc.field, str(exc)) from None
     if c.tokens_file:
         try:
             load_tokens(c.tokens_file)
@@ -468,10 +471,6 @@ def _check_log(c: DaemonConfig, fail: _Fail) -> None:
     if 0 < c.retention_max_bytes < MIN_RETENTION_MAX_BYTES:
         raise fail("retention_max_bytes", f"at least {MIN_RETENTION_MAX_BYTES} (1 MiB), or 0 for no size cap, "
                    f"got {c.retention_max_bytes}")
-
-
-def _readable_file(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.R_OK)
 
 
 _CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (

@@ -4,9 +4,11 @@ Live: the admission `policy`, the fit test's margins (`watermark`, `lookahead_to
 `reject_over_quota`), the queue's bounds (`max_queue_len`, `backfill_depth`,
 `max_head_wait_s`), `[tenants.NAME]` quotas and weights, the log's retention
 (`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
-sessions, `drain_timeout_s`, `log_level`, and the tokens file's contents (rotate a token
-without a restart). Everything else shaped what was built at start (the pool and its memory, the
-model and its block size, `enable_prefix_caching`, the sockets and TLS, the log's file,
+sessions, `drain_timeout_s`, `log_level`, the tokens file's contents (rotate a token
+without a restart), and the TLS certificate and key (their files read again, or other
+files named: a renewed certificate is served to new connections, `daemon/tls.py`).
+Everything else shaped what was built at start (the pool and its memory, the model and its
+block size, `enable_prefix_caching`, the sockets, TLS turned on or off, the log's file,
 metrics): a change there is reported and waits for the next restart.
 
 A reload applies what changed in the file since the daemon started (or last reloaded), so
@@ -20,37 +22,55 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvbudget.daemon.config import DaemonConfig, TenantQuota, load_tokens
+from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota, load_tokens
+from kvbudget.daemon.tls import CertificatePair, TlsError, read_pair
 
 # AdmissionController.retune's keyword arguments, the config's field names
 RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s",
                "reject_over_quota")
 LIVE_KEYS = (
     "policy", *RETUNE_KEYS, "tenants", "retention_days", "retention_max_rows", "retention_max_bytes",
-    "lease_ttl_s", "drain_timeout_s", "log_level", "tokens_file",
+    "lease_ttl_s", "drain_timeout_s", "log_level", "tokens_file", "tls_cert_file", "tls_key_file",
 )
 
 
 @dataclass(frozen=True)
 class ReloadPlan:
     """What a reload would do: the running config after it, the changes in words, the
-    keys that changed but wait for a restart, and the tokens to serve with (None: as now)."""
+    keys that changed but wait for a restart, the tokens to serve with, and the TLS
+    certificate to serve (None: as now)."""
 
     config: DaemonConfig
     changes: tuple[str, ...]
     at_restart: tuple[str, ...]
     tokens: dict[str, str] | None
+    certificate: CertificatePair | None = None
 
 
-def plan_reload(running: DaemonConfig, loaded: DaemonConfig) -> ReloadPlan:
-    """Compares the config the daemon runs with the one just loaded. Raises ConfigError /
-    OSError (a tokens file that cannot be read): then nothing is to change."""
+def plan_reload(
+    running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None
+) -> ReloadPlan:
+    """Compares the config the daemon runs with the one just loaded; `served` is the TLS
+    certificate its listeners present. Raises ConfigError / OSError (a tokens file that
+    cannot be read): then nothing is to change."""
     live: dict[str, object] = {}
     changes: list[str] = []
     at_restart: list[str] = []
     tokens: dict[str, str] | None = None
+    certificate: CertificatePair | None = None
     for f in dataclasses.fields(DaemonConfig):
         before, after = getattr(running, f.name), getattr(loaded, f.name)
+        if f.name == "tls_key_file":
+            continue  # (with tls_cert_file)
+        if f.name == "tls_cert_file":
+            if running.tls_enabled != loaded.tls_enabled:  # TCP listeners with TLS or without
+                at_restart.extend(k for k in ("tls_cert_file", "tls_key_file") if getattr(running, k) != getattr(loaded, k))
+            elif loaded.tls_enabled:
+                certificate = _certificate_to_serve(loaded, served)
+                if certificate is not None:
+                    changes.append(f"tls certificate {certificate.cert_file}: sha256 {certificate.fingerprint}")
+                live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)
+            continue
         if f.name == "tokens_file":
             if bool(before) != bool(after):
                 at_restart.append(f.name)  # with tokens or without: TCP trusts callers or not
@@ -69,7 +89,20 @@ def plan_reload(running: DaemonConfig, loaded: DaemonConfig) -> ReloadPlan:
             changes.extend(_tenant_changes(before, after))
         else:
             changes.append(f"{f.name} {_shown(before)} -> {_shown(after)}")
-    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), tokens)  # type: ignore[arg-type]
+    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), tokens,  # type: ignore[arg-type]
+                      certificate)
+
+
+def _certificate_to_serve(loaded: DaemonConfig, served: CertificatePair | None) -> CertificatePair | None:
+    """The pair the files hold now if it is not the one served (a renewal in place changes
+    the files' contents, not their names); ConfigError if it cannot be served."""
+    try:
+        pair = read_pair(loaded.tls_cert_file, loaded.tls_key_file)
+    except TlsError as exc:
+        raise ConfigError(f"server.{exc.field}", str(exc)) from None
+    if served is not None and (pair.cert_pem, pair.key_pem) == (served.cert_pem, served.key_pem):
+        return None
+    return pair
 
 
 def tenant_updates(running: DaemonConfig, target: DaemonConfig) -> list[tuple[str, float | None, float]]:

@@ -44,6 +44,7 @@ from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
+from kvbudget.daemon.tls import ServedCertificate, TlsError, read_pair
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
@@ -99,12 +100,6 @@ def prepare_unix_socket(path: str) -> None:
         probe.close()
 
 
-def _tls_credentials(config: DaemonConfig) -> grpc.ServerCredentials:
-    key = Path(config.tls_key_file).read_bytes()
-    cert = Path(config.tls_cert_file).read_bytes()
-    return grpc.ssl_server_credentials([(key, cert)])
-
-
 class Daemon:
     def __init__(
         self, config: DaemonConfig, *, core_options: CoreOptions | None = None,
@@ -119,6 +114,7 @@ class Daemon:
         self._reloads: set[asyncio.Task] = set()
         self._reload_lock = asyncio.Lock()
         self._auth: Authorizer | None = None
+        self._certificate: ServedCertificate | None = None  # TLS: what the TCP listeners present
         self.core_options = core_options or CoreOptions()
         self._on_ready = on_ready
         self.tokens = load_tokens(config.tokens_file) if config.tokens_file else {}
@@ -156,6 +152,13 @@ class Daemon:
 
     def _build_server(self, core: CoreService, health: health_aio.HealthServicer) -> grpc.aio.Server:
         config = self.config
+        if config.tls_enabled:
+            try:
+                self._certificate = ServedCertificate(read_pair(config.tls_cert_file, config.tls_key_file))
+            except TlsError as exc:  # (the config checked it; the files changed since)
+                raise StartupError(f"{exc.field}: {exc}") from None
+            pair = self._certificate.pair
+            log.info("tls certificate %s: sha256 %s", pair.cert_file, pair.fingerprint)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -189,8 +192,8 @@ class Daemon:
             host_port = parse_host_port(address)
             assert host_port is not None  # the config checked it
             try:
-                if config.tls_enabled:
-                    server.add_secure_port(address, _tls_credentials(config))
+                if self._certificate is not None:
+                    server.add_secure_port(address, self._certificate.credentials())
                 else:
                     server.add_insecure_port(address)
             except RuntimeError as exc:
@@ -229,7 +232,8 @@ class Daemon:
         async with self._reload_lock:  # (two SIGHUPs in a row: one after the other)
             sdnotify.reloading()
             try:
-                plan = plan_reload(self.config, self._reload_config())
+                served = self._certificate.pair if self._certificate is not None else None
+                plan = plan_reload(self.config, self._reload_config(), served)
             except (ConfigError, OSError) as exc:
                 log.error("reload failed, nothing changed: %s", exc)
                 sdnotify.ready("reload failed, still running the previous config")
@@ -251,6 +255,8 @@ class Daemon:
             if plan.tokens is not None and self._auth is not None:
                 self._auth.replace_tokens(plan.tokens)
                 self.tokens = plan.tokens
+            if plan.certificate is not None and self._certificate is not None:
+                self._certificate.replace(plan.certificate)  # new connections get it
             if target.log_level != running.log_level:
                 # The process's messages, as `kvbudget daemon` set them up (the root
                 # logger); set first, so that the summary below obeys the new level.

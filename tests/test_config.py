@@ -21,6 +21,8 @@ from kvbudget.daemon.config import (
     parse_host_port,
 )
 
+from certificates import make_pair
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "kvbudget.toml"
 GOOD_TOKEN = "0123456789abcdef"
 
@@ -142,7 +144,7 @@ def test_every_error_names_its_key(tmp_path: Path, text: str, key: str, fragment
 
 
 def test_tls_half_configured_names_the_missing_key(tmp_path: Path) -> None:
-    cert = write(tmp_path, "CERT", "cert.pem")
+    cert = write(tmp_path, "CERT", "cert.pem")  # (the files are read before they are parsed)
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, MODEL + f"[server]\ntls_cert_file = '{cert}'\n"))
     assert caught.value.key == "server.tls_key_file"
@@ -155,10 +157,25 @@ def test_tls_half_configured_names_the_missing_key(tmp_path: Path) -> None:
     assert caught.value.key == "server.tls_key_file" and "cannot read" in str(caught.value)
 
 
+def test_a_tls_pair_that_cannot_be_served_is_refused_naming_its_file(tmp_path: Path) -> None:
+    cert, _ = make_pair(tmp_path, "a")
+    _, other_key = make_pair(tmp_path, "b")
+    config = write(tmp_path, MODEL + f"[server]\ntls_cert_file = '{cert}'\ntls_key_file = '{other_key}'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert caught.value.key == "server.tls_key_file"
+    assert str(caught.value) == (
+        f"{config}: server.tls_key_file: {other_key}: the key does not match the certificate in {cert}")
+    config = write(tmp_path, MODEL + f"[server]\ntls_cert_file = '{config}'\ntls_key_file = '{other_key}'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert caught.value.key == "server.tls_cert_file" and "no PEM certificate in it" in str(caught.value)
+
+
 def test_tcp_is_accepted_with_tokens_tls_or_an_explicit_opt_in(tmp_path: Path) -> None:
     tokens = write(tmp_path, f'engine = ["{GOOD_TOKEN}"]\n', "tokens.toml")
-    pem = write(tmp_path, "PEM", "x.pem")
-    for extra in (f"tokens_file = '{tokens}'", f"tls_cert_file = '{pem}'\ntls_key_file = '{pem}'",
+    cert, key = make_pair(tmp_path, "x")
+    for extra in (f"tokens_file = '{tokens}'", f"tls_cert_file = '{cert}'\ntls_key_file = '{key}'",
                   "allow_insecure_tcp = true"):
         config = load_config(write(tmp_path, MODEL + f"[server]\nlisten = ['127.0.0.1:0', '[::1]:50051']\n{extra}\n"))
         assert config.listen == ("127.0.0.1:0", "[::1]:50051")

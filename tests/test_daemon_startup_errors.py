@@ -46,3 +46,20 @@ def test_unusable_database_is_one_line_and_left_alone(tmp_path: Path, kind: str)
     if before is not None:
         assert db_path.read_bytes() == before  # nothing migrated, nothing overwritten
     assert not (tmp_path / "kvbudget.sock").exists()
+
+
+def test_a_tls_key_that_does_not_match_its_certificate_is_one_line(tmp_path: Path) -> None:
+    """gRPC alone would fail the port with "Failed to bind to address", naming neither file."""
+    from tests.certificates import make_pair
+
+    cert, _ = make_pair(tmp_path, "a")
+    _, other_key = make_pair(tmp_path, "b")
+    result = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "daemon", *DEFAULT_ARGS, "--listen", "localhost:0",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(other_key), "--db-path", str(tmp_path / "d.db")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert error_lines(result.stderr) == [
+        f"kvbudget daemon: error: tls_key_file: {other_key}: the key does not match the certificate in {cert}"]
+    assert not (tmp_path / "d.db").exists()

@@ -9,6 +9,9 @@ import pytest
 
 from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
 from kvbudget.daemon.reload import plan_reload, tenant_updates
+from kvbudget.daemon.tls import read_pair
+
+from certificates import fingerprint, make_pair
 
 BASE = DaemonConfig(model="llama-3.1-8b", num_gpu_blocks=65, device="cpu", memory_mode="accounting",
                     tenants={"team-a": TenantQuota(0.25, 1.0), "team-c": TenantQuota(None, 3.0)})
@@ -70,3 +73,42 @@ def test_tokens_on_or_off_is_a_restart() -> None:
     # Without a tokens file TCP callers are trusted (TLS-only setups): that mode is set at start.
     plan = plan_reload(BASE, dataclasses.replace(BASE, tokens_file="/etc/kvbudget/tokens.toml"))
     assert (plan.changes, plan.at_restart, plan.tokens) == ((), ("tokens_file",), None)
+
+
+def test_the_tls_pair_is_read_again_and_served_only_when_it_changed(tmp_path: Path) -> None:
+    cert, key = make_pair(tmp_path, "a")
+    served = read_pair(str(cert), str(key))
+    running = dataclasses.replace(BASE, tls_cert_file=str(cert), tls_key_file=str(key))
+    plan = plan_reload(running, running, served)  # nothing new in the files
+    assert (plan.changes, plan.at_restart, plan.certificate) == ((), (), None)
+
+    renewed_cert, renewed_key = make_pair(tmp_path, "renewed")
+    cert.write_bytes(renewed_cert.read_bytes())  # a renewal in place: the same names
+    key.write_bytes(renewed_key.read_bytes())
+    plan = plan_reload(running, running, served)
+    assert plan.certificate is not None and plan.certificate.fingerprint == fingerprint(renewed_cert)
+    assert plan.changes == (f"tls certificate {cert}: sha256 {fingerprint(renewed_cert)}",)
+    assert plan.at_restart == ()
+
+    # Other files named: served as well, and the running config names them from now on.
+    other_cert, other_key = make_pair(tmp_path, "other")
+    loaded = dataclasses.replace(running, tls_cert_file=str(other_cert), tls_key_file=str(other_key))
+    plan = plan_reload(running, loaded, plan.certificate)
+    assert plan.changes == (f"tls certificate {other_cert}: sha256 {fingerprint(other_cert)}",)
+    assert (plan.config.tls_cert_file, plan.config.tls_key_file) == (str(other_cert), str(other_key))
+
+    # A pair that cannot be served fails the whole reload, naming the file (nothing changes).
+    key.write_bytes(other_key.read_bytes())
+    with pytest.raises(ConfigError) as caught:
+        plan_reload(running, running, served)
+    assert caught.value.key == "server.tls_key_file" and "does not match the certificate" in str(caught.value)
+
+
+def test_tls_on_or_off_is_a_restart(tmp_path: Path) -> None:
+    cert, key = make_pair(tmp_path, "a")
+    with_tls = dataclasses.replace(BASE, tls_cert_file=str(cert), tls_key_file=str(key))
+    plan = plan_reload(BASE, with_tls)
+    assert (plan.changes, plan.at_restart, plan.certificate) == ((), ("tls_cert_file", "tls_key_file"), None)
+    plan = plan_reload(with_tls, BASE, read_pair(str(cert), str(key)))
+    assert (plan.changes, plan.at_restart, plan.certificate) == ((), ("tls_cert_file", "tls_key_file"), None)
+    assert plan.config.tls_cert_file == str(cert)  # (still serving it until the restart)

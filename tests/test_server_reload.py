@@ -12,6 +12,7 @@ from kvbudget.client import ObserverClient
 from kvbudget.daemon import convert
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
+from certificates import fingerprint, make_pair, new_connection
 from daemon_harness import DaemonProcess, await_until, wait_until
 
 pytestmark = pytest.mark.slow
@@ -138,3 +139,52 @@ async def test_sighup_changes_the_log_level(tmp_path) -> None:
             await await_until(reloaded)
         assert "INFO:" not in daemon.stderr()
     assert daemon.process.returncode == 0
+
+
+async def test_sighup_serves_a_renewed_tls_certificate_to_new_connections(tmp_path) -> None:
+    """A certificate renewed in place is served after `systemctl reload`, without a restart:
+    new connections get it, the ones open keep going; a pair that cannot be served changes
+    nothing and the journal names the file."""
+    cert, key = make_pair(tmp_path, "served")
+    first_fingerprint = fingerprint(cert)
+    config = tmp_path / "kvbudget.toml"
+    config.write_text(f"[server]\ntls_cert_file = '{cert}'\ntls_key_file = '{key}'\n")
+    address = f"localhost:{_free_port()}"
+    with DaemonProcess(tmp_path, "--config", str(config),
+                       listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
+        assert f"tls certificate {cert}: sha256 {first_fingerprint}" in daemon.stderr()
+        first = tmp_path / "first.pem"
+        first.write_bytes(cert.read_bytes())
+        assert await new_connection(address, first) == "ok"
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        open_before = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(first.read_bytes()), options=options)
+        observer = observer_pb2_grpc.ObserverServiceStub(open_before)
+        await observer.GetSnapshot(observer_pb2.GetSnapshotRequest(), timeout=10)
+
+        renewed_cert, renewed_key = make_pair(tmp_path, "renewed")
+        cert.write_bytes(renewed_cert.read_bytes())
+        key.write_bytes(renewed_key.read_bytes())
+        daemon.signal(signal.SIGHUP)
+
+        async def reloaded():
+            return "reloaded:" in daemon.stderr()
+
+        await await_until(reloaded)
+        assert f"INFO: reloaded: tls certificate {cert}: sha256 {fingerprint(renewed_cert)}" in daemon.stderr()
+        assert await new_connection(address, renewed_cert) == "ok"
+        assert await new_connection(address, first) == "UNAVAILABLE"  # only the renewed one is presented
+        reply = await observer.GetSnapshot(observer_pb2.GetSnapshotRequest(), timeout=10)
+        assert reply.snapshot.num_blocks == 64  # the connection made before still works
+        await open_before.close()
+
+        _, stray_key = make_pair(tmp_path, "stray")
+        key.write_bytes(stray_key.read_bytes())  # half a renewal: the key of another certificate
+        daemon.signal(signal.SIGHUP)
+
+        async def refused():
+            return "reload failed, nothing changed" in daemon.stderr()
+
+        await await_until(refused)
+        why = daemon.stderr().split("reload failed, nothing changed: ")[1].splitlines()[0]
+        assert f"server.tls_key_file: {key}: the key does not match the certificate in {cert}" in why
+        assert await new_connection(address, renewed_cert) == "ok"  # still serving the renewed pair

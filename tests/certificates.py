@@ -1,0 +1,46 @@
+"""Self-signed TLS certificates for the tests, made by the `openssl` command (the test is
+skipped where it is missing), and what `openssl` itself says of them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def _openssl(*args: str) -> str:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def make_pair(directory: Path, name: str) -> tuple[Path, Path]:
+    """(certificate, key) for localhost, an EC P-256 key (quick to make), valid a day."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN=localhost/O={name}",
+             "-addext", "subjectAltName=DNS:localhost")
+    return cert, key
+
+
+def fingerprint(cert: Path) -> str:
+    """`openssl x509 -fingerprint -sha256` of the (first) certificate in `cert`."""
+    line = _openssl("x509", "-noout", "-fingerprint", "-sha256", "-in", str(cert)).strip()
+    return line.split("=", 1)[1]  # "sha256 Fingerprint=AB:CD:..."
+
+
+async def new_connection(address: str, trusted: Path) -> str:
+    """Health Check over a new TLS connection to `address` ("localhost:PORT") that trusts
+    only the certificate in `trusted`: "ok", or the status it failed with."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=trusted.read_bytes())
+    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own, never one reused
+    async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        except grpc.aio.AioRpcError as error:
+            return error.code().name
+    return "ok"

@@ -1,0 +1,71 @@
+"""The daemon's TLS certificate (daemon/tls.py): every bad pair named by its file, and a
+replaced pair served to new connections by a real grpc.aio server, old ones kept."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from kvbudget.daemon.tls import ServedCertificate, TlsError, read_pair
+
+from certificates import fingerprint, make_pair, new_connection
+
+
+def test_a_good_pair_reads_with_openssls_fingerprint(tmp_path) -> None:
+    cert, key = make_pair(tmp_path, "a")
+    pair = read_pair(str(cert), str(key))
+    assert (pair.cert_pem, pair.key_pem) == (cert.read_bytes(), key.read_bytes())
+    assert pair.fingerprint == fingerprint(cert)
+    assert "PRIVATE" not in repr(pair)  # the key stays out of logs
+
+
+def test_every_bad_pair_names_the_file_to_fix(tmp_path) -> None:
+    cert_a, key_a = make_pair(tmp_path, "a")
+    _, key_b = make_pair(tmp_path, "b")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    broken = tmp_path / "broken.pem"  # the markers, but not a certificate inside
+    broken.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    cases = [
+        (cert_a, key_b, "tls_key_file", f"{key_b}: the key does not match the certificate in {cert_a}"),
+        (garbage, key_a, "tls_cert_file", f"{garbage}: no PEM certificate in it"),
+        (broken, key_a, "tls_cert_file", f"{broken}: a certificate in it does not parse"),
+        (cert_a, cert_a, "tls_key_file", f"{cert_a}: not an unencrypted PEM private key"),
+        (tmp_path / "none.pem", key_a, "tls_cert_file", f"cannot read {tmp_path / 'none.pem'}"),
+        (cert_a, tmp_path / "none.key", "tls_key_file", f"cannot read {tmp_path / 'none.key'}"),
+    ]
+    for cert, key, field, message in cases:
+        with pytest.raises(TlsError) as caught:
+            read_pair(str(cert), str(key))
+        assert caught.value.field == field, (cert, key)
+        assert str(caught.value).startswith(message), str(caught.value)
+
+
+async def test_a_replaced_pair_is_served_to_new_connections_on_every_listener(tmp_path) -> None:
+    cert_a, key_a = make_pair(tmp_path, "a")
+    cert_b, key_b = make_pair(tmp_path, "b")
+    served = ServedCertificate(read_pair(str(cert_a), str(key_a)))
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+    ports = [server.add_secure_port("localhost:0", served.credentials()) for _ in range(2)]
+    await server.start()
+    try:
+        assert [await new_connection(f"localhost:{port}", cert_a) for port in ports] == ["ok", "ok"]
+        old = grpc.aio.secure_channel(f"localhost:{ports[0]}", grpc.ssl_channel_credentials(cert_a.read_bytes()))
+        health = health_pb2_grpc.HealthStub(old)
+        await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+
+        served.replace(read_pair(str(cert_b), str(key_b)))
+        # Both listeners present B to new connections (one fetcher each: a shared one would
+        # leave the second on A), and nothing trusting only A gets in any more.
+        assert [await new_connection(f"localhost:{port}", cert_b) for port in ports] == ["ok", "ok"]
+        assert [await new_connection(f"localhost:{port}", cert_a) for port in ports] == ["UNAVAILABLE", "UNAVAILABLE"]
+        assert served.pair.fingerprint == fingerprint(cert_b)
+        # The connection made before keeps going with the certificate it was made with.
+        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        await old.close()
+    finally:
+        await server.stop(0)
