@@ -98,6 +98,9 @@ class Metrics:
             "kvbudget_group_blocks_reclaimed", "Blocks that left a sliding window / chunk, per group",
             ["layer_type", "group"], registry=r,
         )
+        # Registered by set_certificate_expiry, with TLS only: a 0 without TLS would read
+        # as a certificate long expired to an alert on it.
+        self.certificate_expiry: Gauge | None = None
         self.tenant_blocks = Gauge(
             "kvbudget_tenant_blocks", "Blocks per tenant and state (held, reserved)", ["tenant", "state"], registry=r
         )
@@ -181,6 +184,20 @@ class Metrics:
         kind_text, reason_text = _value(kind), _value(reason)
         preempt = self.preemptions.labels(reason=reason_text) if kind_text == DecisionKind.PREEMPT.value else None
         return self.decisions.labels(kind=kind_text, reason=reason_text), preempt
+
+    def set_certificate_expiry(self, not_after_unix_s: float) -> None:
+        """The TLS certificate served now expires then (the server, at start and each reload);
+        0.0 (its expiry could not be read) exports nothing new."""
+        if not not_after_unix_s:
+            return
+        with self._lock:
+            if self.certificate_expiry is None:
+                self.certificate_expiry = Gauge(
+                    "kvbudget_tls_certificate_expiry_timestamp_seconds",
+                    "When the TLS certificate the TCP listeners present expires (unix time)",
+                    registry=self.registry,
+                )
+            self.certificate_expiry.set(not_after_unix_s)
 
     def update(self, snapshot: Snapshot, gpu: GpuMemory | None = None, log: LogFigures | None = None) -> None:
         """Set the gauges from a snapshot (and the GPU probe and the decision log, when given)."""

@@ -68,7 +68,7 @@ def plan_reload(
             elif loaded.tls_enabled:
                 certificate = _certificate_to_serve(loaded, served)
                 if certificate is not None:
-                    changes.append(f"tls certificate {certificate.cert_file}: sha256 {certificate.fingerprint}")
+                    changes.append(f"tls certificate {certificate.describe()}")
                 live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)
             continue
         if f.name == "tokens_file":

@@ -27,6 +27,7 @@ import signal
 import socket
 import sqlite3
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
-from kvbudget.daemon.tls import ServedCertificate, TlsError, read_pair
+from kvbudget.daemon.tls import CertificatePair, ServedCertificate, TlsError, read_pair
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
@@ -98,6 +99,12 @@ def prepare_unix_socket(path: str) -> None:
         raise StartupError(f"listen: another process is serving on {path}")
     finally:
         probe.close()
+
+
+def _warn_if_expired(pair: CertificatePair) -> None:
+    if pair.expired(time.time()):
+        log.warning("tls certificate %s has expired: clients refuse it; renew it, then systemctl reload kvbudget",
+                    pair.cert_file)
 
 
 class Daemon:
@@ -157,8 +164,8 @@ class Daemon:
                 self._certificate = ServedCertificate(read_pair(config.tls_cert_file, config.tls_key_file))
             except TlsError as exc:  # (the config checked it; the files changed since)
                 raise StartupError(f"{exc.field}: {exc}") from None
-            pair = self._certificate.pair
-            log.info("tls certificate %s: sha256 %s", pair.cert_file, pair.fingerprint)
+            log.info("tls certificate %s", self._certificate.pair.describe())
+            _warn_if_expired(self._certificate.pair)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -257,6 +264,9 @@ class Daemon:
                 self.tokens = plan.tokens
             if plan.certificate is not None and self._certificate is not None:
                 self._certificate.replace(plan.certificate)  # new connections get it
+                _warn_if_expired(plan.certificate)
+                if core.metrics is not None:
+                    core.metrics.set_certificate_expiry(plan.certificate.not_after_unix_s)
             if target.log_level != running.log_level:
                 # The process's messages, as `kvbudget daemon` set them up (the root
                 # logger); set first, so that the summary below obeys the new level.
@@ -391,6 +401,8 @@ class Daemon:
         health = health_aio.HealthServicer()
         await self._set_health(health, False)
         server = self._build_server(core, health)
+        if metrics is not None and self._certificate is not None:
+            metrics.set_certificate_expiry(self._certificate.pair.not_after_unix_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)  # systemctl reload

@@ -8,6 +8,10 @@ before each new connection's handshake, gRPC asks a fetcher whether the certific
 changed. A reload reads the files again, checks the pair, and hands it over; connections
 already open keep the certificate they were made with, new ones get the new one.
 
+Its expiry is read too (`not_after_unix_s`): the journal gives it at start and at each
+reload, warns when it has passed, and /metrics has it as
+`kvbudget_tls_certificate_expiry_timestamp_seconds`, to alert on before clients refuse it.
+
 A pair is checked with the `ssl` module before gRPC sees it, because gRPC's own failure
 is one line that names neither file ("Failed to bind to address"), at start, and at a
 reload would come only at the next client's handshake, as a connection refused. Checked:
@@ -17,9 +21,11 @@ PEM key (gRPC takes no passphrase) that matches the first certificate.
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import re
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +50,20 @@ class CertificatePair:
     cert_pem: bytes
     key_pem: bytes
     fingerprint: str  # SHA-256 of the first certificate, as `openssl x509 -fingerprint -sha256` shows it
+    not_after_unix_s: float  # when the first certificate expires; 0.0: could not be read
 
     def __repr__(self) -> str:  # (the key stays out of logs and tracebacks)
         return f"CertificatePair({self.cert_file!r}, sha256 {self.fingerprint})"
+
+    def describe(self) -> str:
+        """`PATH: sha256 AB:..., valid until 2026-12-31 23:59:59 UTC`, for the journal."""
+        until = ""
+        if self.not_after_unix_s:
+            until = f", valid until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.not_after_unix_s))}"
+        return f"{self.cert_file}: sha256 {self.fingerprint}{until}"
+
+    def expired(self, now: float) -> bool:
+        return 0.0 < self.not_after_unix_s <= now
 
 
 def _no_passphrase() -> bytes:
@@ -77,7 +94,46 @@ def read_pair(cert_file: str, key_file: str) -> CertificatePair:
     der = ssl.PEM_cert_to_DER_cert(certificates[0].decode("ascii"))
     digest = hashlib.sha256(der).hexdigest().upper()
     fingerprint = ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
-    return CertificatePair(cert_file, cert_pem, key_pem, fingerprint)
+    try:
+        not_after = _not_after_unix_s(der)
+    except (IndexError, ValueError):  # (parsed by OpenSSL all the same: serve it, expiry unknown)
+        not_after = 0.0
+    return CertificatePair(cert_file, cert_pem, key_pem, fingerprint, not_after)
+
+
+def _tlv(der: bytes, pos: int) -> tuple[int, int, int]:
+    """The DER element at `pos`: (tag, where its contents start, where they end)."""
+    tag, length, start = der[pos], der[pos + 1], pos + 2
+    if length & 0x80:  # long form: the next (length & 0x7f) bytes are the length
+        size = length & 0x7F
+        length, start = int.from_bytes(der[start : start + size], "big"), start + size
+    return tag, start, start + length
+
+
+def _not_after_unix_s(der: bytes) -> float:
+    """X.509's validity.notAfter: Certificate = SEQUENCE { TBSCertificate = SEQUENCE {
+    [0] version (optional), serialNumber, signature, issuer, validity = SEQUENCE {
+    notBefore, notAfter }, ... }, ... }. The `ssl` module has no public way to read it
+    for a certificate that is not a CA's."""
+    _, certificate, _ = _tlv(der, 0)
+    _, position, _ = _tlv(der, certificate)  # the TBSCertificate's first element
+    tag, _, end = _tlv(der, position)
+    if tag == 0xA0:  # the version
+        position = end
+    for _ in range(3):  # serialNumber, signature, issuer
+        position = _tlv(der, position)[2]
+    _, validity, _ = _tlv(der, position)
+    tag, start, end = _tlv(der, _tlv(der, validity)[2])  # past notBefore
+    text = der[start:end].decode("ascii")
+    if tag == 0x17:  # UTCTime, YYMMDDHHMMSSZ: years 1950-2049
+        year, rest = int(text[:2]), text[2:]
+        year += 1900 if year >= 50 else 2000
+    elif tag == 0x18:  # GeneralizedTime, YYYYMMDDHHMMSSZ
+        year, rest = int(text[:4]), text[4:]
+    else:
+        raise ValueError(f"validity time of tag {tag:#x}")
+    fields = (int(rest[i : i + 2]) for i in range(0, 10, 2))
+    return float(calendar.timegm((year, *fields, 0, 0, 0)))
 
 
 def _read(path: str, field: str) -> bytes:

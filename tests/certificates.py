@@ -4,6 +4,7 @@ skipped where it is missing), and what `openssl` itself says of them."""
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 
@@ -18,11 +19,11 @@ def _openssl(*args: str) -> str:
     return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True, timeout=60).stdout
 
 
-def make_pair(directory: Path, name: str) -> tuple[Path, Path]:
-    """(certificate, key) for localhost, an EC P-256 key (quick to make), valid a day."""
+def make_pair(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
+    """(certificate, key) for localhost, an EC P-256 key (quick to make), valid `days`."""
     cert, key = directory / f"{name}.pem", directory / f"{name}.key"
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN=localhost/O={name}",
+             "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", f"/CN=localhost/O={name}",
              "-addext", "subjectAltName=DNS:localhost")
     return cert, key
 
@@ -31,6 +32,12 @@ def fingerprint(cert: Path) -> str:
     """`openssl x509 -fingerprint -sha256` of the (first) certificate in `cert`."""
     line = _openssl("x509", "-noout", "-fingerprint", "-sha256", "-in", str(cert)).strip()
     return line.split("=", 1)[1]  # "sha256 Fingerprint=AB:CD:..."
+
+
+def not_after_unix_s(cert: Path) -> float:
+    """`openssl x509 -enddate` of the (first) certificate in `cert`, as unix time."""
+    line = _openssl("x509", "-noout", "-enddate", "-in", str(cert)).strip()
+    return float(ssl.cert_time_to_seconds(line.split("=", 1)[1]))  # "notAfter=Dec  2 21:22:40 2026 GMT"
 
 
 async def new_connection(address: str, trusted: Path) -> str:

@@ -257,7 +257,20 @@ def test_every_metric_the_operators_guide_alerts_on_is_exposed() -> None:
     metrics = Metrics()
     metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
     metrics.update(snapshot(), FakeGpu(), FakeLog())
+    metrics.set_certificate_expiry(1_800_000_000.0)  # (a daemon with TLS)
     exposed = {line.split("{")[0].split(" ")[0] for line in metrics.render().decode().splitlines()
                if line and not line.startswith("#")}
     assert named <= exposed, named - exposed
 
+
+
+def test_the_tls_certificate_expiry_is_exported_only_once_known() -> None:
+    """Without TLS there is no series: a 0 would read as a certificate long expired."""
+    metrics = Metrics()
+    metrics.update(snapshot(), FakeGpu(), FakeLog())
+    assert "kvbudget_tls_certificate_expiry" not in metrics.render().decode()
+    metrics.set_certificate_expiry(0.0)  # its expiry could not be read: still nothing
+    assert "kvbudget_tls_certificate_expiry" not in metrics.render().decode()
+    metrics.set_certificate_expiry(1_800_000_000.0)
+    metrics.set_certificate_expiry(1_900_000_000.0)  # a reload served a renewed one
+    assert "kvbudget_tls_certificate_expiry_timestamp_seconds 1.9e+09" in metrics.render().decode()

@@ -87,14 +87,15 @@ def test_the_tls_pair_is_read_again_and_served_only_when_it_changed(tmp_path: Pa
     key.write_bytes(renewed_key.read_bytes())
     plan = plan_reload(running, running, served)
     assert plan.certificate is not None and plan.certificate.fingerprint == fingerprint(renewed_cert)
-    assert plan.changes == (f"tls certificate {cert}: sha256 {fingerprint(renewed_cert)}",)
+    assert plan.changes == (f"tls certificate {plan.certificate.describe()}",)
+    assert plan.changes[0].startswith(f"tls certificate {cert}: sha256 {fingerprint(renewed_cert)}, valid until ")
     assert plan.at_restart == ()
 
     # Other files named: served as well, and the running config names them from now on.
     other_cert, other_key = make_pair(tmp_path, "other")
     loaded = dataclasses.replace(running, tls_cert_file=str(other_cert), tls_key_file=str(other_key))
     plan = plan_reload(running, loaded, plan.certificate)
-    assert plan.changes == (f"tls certificate {other_cert}: sha256 {fingerprint(other_cert)}",)
+    assert plan.changes[0].startswith(f"tls certificate {other_cert}: sha256 {fingerprint(other_cert)}, valid until ")
     assert (plan.config.tls_cert_file, plan.config.tls_key_file) == (str(other_cert), str(other_key))
 
     # A pair that cannot be served fails the whole reload, naming the file (nothing changes).

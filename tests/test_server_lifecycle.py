@@ -178,6 +178,7 @@ async def test_metrics_endpoint_counts_decisions(tmp_path) -> None:
         assert "process_resident_memory_bytes " in text
         assert 'python_gc_collections_total{generation="0"}' in text
         assert "python_info{" in text
+        assert "kvbudget_tls_certificate_expiry" not in text  # no TLS: no certificate to expire
 
 
 def test_socket_mode_stale_socket_and_live_socket(tmp_path) -> None:

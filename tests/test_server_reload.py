@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import urllib.request
 
 import grpc
 import pytest
@@ -12,7 +13,7 @@ from kvbudget.client import ObserverClient
 from kvbudget.daemon import convert
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
-from certificates import fingerprint, make_pair, new_connection
+from certificates import fingerprint, make_pair, new_connection, not_after_unix_s
 from daemon_harness import DaemonProcess, await_until, wait_until
 
 pytestmark = pytest.mark.slow
@@ -150,9 +151,18 @@ async def test_sighup_serves_a_renewed_tls_certificate_to_new_connections(tmp_pa
     config = tmp_path / "kvbudget.toml"
     config.write_text(f"[server]\ntls_cert_file = '{cert}'\ntls_key_file = '{key}'\n")
     address = f"localhost:{_free_port()}"
-    with DaemonProcess(tmp_path, "--config", str(config),
+    metrics_port = _free_port()
+
+    def expiry_metric() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        line = next(line for line in text.splitlines()
+                    if line.startswith("kvbudget_tls_certificate_expiry_timestamp_seconds "))
+        return float(line.split()[1])
+
+    with DaemonProcess(tmp_path, "--config", str(config), "--metrics-address", f"127.0.0.1:{metrics_port}",
                        listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
-        assert f"tls certificate {cert}: sha256 {first_fingerprint}" in daemon.stderr()
+        assert f"tls certificate {cert}: sha256 {first_fingerprint}, valid until " in daemon.stderr()
+        assert expiry_metric() == not_after_unix_s(cert)
         first = tmp_path / "first.pem"
         first.write_bytes(cert.read_bytes())
         assert await new_connection(address, first) == "ok"
@@ -161,7 +171,7 @@ async def test_sighup_serves_a_renewed_tls_certificate_to_new_connections(tmp_pa
         observer = observer_pb2_grpc.ObserverServiceStub(open_before)
         await observer.GetSnapshot(observer_pb2.GetSnapshotRequest(), timeout=10)
 
-        renewed_cert, renewed_key = make_pair(tmp_path, "renewed")
+        renewed_cert, renewed_key = make_pair(tmp_path, "renewed", days=90)
         cert.write_bytes(renewed_cert.read_bytes())
         key.write_bytes(renewed_key.read_bytes())
         daemon.signal(signal.SIGHUP)
@@ -173,6 +183,7 @@ async def test_sighup_serves_a_renewed_tls_certificate_to_new_connections(tmp_pa
         assert f"INFO: reloaded: tls certificate {cert}: sha256 {fingerprint(renewed_cert)}" in daemon.stderr()
         assert await new_connection(address, renewed_cert) == "ok"
         assert await new_connection(address, first) == "UNAVAILABLE"  # only the renewed one is presented
+        assert expiry_metric() == not_after_unix_s(renewed_cert) > not_after_unix_s(first)
         reply = await observer.GetSnapshot(observer_pb2.GetSnapshotRequest(), timeout=10)
         assert reply.snapshot.num_blocks == 64  # the connection made before still works
         await open_before.close()

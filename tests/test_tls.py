@@ -3,6 +3,8 @@ replaced pair served to new connections by a real grpc.aio server, old ones kept
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -10,7 +12,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from kvbudget.daemon.tls import ServedCertificate, TlsError, read_pair
 
-from certificates import fingerprint, make_pair, new_connection
+from certificates import fingerprint, make_pair, new_connection, not_after_unix_s
 
 
 def test_a_good_pair_reads_with_openssls_fingerprint(tmp_path) -> None:
@@ -18,7 +20,19 @@ def test_a_good_pair_reads_with_openssls_fingerprint(tmp_path) -> None:
     pair = read_pair(str(cert), str(key))
     assert (pair.cert_pem, pair.key_pem) == (cert.read_bytes(), key.read_bytes())
     assert pair.fingerprint == fingerprint(cert)
+    assert pair.not_after_unix_s == not_after_unix_s(cert)
     assert "PRIVATE" not in repr(pair)  # the key stays out of logs
+    assert not pair.expired(pair.not_after_unix_s - 1) and pair.expired(pair.not_after_unix_s)
+    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(not_after_unix_s(cert)))
+    assert pair.describe() == f"{cert}: sha256 {fingerprint(cert)}, valid until {until}"
+
+
+def test_expiry_past_2049_is_read_too(tmp_path) -> None:
+    """X.509 writes a time up to 2049 as UTCTime (two-digit year), later as GeneralizedTime."""
+    cert, key = make_pair(tmp_path, "long", days=36500)
+    pair = read_pair(str(cert), str(key))
+    assert time.gmtime(pair.not_after_unix_s).tm_year > 2100
+    assert pair.not_after_unix_s == not_after_unix_s(cert)
 
 
 def test_every_bad_pair_names_the_file_to_fix(tmp_path) -> None:
@@ -69,3 +83,20 @@ async def test_a_replaced_pair_is_served_to_new_connections_on_every_listener(tm
         await old.close()
     finally:
         await server.stop(0)
+
+
+def test_an_expired_certificate_is_served_but_the_journal_says_so(tmp_path, caplog) -> None:
+    """(As nginx does: it is the operator's to renew; refusing to start would end every session.)"""
+    import dataclasses
+    import logging
+
+    from kvbudget.daemon.server import _warn_if_expired
+
+    cert, key = make_pair(tmp_path, "a")
+    pair = read_pair(str(cert), str(key))
+    with caplog.at_level(logging.WARNING, logger="kvbudget.daemon"):
+        _warn_if_expired(pair)
+        assert caplog.records == []
+        _warn_if_expired(dataclasses.replace(pair, not_after_unix_s=time.time() - 60))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tls certificate {cert} has expired: clients refuse it; renew it, then systemctl reload kvbudget"]
