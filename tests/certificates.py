@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 def _openssl(*args: str) -> str:
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        pytest.skip("openssl is not installed: it makes the self-signed certificates this test serves")
     return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True, timeout=60).stdout
 
 

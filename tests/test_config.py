@@ -172,13 +172,20 @@ def test_a_tls_pair_that_cannot_be_served_is_refused_naming_its_file(tmp_path: P
     assert caught.value.key == "server.tls_cert_file" and "no PEM certificate in it" in str(caught.value)
 
 
-def test_tcp_is_accepted_with_tokens_tls_or_an_explicit_opt_in(tmp_path: Path) -> None:
+def _tcp_config(tmp_path: Path, server_keys: str) -> DaemonConfig:
+    return load_config(write(tmp_path, MODEL + f"[server]\nlisten = ['127.0.0.1:0', '[::1]:50051']\n{server_keys}\n"))
+
+
+def test_tcp_is_accepted_with_tokens_or_an_explicit_opt_in(tmp_path: Path) -> None:
     tokens = write(tmp_path, f'engine = ["{GOOD_TOKEN}"]\n', "tokens.toml")
-    cert, key = make_pair(tmp_path, "x")
-    for extra in (f"tokens_file = '{tokens}'", f"tls_cert_file = '{cert}'\ntls_key_file = '{key}'",
-                  "allow_insecure_tcp = true"):
-        config = load_config(write(tmp_path, MODEL + f"[server]\nlisten = ['127.0.0.1:0', '[::1]:50051']\n{extra}\n"))
-        assert config.listen == ("127.0.0.1:0", "[::1]:50051")
+    for extra in (f"tokens_file = '{tokens}'", "allow_insecure_tcp = true"):
+        assert _tcp_config(tmp_path, extra).listen == ("127.0.0.1:0", "[::1]:50051")
+
+
+def test_tcp_is_accepted_with_tls(tmp_path: Path) -> None:
+    cert, key = make_pair(tmp_path, "x")  # (a pair that serves: the config checks it)
+    config = _tcp_config(tmp_path, f"tls_cert_file = '{cert}'\ntls_key_file = '{key}'")
+    assert config.listen == ("127.0.0.1:0", "[::1]:50051") and config.tls_enabled
 
 
 def test_a_bad_tokens_file_is_reported_under_tokens_file(tmp_path: Path) -> None:
