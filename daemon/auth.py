@@ -10,13 +10,18 @@ for the Docker or containerd sockets. Calls over TCP must carry `authorization: 
 
 Tokens are compared in constant time (hmac.compare_digest) against every known token,
 so the time a failed check takes says nothing about how close a guess was.
+
+With mutual TLS (`tls_client_ca_file`) every TCP caller has a certificate the CA signed;
+the tokens file's `[certificates]` table may give a role to a certificate's name (its
+subject CN, or any subject alternative name), so that a caller need send no token. A token
+sent still decides, so that one client certificate can carry an on-call engineer's token.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import grpc
 
@@ -61,27 +66,42 @@ def is_local_peer(peer: str) -> bool:
 class Authorizer:
     """Decides a caller's role from its peer address and metadata."""
 
-    def __init__(self, tokens: Mapping[str, str] | None, *, trust_tcp: bool = False) -> None:
-        """`trust_tcp`: TCP callers get full access without a token (TLS-only setups and
-        the explicit allow_insecure_tcp opt-in; the config refuses TCP otherwise)."""
+    def __init__(
+        self, tokens: Mapping[str, str] | None, *, certificate_names: Mapping[str, str] | None = None,
+        trust_tcp: bool = False,
+    ) -> None:
+        """`trust_tcp`: TCP callers get full access without a token (no tokens file: TLS,
+        or mutual TLS, or the explicit allow_insecure_tcp opt-in; the config refuses TCP
+        otherwise). `certificate_names`: client certificate name -> role (mutual TLS)."""
         self._tokens = [(token.encode(), Role(role)) for token, role in (tokens or {}).items()]
+        self._names = _by_name(certificate_names)
         self._trust_tcp = trust_tcp
 
-    def replace_tokens(self, tokens: Mapping[str, str]) -> None:
-        """New tokens from now on (a reload); calls already let in keep going. One
-        assignment, so a call checks against the old table or the new, never a mix."""
-        self._tokens = [(token.encode(), Role(role)) for token, role in tokens.items()]
+    def replace_tokens(self, tokens: Mapping[str, str], certificate_names: Mapping[str, str] | None = None) -> None:
+        """New tokens and certificate names from now on (a reload); calls already let in
+        keep going. A call checks against the old tables or the new, never a mix."""
+        self._tokens, self._names = [(token.encode(), Role(role)) for token, role in tokens.items()], _by_name(
+            certificate_names)
 
     @property
     def trusts_everyone(self) -> bool:
         """Every caller gets full access (no tokens): `require` never refuses."""
         return self._trust_tcp
 
-    def role_of(self, peer: str, metadata: object) -> Role:
+    def role_of(self, peer: str, metadata: object, peer_names: Iterable[bytes] = ()) -> Role:
+        """`peer_names`: the names in the caller's verified client certificate (mutual TLS)."""
         if self._trust_tcp or is_local_peer(peer):
             return Role.ADMIN
         token = bearer_token(metadata)
         if token is None:
+            names = self._names
+            for name in peer_names if names else ():
+                role = names.get(name)
+                if role is not None:
+                    return role
+            if names:
+                raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: bearer token required "
+                                f"(or a client certificate the tokens file's [certificates] names; {_shown(peer_names)})")
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: bearer token required")
         found: Role | None = None
         candidate = token.encode()
@@ -92,8 +112,8 @@ class Authorizer:
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: unknown token")
         return found
 
-    def check(self, peer: str, metadata: object, needed: Role) -> Role:
-        role = self.role_of(peer, metadata)
+    def check(self, peer: str, metadata: object, needed: Role, peer_names: Iterable[bytes] = ()) -> Role:
+        role = self.role_of(peer, metadata, peer_names)
         if needed not in _GRANTS[role]:
             raise AuthError(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -113,7 +133,24 @@ class Authorizer:
         if is_local_peer(peer):
             return _ADMIN
         try:
-            return self.check(peer, context.invocation_metadata(), needed)
+            names = _certificate_names(context.auth_context()) if self._names else ()
+            return self.check(peer, context.invocation_metadata(), needed, names)
         except AuthError as exc:
             await context.abort(exc.code, str(exc))
             raise  # unreachable: abort raises
+
+
+def _by_name(certificate_names: Mapping[str, str] | None) -> dict[bytes, Role]:
+    # (bytes: as gRPC's auth context gives them)
+    return {name.encode(): Role(role) for name, role in (certificate_names or {}).items()}
+
+
+def _certificate_names(auth_context: Mapping[str, Iterable[bytes]]) -> list[bytes]:
+    """The names of the caller's verified client certificate: subject CN, then every
+    subject alternative name (DNS, URI, IP, e-mail); none without mutual TLS."""
+    return [*auth_context.get("x509_common_name", ()), *auth_context.get("x509_subject_alternative_name", ())]
+
+
+def _shown(peer_names: Iterable[bytes]) -> str:
+    names = sorted({name.decode(errors="replace") for name in peer_names})
+    return f"this one names {', '.join(names)}" if names else "this call presented none"

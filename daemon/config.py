@@ -14,8 +14,8 @@ The file has sections; each key maps to one `DaemonConfig` field:
     [admission]  policy, enable_prefix_caching, watermark, lookahead_tokens, max_queue_len,
                  backfill_depth, max_head_wait_s, reject_over_quota
     [tenants.NAME]  max_share, weight
-    [server]     listen, tokens_file, tls_cert_file, tls_key_file, allow_insecure_tcp,
-                 lease_ttl_s, watch_max_hz, drain_timeout_s, log_level
+    [server]     listen, tokens_file, tls_cert_file, tls_key_file, tls_client_ca_file,
+                 allow_insecure_tcp, lease_ttl_s, watch_max_hz, drain_timeout_s, log_level
     [log]        db_path, retention_days, retention_max_rows, retention_max_bytes
     [metrics]    address
 """
@@ -104,6 +104,7 @@ class DaemonConfig:
     tokens_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    tls_client_ca_file: str = ""  # mutual TLS: clients present a certificate signed by a CA in it
     allow_insecure_tcp: bool = False  # TCP without token or TLS: only for loopback benches
     lease_ttl_s: float = 10.0
     watch_max_hz: float = 30.0
@@ -186,6 +187,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("server", "tokens_file", "tokens_file", str),
     _Key("server", "tls_cert_file", "tls_cert_file", str),
     _Key("server", "tls_key_file", "tls_key_file", str),
+    _Key("server", "tls_client_ca_file", "tls_client_ca_file", str),
     _Key("server", "allow_insecure_tcp", "allow_insecure_tcp", bool),
     _Key("server", "lease_ttl_s", "lease_ttl_s", float),
     _Key("server", "watch_max_hz", "watch_max_hz", float),
@@ -453,11 +455,24 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
             read_pair(c.tls_cert_file, c.tls_key_file)  # (read again to serve: daemon/tls.py)
         except TlsError as exc:
             raise fail(exc.field, str(exc)) from None
+    if c.tls_client_ca_file:
+        if not c.tls_cert_file:
+            raise fail("tls_client_ca_file", "needs tls_cert_file and tls_key_file: client certificates "
+                       "are asked for in the TLS handshake")
+        from kvbudget.daemon.tls import TlsError, read_client_ca
+
+        try:
+            read_client_ca(c.tls_client_ca_file)
+        except TlsError as exc:
+            raise fail(exc.field, str(exc)) from None
     if c.tokens_file:
         try:
-            load_tokens(c.tokens_file)
+            roles = load_roles(c.tokens_file)
         except ConfigError as exc:
             raise fail("tokens_file", str(exc)) from None
+        if roles.certificate_names and not c.tls_client_ca_file:
+            raise fail("tokens_file", f"{c.tokens_file}: [certificates] names client certificates, but "
+                       "tls_client_ca_file is not set: no client presents one")
 
 
 def _check_metrics(c: DaemonConfig, fail: _Fail) -> None:
@@ -490,31 +505,72 @@ _CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (
 
 
 # --------------------------------------------------------------------- tokens
-def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
-    """token -> role from a TOML file of `engine = [...]`, `observer = [...]`, `admin = [...]`.
+CERTIFICATES_TABLE = "certificates"  # the tokens file's table of client certificate names
 
-    Keys of the error are the file's own keys (`engine`, `admin[1]`) so the operator
-    knows which line to fix; a token listed twice is refused (its role would be ambiguous).
+
+@dataclass(frozen=True)
+class Roles:
+    """What the tokens file grants: token -> role, and (mutual TLS) the name of a client
+    certificate (its subject CN or a subject alternative name) -> role."""
+
+    tokens: dict[str, str]
+    certificate_names: dict[str, str] = field(default_factory=dict)
+
+
+def load_roles(path: str | os.PathLike[str]) -> Roles:
+    """The tokens file: `engine = [...]`, `observer = [...]`, `admin = [...]` tokens, and
+    optionally a `[certificates]` table of the same three lists of certificate names.
+
+    Keys of the error are the file's own keys (`engine`, `admin[1]`,
+    `certificates.observer[0]`) so the operator knows which line to fix; a token or name
+    listed twice is refused (its role would be ambiguous).
     """
     source = str(path)
-    document = _read_file(Path(path), "tokens file")
-    tokens: dict[str, str] = {}
-    for role, listed in document.items():
+    document = dict(_read_file(Path(path), "tokens file"))
+    names = document.pop(CERTIFICATES_TABLE, {})
+    if not isinstance(names, dict):
+        raise ConfigError(CERTIFICATES_TABLE, 'must be a table: [certificates] then engine = ["NAME", ...]',
+                          source=source)
+    tokens = _by_role(document, "", "token", _token_problem, source)
+    return Roles(tokens, _by_role(names, f"{CERTIFICATES_TABLE}.", "certificate name", _name_problem, source))
+
+
+def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
+    """token -> role from the tokens file (`load_roles`)."""
+    return load_roles(path).tokens
+
+
+def _token_problem(token: str) -> str | None:
+    if len(token) < MIN_TOKEN_LENGTH or token != token.strip() or any(ch.isspace() for ch in token):
+        return f"a token must be at least {MIN_TOKEN_LENGTH} characters without spaces"
+    return None
+
+
+def _name_problem(name: str) -> str | None:
+    if not name or name != name.strip():
+        return "a certificate name must not be empty or start or end with spaces"
+    return None
+
+
+def _by_role(
+    table: Mapping[str, object], prefix: str, what: str, problem: Callable[[str], str | None], source: str
+) -> dict[str, str]:
+    """value -> role from `role = [values]` lines; ConfigError names the line's key."""
+    found: dict[str, str] = {}
+    for role, listed in table.items():
         if role not in ROLES:
-            raise ConfigError(role, f"unknown role {role!r} (expected: {', '.join(ROLES)})", source=source)
-        if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
-            raise ConfigError(role, "must be a list of token strings", source=source)
-        for index, token in enumerate(listed):
-            key = f"{role}[{index}]"
-            if len(token) < MIN_TOKEN_LENGTH or token != token.strip() or any(ch.isspace() for ch in token):
-                raise ConfigError(
-                    key, f"a token must be at least {MIN_TOKEN_LENGTH} characters without spaces",
-                    source=source,
-                )
-            if token in tokens:
-                raise ConfigError(key, f"token already listed for role {tokens[token]!r}", source=source)
-            tokens[token] = role
-    return tokens
+            raise ConfigError(f"{prefix}{role}", f"unknown role {role!r} (expected: {', '.join(ROLES)})", source=source)
+        if not isinstance(listed, list) or not all(isinstance(value, str) for value in listed):
+            raise ConfigError(f"{prefix}{role}", f"must be a list of {what} strings", source=source)
+        for index, value in enumerate(listed):
+            key = f"{prefix}{role}[{index}]"
+            why = problem(value)
+            if why is not None:
+                raise ConfigError(key, why, source=source)
+            if value in found:
+                raise ConfigError(key, f"{what} already listed for role {found[value]!r}", source=source)
+            found[value] = role
+    return found
 
 
 def config_keys() -> tuple[str, ...]:

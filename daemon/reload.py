@@ -5,11 +5,12 @@ Live: the admission `policy`, the fit test's margins (`watermark`, `lookahead_to
 `max_head_wait_s`), `[tenants.NAME]` quotas and weights, the log's retention
 (`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
 sessions, `drain_timeout_s`, `log_level`, the tokens file's contents (rotate a token
-without a restart), and the TLS certificate and key (their files read again, or other
-files named: a renewed certificate is served to new connections, `daemon/tls.py`).
+without a restart), the TLS certificate and key, and the CAs that client certificates
+are checked against (their files read again, or other files named: a renewed certificate is
+served to new connections, `daemon/tls.py`).
 Everything else shaped what was built at start (the pool and its memory, the model and its
-block size, `enable_prefix_caching`, the sockets, TLS turned on or off, the log's file,
-metrics): a change there is reported and waits for the next restart.
+block size, `enable_prefix_caching`, the sockets, TLS or client certificates turned on or
+off, the log's file, metrics): a change there is reported and waits for the next restart.
 
 A reload applies what changed in the file since the daemon started (or last reloaded), so
 a policy or quota set live over AdminService stays unless the file's own value for it
@@ -22,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota, load_tokens
-from kvbudget.daemon.tls import CertificatePair, TlsError, read_pair
+from kvbudget.daemon.config import ConfigError, DaemonConfig, Roles, TenantQuota, load_roles
+from kvbudget.daemon.tls import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
 
 # AdmissionController.retune's keyword arguments, the config's field names
 RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s",
@@ -31,33 +32,42 @@ RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth
 LIVE_KEYS = (
     "policy", *RETUNE_KEYS, "tenants", "retention_days", "retention_max_rows", "retention_max_bytes",
     "lease_ttl_s", "drain_timeout_s", "log_level", "tokens_file", "tls_cert_file", "tls_key_file",
+    "tls_client_ca_file",
 )
 
 
 @dataclass(frozen=True)
 class ReloadPlan:
     """What a reload would do: the running config after it, the changes in words, the
-    keys that changed but wait for a restart, the tokens to serve with, and the TLS
-    certificate to serve (None: as now)."""
+    keys that changed but wait for a restart, the tokens to serve with, the TLS
+    certificate to serve and the client CAs to verify against (None: as now)."""
 
     config: DaemonConfig
     changes: tuple[str, ...]
     at_restart: tuple[str, ...]
-    tokens: dict[str, str] | None
+    roles: Roles | None  # the tokens file's tokens and certificate names
     certificate: CertificatePair | None = None
+    client_ca: ClientAuthority | None = None
+
+    @property
+    def tokens(self) -> dict[str, str] | None:
+        return self.roles.tokens if self.roles is not None else None
 
 
 def plan_reload(
-    running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None
+    running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None,
+    served_client_ca: ClientAuthority | None = None,
 ) -> ReloadPlan:
     """Compares the config the daemon runs with the one just loaded; `served` is the TLS
-    certificate its listeners present. Raises ConfigError / OSError (a tokens file that
+    certificate its listeners present, `served_client_ca` the CAs they verify clients
+    against. Raises ConfigError / OSError (a tokens file that
     cannot be read): then nothing is to change."""
     live: dict[str, object] = {}
     changes: list[str] = []
     at_restart: list[str] = []
-    tokens: dict[str, str] | None = None
+    roles: Roles | None = None
     certificate: CertificatePair | None = None
+    client_ca: ClientAuthority | None = None
     for f in dataclasses.fields(DaemonConfig):
         before, after = getattr(running, f.name), getattr(loaded, f.name)
         if f.name == "tls_key_file":
@@ -71,12 +81,23 @@ def plan_reload(
                     changes.append(f"tls certificate {certificate.describe()}")
                 live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)
             continue
+        if f.name == "tls_client_ca_file":
+            if bool(before) != bool(after) or running.tls_enabled != loaded.tls_enabled:
+                if before != after:  # what each listener demands of a handshake
+                    at_restart.append(f.name)
+            elif after:
+                client_ca = _client_ca_to_serve(after, served_client_ca)
+                if client_ca is not None:
+                    changes.append(f"tls client CA {client_ca.describe()}")
+                live[f.name] = after
+            continue
         if f.name == "tokens_file":
             if bool(before) != bool(after):
                 at_restart.append(f.name)  # with tokens or without: TCP trusts callers or not
             elif after:
-                tokens = load_tokens(after)  # the file's contents may have changed, not its name
-                changes.append(f"tokens from {after}: {len(tokens)}")
+                roles = load_roles(after)  # the file's contents may have changed, not its name
+                names = f", certificate names: {len(roles.certificate_names)}" if roles.certificate_names else ""
+                changes.append(f"tokens from {after}: {len(roles.tokens)}{names}")
                 live[f.name] = after
             continue
         if before == after:
@@ -89,8 +110,8 @@ def plan_reload(
             changes.extend(_tenant_changes(before, after))
         else:
             changes.append(f"{f.name} {_shown(before)} -> {_shown(after)}")
-    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), tokens,  # type: ignore[arg-type]
-                      certificate)
+    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), roles,  # type: ignore[arg-type]
+                      certificate, client_ca)
 
 
 def _certificate_to_serve(loaded: DaemonConfig, served: CertificatePair | None) -> CertificatePair | None:
@@ -103,6 +124,17 @@ def _certificate_to_serve(loaded: DaemonConfig, served: CertificatePair | None) 
     if served is not None and (pair.cert_pem, pair.key_pem) == (served.cert_pem, served.key_pem):
         return None
     return pair
+
+
+def _client_ca_to_serve(ca_file: str, served: ClientAuthority | None) -> ClientAuthority | None:
+    """The CAs the file holds now if they are not the ones served; ConfigError if unusable."""
+    try:
+        client_ca = read_client_ca(ca_file)
+    except TlsError as exc:
+        raise ConfigError(f"server.{exc.field}", str(exc)) from None
+    if served is not None and client_ca.pem == served.pem:
+        return None
+    return client_ca
 
 
 def tenant_updates(running: DaemonConfig, target: DaemonConfig) -> list[tuple[str, float | None, float]]:

@@ -40,12 +40,12 @@ from grpc_reflection.v1alpha import reflection
 from kvbudget.daemon import convert, sdnotify
 from kvbudget.daemon.admission import AdmissionController
 from kvbudget.daemon.auth import Authorizer
-from kvbudget.daemon.config import DaemonConfig, listen_kind, load_tokens, parse_host_port
+from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles, parse_host_port
 from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
-from kvbudget.daemon.tls import CertificatePair, ServedCertificate, TlsError, read_pair
+from kvbudget.daemon.tls import CertificatePair, ServedCertificate, TlsError, read_client_ca, read_pair
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
@@ -107,6 +107,18 @@ def _warn_if_expired(pair: CertificatePair) -> None:
                     pair.cert_file)
 
 
+def _warn_if_tcp_is_open_to_all(config: DaemonConfig) -> None:
+    """TLS with neither tokens nor client certificates encrypts, but lets anyone who can
+    reach the port in as admin. It is allowed (for a network only trusted hosts reach),
+    and said at every start, so that it stays a choice and not an oversight."""
+    if config.tokens_file or config.tls_client_ca_file or not config.tls_enabled:
+        return
+    for address in config.listen:
+        if listen_kind(address) == "tcp":
+            log.warning("listen %s: TLS without tokens_file or tls_client_ca_file: every client that "
+                        "reaches it has the admin role", address)
+
+
 class Daemon:
     def __init__(
         self, config: DaemonConfig, *, core_options: CoreOptions | None = None,
@@ -124,7 +136,7 @@ class Daemon:
         self._certificate: ServedCertificate | None = None  # TLS: what the TCP listeners present
         self.core_options = core_options or CoreOptions()
         self._on_ready = on_ready
-        self.tokens = load_tokens(config.tokens_file) if config.tokens_file else {}
+        self.roles = load_roles(config.tokens_file) if config.tokens_file else Roles({})
         self._stop = asyncio.Event()
         self._listeners: list[Listener] = []
         self._exit_status = 0
@@ -161,11 +173,15 @@ class Daemon:
         config = self.config
         if config.tls_enabled:
             try:
-                self._certificate = ServedCertificate(read_pair(config.tls_cert_file, config.tls_key_file))
+                client_ca = read_client_ca(config.tls_client_ca_file) if config.tls_client_ca_file else None
+                self._certificate = ServedCertificate(read_pair(config.tls_cert_file, config.tls_key_file), client_ca)
             except TlsError as exc:  # (the config checked it; the files changed since)
                 raise StartupError(f"{exc.field}: {exc}") from None
             log.info("tls certificate %s", self._certificate.pair.describe())
+            if client_ca is not None:
+                log.info("tls client certificates required, signed by %s", client_ca.describe())
             _warn_if_expired(self._certificate.pair)
+        _warn_if_tcp_is_open_to_all(config)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -173,8 +189,11 @@ class Daemon:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        # TCP without a tokens file is trusted: only TLS-only or allow_insecure_tcp get here.
-        auth = self._auth = Authorizer(self.tokens or None, trust_tcp=not self.tokens)
+        # TCP without a tokens file is trusted: only TLS (mutual or not) or allow_insecure_tcp
+        # get here. With one, even one that lists no token, a TCP caller needs a role.
+        roles = self.roles
+        auth = self._auth = Authorizer(roles.tokens, certificate_names=roles.certificate_names,
+                                       trust_tcp=not config.tokens_file)
         engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core, auth), server)
         observer_pb2_grpc.add_ObserverServiceServicer_to_server(
             ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server
@@ -239,8 +258,9 @@ class Daemon:
         async with self._reload_lock:  # (two SIGHUPs in a row: one after the other)
             sdnotify.reloading()
             try:
-                served = self._certificate.pair if self._certificate is not None else None
-                plan = plan_reload(self.config, self._reload_config(), served)
+                served = self._certificate
+                plan = plan_reload(self.config, self._reload_config(), served and served.pair,
+                                   served and served.client_ca)
             except (ConfigError, OSError) as exc:
                 log.error("reload failed, nothing changed: %s", exc)
                 sdnotify.ready("reload failed, still running the previous config")
@@ -259,11 +279,12 @@ class Daemon:
             core.log.max_rows = target.retention_rows
             core.log.max_bytes = target.retention_bytes
             core.sessions.default_ttl_s = target.lease_ttl_s  # new sessions; open ones keep theirs
-            if plan.tokens is not None and self._auth is not None:
-                self._auth.replace_tokens(plan.tokens)
-                self.tokens = plan.tokens
-            if plan.certificate is not None and self._certificate is not None:
-                self._certificate.replace(plan.certificate)  # new connections get it
+            if plan.roles is not None and self._auth is not None:
+                self._auth.replace_tokens(plan.roles.tokens, plan.roles.certificate_names)
+                self.roles = plan.roles
+            if self._certificate is not None and (plan.certificate or plan.client_ca) is not None:
+                self._certificate.replace(plan.certificate, plan.client_ca)  # new connections get them
+            if plan.certificate is not None:
                 _warn_if_expired(plan.certificate)
                 if core.metrics is not None:
                     core.metrics.set_certificate_expiry(plan.certificate.not_after_unix_s)

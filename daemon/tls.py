@@ -17,6 +17,13 @@ is one line that names neither file ("Failed to bind to address"), at start, and
 reload would come only at the next client's handshake, as a connection refused. Checked:
 the certificate file holds PEM certificates that parse, and the key file an unencrypted
 PEM key (gRPC takes no passphrase) that matches the first certificate.
+
+Mutual TLS (`tls_client_ca_file`): the listeners then require every client to present a
+certificate signed by a CA in that file, so a client the CA did not certify never gets
+past the handshake, whatever token it sends. The CA file is read again on reload too
+(a CA bundle renewed or extended); turning client certificates on or off changes what
+each listener demands of a handshake, which gRPC fixes when the listener is made: that
+takes a restart.
 """
 
 from __future__ import annotations
@@ -101,6 +108,36 @@ def read_pair(cert_file: str, key_file: str) -> CertificatePair:
     return CertificatePair(cert_file, cert_pem, key_pem, fingerprint, not_after)
 
 
+@dataclass(frozen=True)
+class ClientAuthority:
+    """The CA certificates a client's certificate must chain to (mutual TLS), as read."""
+
+    ca_file: str
+    pem: bytes  # the file's certificates, and nothing else of it
+    num_certificates: int
+
+    def describe(self) -> str:
+        """`PATH: 2 CA certificates`, for the journal."""
+        plural = "s" if self.num_certificates != 1 else ""
+        return f"{self.ca_file}: {self.num_certificates} CA certificate{plural}"
+
+
+def read_client_ca(ca_file: str) -> ClientAuthority:
+    """Reads and checks the CA certificates client certificates are verified against;
+    TlsError names `tls_client_ca_file`. A file with no certificate in it would make gRPC
+    refuse every client at its handshake, with no word of why on the daemon's side."""
+    field = "tls_client_ca_file"
+    certificates = _PEM_CERTIFICATE.findall(_read(ca_file, field))
+    if not certificates:
+        raise TlsError(field, f"{ca_file}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
+    pem = b"\n".join(certificates) + b"\n"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=pem.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError) as exc:
+        raise TlsError(field, f"{ca_file}: a certificate in it does not parse ({_why(exc)})") from None
+    return ClientAuthority(ca_file, pem, len(certificates))
+
+
 def _tlv(der: bytes, pos: int) -> tuple[int, int, int]:
     """The DER element at `pos`: (tag, where its contents start, where they end)."""
     tag, length, start = der[pos], der[pos + 1], pos + 2
@@ -147,16 +184,20 @@ def _why(exc: Exception) -> str:
     return str(getattr(exc, "reason", None) or exc)
 
 
-def _configuration(pair: CertificatePair) -> grpc.ServerCertificateConfiguration:
-    return grpc.ssl_server_certificate_configuration([(pair.key_pem, pair.cert_pem)])
+def _configuration(pair: CertificatePair, client_ca: ClientAuthority | None) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(pair.key_pem, pair.cert_pem)], root_certificates=client_ca.pem if client_ca is not None else None
+    )
 
 
 class ServedCertificate:
-    """The pair the listeners present now; `replace` makes new connections get another."""
+    """The pair the listeners present now, and the CAs client certificates must chain to
+    (mutual TLS; None: clients present none); `replace` makes new connections get others."""
 
-    def __init__(self, pair: CertificatePair) -> None:
+    def __init__(self, pair: CertificatePair, client_ca: ClientAuthority | None = None) -> None:
         self.pair = pair
-        self._configuration = _configuration(pair)
+        self.client_ca = client_ca
+        self._configuration = _configuration(pair, client_ca)
 
     def credentials(self) -> grpc.ServerCredentials:
         """Credentials for ONE listener: each notes which configuration it last took, so
@@ -173,8 +214,17 @@ class ServedCertificate:
             taken = configuration
             return configuration
 
-        return grpc.dynamic_ssl_server_credentials(taken, fetch)
+        return grpc.dynamic_ssl_server_credentials(
+            taken, fetch, require_client_authentication=self.client_ca is not None
+        )
 
-    def replace(self, pair: CertificatePair) -> None:
-        self._configuration = _configuration(pair)
-        self.pair = pair
+    def replace(self, pair: CertificatePair | None = None, client_ca: ClientAuthority | None = None) -> None:
+        """Serves `pair` and/or verifies clients against `client_ca` from the next
+        handshake on; None keeps what is served. (Client certificates cannot be turned on
+        or off here: each listener fixed that when it was made.)"""
+        if client_ca is not None and self.client_ca is None:
+            raise ValueError("client certificates are not required by these listeners: that takes a restart")
+        pair = pair if pair is not None else self.pair
+        client_ca = client_ca if client_ca is not None else self.client_ca
+        self._configuration = _configuration(pair, client_ca)
+        self.pair, self.client_ca = pair, client_ca

@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"config OK: {setup.model.name}, {setup.num_blocks} blocks of {setup.sizing.block_size} tokens "
             f"({setup.num_blocks - 1} usable + the null block; from {setup.sizing.source}), "
-            f"listen {', '.join(config.listen)}, log {config.db_path} (kept: {_retention(config)})"
+            f"listen {', '.join(config.listen)}{tcp_access(config)}, log {config.db_path} "
+            f"(kept: {_retention(config)})"
         )
         return 0
     import asyncio
@@ -143,6 +144,23 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(daemon.serve())
     except StartupError as exc:
         raise CLIError(str(exc)) from None
+
+
+def tcp_access(config: DaemonConfig) -> str:
+    """How TCP callers get in, for --check-config: `, TCP over mutual TLS, roles from
+    PATH`; "" without a TCP listener."""
+    from kvbudget.daemon.config import listen_kind
+
+    if not any(listen_kind(address) == "tcp" for address in config.listen):
+        return ""
+    transport = "mutual TLS" if config.tls_client_ca_file else "TLS" if config.tls_enabled else "plaintext"
+    if config.tokens_file:
+        who = f"roles from {config.tokens_file}"
+    elif config.tls_client_ca_file:
+        who = f"every client {config.tls_client_ca_file} signed is admin"
+    else:
+        who = "every client that reaches it is admin"
+    return f", TCP over {transport}, {who}"
 
 
 def _retention(config: DaemonConfig) -> str:

@@ -1,5 +1,6 @@
-"""Self-signed TLS certificates for the tests, made by the `openssl` command (the test is
-skipped where it is missing), and what `openssl` itself says of them."""
+"""TLS certificates for the tests, made by the `openssl` command (the test is skipped
+where it is missing): self-signed ones, and a CA with certificates it signs (mutual TLS);
+and what `openssl` itself says of them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,28 @@ def make_pair(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
     return cert, key
 
 
+def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
+    """(certificate, key) of a CA named `name` that `make_signed` signs with, valid a day."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={name}",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    return cert, key
+
+
+def make_signed(directory: Path, name: str, ca: tuple[Path, Path], common_name: str = "localhost") -> tuple[Path, Path]:
+    """(certificate, key) signed by `ca` (`make_ca`), for `common_name` (also its DNS name),
+    good for a server or a client, valid a day."""
+    cert, key, request = directory / f"{name}.pem", directory / f"{name}.key", directory / f"{name}.csr"
+    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(key), "-out", str(request), "-subj", f"/CN={common_name}/O={name}")
+    extensions = directory / f"{name}.ext"
+    extensions.write_text(f"subjectAltName=DNS:{common_name}\nextendedKeyUsage=serverAuth,clientAuth\n")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
+             "-out", str(cert), "-days", "1", "-extfile", str(extensions))
+    return cert, key
+
+
 def fingerprint(cert: Path) -> str:
     """`openssl x509 -fingerprint -sha256` of the (first) certificate in `cert`."""
     line = _openssl("x509", "-noout", "-fingerprint", "-sha256", "-in", str(cert)).strip()
@@ -40,10 +63,15 @@ def not_after_unix_s(cert: Path) -> float:
     return float(ssl.cert_time_to_seconds(line.split("=", 1)[1]))  # "notAfter=Dec  2 21:22:40 2026 GMT"
 
 
-async def new_connection(address: str, trusted: Path) -> str:
+async def new_connection(address: str, trusted: Path, client: tuple[Path, Path] | None = None) -> str:
     """Health Check over a new TLS connection to `address` ("localhost:PORT") that trusts
-    only the certificate in `trusted`: "ok", or the status it failed with."""
-    credentials = grpc.ssl_channel_credentials(root_certificates=trusted.read_bytes())
+    only the certificate in `trusted`, presenting `client` (certificate, key) if given:
+    "ok", or the status it failed with."""
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=trusted.read_bytes(),
+        private_key=client[1].read_bytes() if client else None,
+        certificate_chain=client[0].read_bytes() if client else None,
+    )
     options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own, never one reused
     async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
         try:

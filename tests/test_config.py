@@ -17,11 +17,12 @@ from kvbudget.daemon.config import (
     config_keys,
     listen_kind,
     load_config,
+    load_roles,
     load_tokens,
     parse_host_port,
 )
 
-from certificates import make_pair
+from certificates import make_ca, make_pair
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "kvbudget.toml"
 GOOD_TOKEN = "0123456789abcdef"
@@ -188,6 +189,38 @@ def test_tcp_is_accepted_with_tls(tmp_path: Path) -> None:
     assert config.listen == ("127.0.0.1:0", "[::1]:50051") and config.tls_enabled
 
 
+def test_a_client_ca_needs_tls_and_a_readable_ca_file(tmp_path: Path) -> None:
+    cert, key = make_pair(tmp_path, "x")
+    ca, _ = make_ca(tmp_path, "ca")
+    config = _tcp_config(tmp_path, f"tls_cert_file = '{cert}'\ntls_key_file = '{key}'\ntls_client_ca_file = '{ca}'")
+    assert config.tls_client_ca_file == str(ca)
+    tokens = write(tmp_path, f'engine = ["{GOOD_TOKEN}"]\n', "tokens.toml")
+    with pytest.raises(ConfigError) as caught:  # (tokens let TCP in, but client certificates need TLS)
+        _tcp_config(tmp_path, f"tokens_file = '{tokens}'\ntls_client_ca_file = '{ca}'")
+    assert caught.value.key == "server.tls_client_ca_file"
+    assert "needs tls_cert_file and tls_key_file" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        _tcp_config(tmp_path, f"tls_cert_file = '{cert}'\ntls_key_file = '{key}'\ntls_client_ca_file = '{key}'")
+    assert caught.value.key == "server.tls_client_ca_file"
+    assert str(caught.value).endswith(f"server.tls_client_ca_file: {key}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
+
+
+def test_check_config_says_how_tcp_callers_get_in(tmp_path: Path) -> None:
+    from kvbudget.cmd_daemon import tcp_access
+
+    cert, key = make_pair(tmp_path, "x")
+    ca, _ = make_ca(tmp_path, "ca")
+    tokens = write(tmp_path, f'engine = ["{GOOD_TOKEN}"]\n', "tokens.toml")
+    tls = f"tls_cert_file = '{cert}'\ntls_key_file = '{key}'"
+    assert tcp_access(load_config(write(tmp_path, MODEL))) == ""  # the unix socket only
+    assert tcp_access(_tcp_config(tmp_path, f"tokens_file = '{tokens}'")) == f", TCP over plaintext, roles from {tokens}"
+    assert tcp_access(_tcp_config(tmp_path, tls)) == ", TCP over TLS, every client that reaches it is admin"
+    assert tcp_access(_tcp_config(tmp_path, f"{tls}\ntls_client_ca_file = '{ca}'")) == (
+        f", TCP over mutual TLS, every client {ca} signed is admin")
+    assert tcp_access(_tcp_config(tmp_path, f"{tls}\ntls_client_ca_file = '{ca}'\ntokens_file = '{tokens}'")) == (
+        f", TCP over mutual TLS, roles from {tokens}")
+
+
 def test_a_bad_tokens_file_is_reported_under_tokens_file(tmp_path: Path) -> None:
     tokens = write(tmp_path, 'engine = ["short"]\n', "tokens.toml")
     with pytest.raises(ConfigError) as caught:
@@ -278,6 +311,47 @@ def test_load_tokens_errors(tmp_path: Path, text: str, key: str, fragment: str) 
         load_tokens(write(tmp_path, text, "tokens.toml"))
     assert caught.value.key == key
     assert fragment in str(caught.value)
+
+
+def test_the_tokens_file_may_name_client_certificates_by_role(tmp_path: Path) -> None:
+    path = write(tmp_path, f'engine = ["{GOOD_TOKEN}"]\n[certificates]\nengine = ["vllm-0", "spiffe://gpu/vllm-1"]\n'
+                 'observer = ["grafana"]\n', "tokens.toml")
+    roles = load_roles(path)
+    assert roles.tokens == {GOOD_TOKEN: "engine"}
+    assert roles.certificate_names == {"vllm-0": "engine", "spiffe://gpu/vllm-1": "engine", "grafana": "observer"}
+    assert load_tokens(path) == roles.tokens
+    assert load_roles(write(tmp_path, f'admin = ["{GOOD_TOKEN}"]\n', "plain.toml")).certificate_names == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ('certificates = ["vllm-0"]\n', "certificates", "must be a table"),
+        ('[certificates]\nroot = ["vllm-0"]\n', "certificates.root", "unknown role 'root'"),
+        ('[certificates]\nengine = "vllm-0"\n', "certificates.engine", "must be a list of certificate name strings"),
+        ('[certificates]\nengine = [""]\n', "certificates.engine[0]", "must not be empty"),
+        ('[certificates]\nengine = ["vllm-0"]\nadmin = ["vllm-0"]\n', "certificates.admin[0]",
+         "certificate name already listed for role 'engine'"),
+    ],
+)
+def test_certificate_names_errors_name_the_line(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_roles(write(tmp_path, text, "tokens.toml"))
+    assert caught.value.key == key
+    assert fragment in str(caught.value)
+
+
+def test_certificate_names_need_client_certificates(tmp_path: Path) -> None:
+    tokens = write(tmp_path, '[certificates]\nengine = ["vllm-0"]\n', "tokens.toml")
+    cert, key = make_pair(tmp_path, "x")
+    with pytest.raises(ConfigError) as caught:
+        _tcp_config(tmp_path, f"tokens_file = '{tokens}'\ntls_cert_file = '{cert}'\ntls_key_file = '{key}'")
+    assert caught.value.key == "server.tokens_file"
+    assert "[certificates] names client certificates, but tls_client_ca_file is not set" in str(caught.value)
+    ca, _ = make_ca(tmp_path, "ca")
+    config = _tcp_config(tmp_path, f"tokens_file = '{tokens}'\ntls_cert_file = '{cert}'\ntls_key_file = '{key}'\n"
+                         f"tls_client_ca_file = '{ca}'")
+    assert config.tokens_file == str(tokens)
 
 
 def test_unreadable_tokens_file(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ import pytest
 
 from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
 from kvbudget.daemon.reload import plan_reload, tenant_updates
-from kvbudget.daemon.tls import read_pair
+from kvbudget.daemon.tls import read_client_ca, read_pair
 
-from certificates import fingerprint, make_pair
+from certificates import fingerprint, make_ca, make_pair
 
 BASE = DaemonConfig(model="llama-3.1-8b", num_gpu_blocks=65, device="cpu", memory_mode="accounting",
                     tenants={"team-a": TenantQuota(0.25, 1.0), "team-c": TenantQuota(None, 3.0)})
@@ -113,3 +113,43 @@ def test_tls_on_or_off_is_a_restart(tmp_path: Path) -> None:
     plan = plan_reload(with_tls, BASE, read_pair(str(cert), str(key)))
     assert (plan.changes, plan.at_restart, plan.certificate) == ((), ("tls_cert_file", "tls_key_file"), None)
     assert plan.config.tls_cert_file == str(cert)  # (still serving it until the restart)
+
+
+def test_the_client_ca_file_is_read_again_and_served_only_when_it_changed(tmp_path: Path) -> None:
+    cert, key = make_pair(tmp_path, "a")
+    ca, _ = make_ca(tmp_path, "ca")
+    served_pair, served_ca = read_pair(str(cert), str(key)), read_client_ca(str(ca))
+    running = dataclasses.replace(BASE, tls_cert_file=str(cert), tls_key_file=str(key), tls_client_ca_file=str(ca))
+    plan = plan_reload(running, running, served_pair, served_ca)
+    assert (plan.changes, plan.at_restart, plan.certificate, plan.client_ca) == ((), (), None, None)
+
+    second, _ = make_ca(tmp_path, "second-ca")  # a CA added to the bundle in place
+    ca.write_bytes(ca.read_bytes() + second.read_bytes())
+    plan = plan_reload(running, running, served_pair, served_ca)
+    assert plan.client_ca is not None and plan.client_ca.num_certificates == 2
+    assert (plan.changes, plan.at_restart, plan.certificate) == ((f"tls client CA {ca}: 2 CA certificates",), (), None)
+
+    loaded = dataclasses.replace(running, tls_client_ca_file=str(second))  # another file named
+    plan = plan_reload(running, loaded, served_pair, served_ca)
+    assert plan.changes == (f"tls client CA {second}: 1 CA certificate",)
+    assert plan.config.tls_client_ca_file == str(second)
+
+    ca.write_text("not a certificate any more\n")  # refused whole, naming the key and file
+    with pytest.raises(ConfigError) as caught:
+        plan_reload(running, running, served_pair, served_ca)
+    assert caught.value.key == "server.tls_client_ca_file" and f"{ca}: no PEM certificate in it" in str(caught.value)
+
+
+def test_client_certificates_on_or_off_is_a_restart(tmp_path: Path) -> None:
+    cert, key = make_pair(tmp_path, "a")
+    ca, _ = make_ca(tmp_path, "ca")
+    with_tls = dataclasses.replace(BASE, tls_cert_file=str(cert), tls_key_file=str(key))
+    with_mtls = dataclasses.replace(with_tls, tls_client_ca_file=str(ca))
+    served_pair = read_pair(str(cert), str(key))
+    plan = plan_reload(with_tls, with_mtls, served_pair)
+    assert (plan.changes, plan.at_restart, plan.client_ca) == ((), ("tls_client_ca_file",), None)
+    assert plan.config.tls_client_ca_file == ""  # (clients present none until the restart)
+    plan = plan_reload(with_mtls, with_tls, served_pair, read_client_ca(str(ca)))
+    assert (plan.changes, plan.at_restart, plan.client_ca) == ((), ("tls_client_ca_file",), None)
+    plan = plan_reload(BASE, with_mtls)  # TLS and client certificates at once
+    assert plan.at_restart == ("tls_cert_file", "tls_key_file", "tls_client_ca_file")

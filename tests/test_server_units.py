@@ -54,6 +54,50 @@ def test_roles_over_tcp(token, needed, outcome) -> None:
         assert info.value.code == outcome
 
 
+NAMES = {"vllm-0": "engine", "grafana": "observer"}
+
+
+@pytest.mark.parametrize(
+    "token, peer_names, needed, outcome",
+    [
+        (None, [b"vllm-0"], Role.ENGINE, Role.ENGINE),  # the certificate's name gives the role
+        (None, [b"somebody", b"grafana"], Role.OBSERVER, Role.OBSERVER),  # any of its names
+        (None, [b"grafana"], Role.ENGINE, grpc.StatusCode.PERMISSION_DENIED),
+        (None, [b"stranger"], Role.OBSERVER, grpc.StatusCode.UNAUTHENTICATED),
+        (None, [], Role.OBSERVER, grpc.StatusCode.UNAUTHENTICATED),
+        ("admin-token-1", [b"grafana"], Role.ADMIN, Role.ADMIN),  # a token sent decides
+        ("not-a-token", [b"vllm-0"], Role.OBSERVER, grpc.StatusCode.UNAUTHENTICATED),
+    ],
+)
+def test_roles_by_client_certificate_name(token, peer_names, needed, outcome) -> None:
+    auth = Authorizer(TOKENS, certificate_names=NAMES)
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    if isinstance(outcome, Role):
+        assert auth.check("ipv4:127.0.0.1:5000", metadata, needed, peer_names) == outcome
+    else:
+        with pytest.raises(AuthError) as info:
+            auth.check("ipv4:127.0.0.1:5000", metadata, needed, peer_names)
+        assert info.value.code == outcome
+
+
+def test_names_are_refused_where_the_tokens_file_lists_none_and_the_refusal_says_which() -> None:
+    with pytest.raises(AuthError) as info:
+        Authorizer(TOKENS).check("ipv4:127.0.0.1:5000", [], Role.OBSERVER, [b"vllm-0"])
+    assert str(info.value) == "authorization: bearer token required"
+    auth = Authorizer(TOKENS, certificate_names=NAMES)
+    with pytest.raises(AuthError) as info:
+        auth.check("ipv4:127.0.0.1:5000", [], Role.OBSERVER, [b"stranger", b"stranger.gpu-3"])
+    assert str(info.value) == ("authorization: bearer token required (or a client certificate the tokens file's "
+                               "[certificates] names; this one names stranger, stranger.gpu-3)")
+    auth.replace_tokens(TOKENS, {"stranger": "observer"})  # a reload
+    assert auth.check("ipv4:127.0.0.1:5000", [], Role.OBSERVER, [b"stranger"]) == Role.OBSERVER
+    assert auth.check("ipv4:127.0.0.1:5000", [("authorization", "Bearer observer-token-1")], Role.OBSERVER) == (
+        Role.OBSERVER)
+    auth.replace_tokens(TOKENS)
+    with pytest.raises(AuthError):
+        auth.check("ipv4:127.0.0.1:5000", [], Role.OBSERVER, [b"stranger"])
+
+
 def test_unix_socket_callers_are_trusted_without_a_token() -> None:
     assert Authorizer(TOKENS).check("unix:/run/kvbudget/kvbudget.sock", [], Role.ADMIN) == Role.ADMIN
     assert Authorizer(None).check("unix:", [], Role.ADMIN) == Role.ADMIN

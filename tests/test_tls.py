@@ -1,5 +1,7 @@
 """The daemon's TLS certificate (daemon/tls.py): every bad pair named by its file, and a
-replaced pair served to new connections by a real grpc.aio server, old ones kept."""
+replaced pair served to new connections by a real grpc.aio server, old ones kept; mutual
+TLS: clients without a certificate from the client CA refused at the handshake, the CA
+file replaced while serving."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from kvbudget.daemon.tls import ServedCertificate, TlsError, read_pair
+from kvbudget.daemon.tls import ServedCertificate, TlsError, read_client_ca, read_pair
 
-from certificates import fingerprint, make_pair, new_connection, not_after_unix_s
+from certificates import fingerprint, make_ca, make_pair, make_signed, new_connection, not_after_unix_s
 
 
 def test_a_good_pair_reads_with_openssls_fingerprint(tmp_path) -> None:
@@ -100,3 +102,66 @@ def test_an_expired_certificate_is_served_but_the_journal_says_so(tmp_path, capl
         _warn_if_expired(dataclasses.replace(pair, not_after_unix_s=time.time() - 60))
     assert [r.getMessage() for r in caplog.records] == [
         f"tls certificate {cert} has expired: clients refuse it; renew it, then systemctl reload kvbudget"]
+
+
+def test_a_client_ca_file_keeps_only_its_certificates_and_counts_them(tmp_path) -> None:
+    ca_a, _ = make_ca(tmp_path, "ca-a")
+    ca_b, _ = make_ca(tmp_path, "ca-b")
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(b"# two CAs\n" + ca_a.read_bytes() + b"\n" + ca_b.read_bytes())
+    client_ca = read_client_ca(str(bundle))
+    assert client_ca.num_certificates == 2 and b"# two CAs" not in client_ca.pem
+    assert client_ca.describe() == f"{bundle}: 2 CA certificates"
+    assert read_client_ca(str(ca_a)).describe() == f"{ca_a}: 1 CA certificate"
+
+
+def test_every_bad_client_ca_file_is_named(tmp_path) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    broken = tmp_path / "broken.pem"
+    broken.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    cases = [
+        (garbage, f"{garbage}: no PEM certificate in it"),
+        (broken, f"{broken}: a certificate in it does not parse"),
+        (tmp_path / "none.pem", f"cannot read {tmp_path / 'none.pem'}"),
+    ]
+    for path, message in cases:
+        with pytest.raises(TlsError) as caught:
+            read_client_ca(str(path))
+        assert caught.value.field == "tls_client_ca_file"
+        assert str(caught.value).startswith(message), str(caught.value)
+
+
+async def test_mutual_tls_lets_in_only_clients_the_ca_signed_and_a_new_ca_takes_over(tmp_path) -> None:
+    ca, ca_key = make_ca(tmp_path, "ca")
+    other_ca, other_key = make_ca(tmp_path, "other-ca")
+    server_pair = make_signed(tmp_path, "server", (ca, ca_key))
+    engine = make_signed(tmp_path, "engine", (ca, ca_key), "engine-0")
+    stranger = make_signed(tmp_path, "stranger", (other_ca, other_key), "engine-1")
+    self_signed = make_pair(tmp_path, "self-signed")
+    served = ServedCertificate(read_pair(str(server_pair[0]), str(server_pair[1])), read_client_ca(str(ca)))
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+    address = f"localhost:{server.add_secure_port('localhost:0', served.credentials())}"
+    await server.start()
+    try:
+        assert await new_connection(address, ca, engine) == "ok"
+        assert await new_connection(address, ca) == "UNAVAILABLE"  # no certificate
+        assert await new_connection(address, ca, stranger) == "UNAVAILABLE"  # another CA's
+        assert await new_connection(address, ca, self_signed) == "UNAVAILABLE"
+
+        served.replace(client_ca=read_client_ca(str(other_ca)))  # the server's own pair stays
+        assert await new_connection(address, ca, stranger) == "ok"
+        assert await new_connection(address, ca, engine) == "UNAVAILABLE"
+        assert served.pair.fingerprint == fingerprint(server_pair[0])
+    finally:
+        await server.stop(0)
+
+
+def test_client_certificates_cannot_be_turned_on_while_serving(tmp_path) -> None:
+    cert, key = make_pair(tmp_path, "a")
+    ca, _ = make_ca(tmp_path, "ca")
+    served = ServedCertificate(read_pair(str(cert), str(key)))
+    with pytest.raises(ValueError, match="takes a restart"):
+        served.replace(client_ca=read_client_ca(str(ca)))
+    assert served.client_ca is None
