@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import NoReturn
 
@@ -58,6 +59,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and _chosen_command(sys.argv[1:]) != "daemon":
+        # gRPC's core writes its own lines to stderr (a failed TLS handshake: two
+        # "Handshake failed" lines per try), past the one-line error a client command
+        # prints, and over the dashboard's screen. Set before grpc loads, in a process
+        # that is this command (not a caller's, a test's, that passes argv); the daemon
+        # keeps them (who was refused, in the journal); a user's own setting wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)

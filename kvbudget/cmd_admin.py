@@ -6,6 +6,8 @@
     kvbudget admin set-quota team-a --max-share 0      # clears team-a's quota
     kvbudget admin drain --wait --timeout 120          # stop admitting, wait for running requests
     kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --json set-policy naive
+    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --tls-ca ca.pem \\
+        --tls-cert me.pem --tls-key me.key status      # a daemon with tls_client_ca_file
 
 Over the unix socket every caller may do everything (the socket's file mode is the guard);
 over TCP the token must have the admin role (`status` only needs an observer token).
@@ -21,8 +23,9 @@ import argparse
 import json
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
 from kvbudget.target import (
     add_target_arguments,
@@ -33,6 +36,9 @@ from kvbudget.target import (
     resolve_token,
     rpc_error_line,
 )
+
+if TYPE_CHECKING:
+    import grpc
 
 # The daemon's own names (kvbudget.daemon.convert.POLICY_NAMES); spelled out here so that
 # `--help` imports neither grpc nor the daemon package. A test keeps the two equal.
@@ -73,8 +79,9 @@ def _seconds(text: str) -> float:
 
 
 def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
-    """--target, --token, --tls-ca, --json. Accepted before and after the action: the action's
-    copies default to SUPPRESS so they never overwrite what was given before it."""
+    """--target, --token, --tls-ca, --tls-cert, --tls-key, --json. Accepted before and after
+    the action: the action's copies default to SUPPRESS so they never overwrite what was
+    given before it."""
     add_target_arguments(
         parser, token_help="bearer token for TCP, admin role (status: any role)", suppress=not defaults
     )
@@ -115,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     target = check_target(resolve_target(args.target))
-    with AdminConnection(target, resolve_token(args.token), args.tls_ca) as daemon:
+    credentials = channel_credentials(resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key))
+    with AdminConnection(target, resolve_token(args.token), credentials) as daemon:
         if args.action == "status":
             result, text, code = _status(daemon)
         elif args.action == "set-policy":
@@ -134,12 +142,12 @@ def run(args: argparse.Namespace) -> int:
 class AdminConnection:
     """One channel to the daemon; each call returns the response or raises a one-line CLIError."""
 
-    def __init__(self, target: str, token: str | None, tls_ca: str | None) -> None:
+    def __init__(self, target: str, token: str | None, credentials: grpc.ChannelCredentials | None) -> None:
         from kvbudget.v1 import admin_pb2_grpc, observer_pb2_grpc
 
         self.target = target
         self._metadata = call_metadata(token)
-        self._channel = channel(target, tls_ca)
+        self._channel = channel(target, credentials)
         self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self.observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
 

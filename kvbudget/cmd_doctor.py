@@ -3,6 +3,7 @@
     kvbudget doctor                                   # the local socket, 5 samples 1 s apart
     kvbudget doctor --target gpu7:50051 --token $T --samples 10 --interval 0.5 --json
     kvbudget doctor --config /etc/kvbudget/kvbudget.toml   # also check the pool against the config
+    kvbudget doctor --target gpu7:50051 --token $T --tls-ca ca.pem --tls-cert me.pem --tls-key me.key
 
 Exit status: 0 healthy, 1 a problem was found (the verdict is not "healthy", or a check
 failed), 2 the daemon could not be asked (unreachable, refused, bad arguments).
@@ -13,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING
 
 from kvbudget import doctor, doctor_samples
+from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
 from kvbudget.target import (
     add_target_arguments,
@@ -25,6 +28,9 @@ from kvbudget.target import (
     resolve_token,
     rpc_error_line,
 )
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--interval must be >= 0 seconds, got {args.interval}")
 
     target = check_target(resolve_target(args.target))
-    messages = sample_snapshots(target, resolve_token(args.token), args.tls_ca, args.samples, args.interval)
+    credentials = channel_credentials(resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key))
+    messages = sample_snapshots(target, resolve_token(args.token), credentials, args.samples, args.interval)
     samples = [doctor_samples.sample_from_snapshot(m) for m in messages]
     expected = _expectation(args.config, samples[-1]) if args.config else None
     diagnosis = doctor.diagnose(samples, expected)
@@ -58,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def sample_snapshots(
-    target: str, token: str | None, tls_ca: str | None, count: int, interval_s: float
+    target: str, token: str | None, credentials: grpc.ChannelCredentials | None, count: int, interval_s: float
 ) -> list[object]:
     """`count` GetSnapshot answers, `interval_s` apart; CLIError if the daemon cannot answer."""
     import grpc
 
     from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
-    to_daemon = channel(target, tls_ca)
+    to_daemon = channel(target, credentials)
     metadata = call_metadata(token)
     stub = observer_pb2_grpc.ObserverServiceStub(to_daemon)
     messages: list[object] = []

@@ -3,6 +3,8 @@
   kvbudget replay mooncake --offline --model gemma-3-27b --num-gpu-blocks 20000 \\
       --compare naive,optimistic,guaranteed,predictive --report out/
   kvbudget replay azure --target unix:///run/kvbudget/kvbudget.sock --speed 20
+  kvbudget replay azure --target gpu7:50051 --token $T --tls-ca ca.pem \\
+      --tls-cert me.pem --tls-key me.key
 
 TRACE is a file (Mooncake JSONL, Azure CSV, or a plain CSV/JSONL of arrival_s,
 prompt_tokens, output_tokens) or a shipped trace name: `mooncake`, `azure`.
@@ -20,6 +22,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
 from kvbudget.target import add_target_arguments, check_target, resolve_target, resolve_token, rpc_error_line
 
@@ -34,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace file, or `mooncake` / `azure`")
     where = parser.add_argument_group("where admission runs")
     where.add_argument("--offline", action="store_true", help="run the admission core in-process")
-    add_target_arguments(where, tls=False, token_help="live: bearer token for a TCP daemon")
+    add_target_arguments(where, token_help="live: bearer token for a TCP daemon")
     where.add_argument("--policy", choices=POLICY_NAMES,
                        help="offline: the policy (optimistic); live: switch the daemon to it first")  # fmt: skip
     where.add_argument("--compare", metavar="P1,P2,...", help="offline: run each policy on the same setup")
@@ -211,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args)
     if args.offline and (args.target or args.token):
         raise CLIError("--offline runs in-process; drop --target / --token")
+    if args.offline and (args.tls_ca or args.tls_cert or args.tls_key):
+        raise CLIError("--offline runs in-process, with no daemon to talk TLS to; "
+                       "drop --tls-ca / --tls-cert / --tls-key")  # fmt: skip
     if args.offline and (args.speed or args.as_fast_as_possible):
         raise CLIError("--speed / --as-fast-as-possible pace a live replay; offline runs at full speed")
     if not args.offline and args.compare:
@@ -220,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         # one line at once, not a wait for the first call's deadline.
         args.target = check_target(resolve_target(args.target))
         args.token = resolve_token(args.token)
+        args.credentials = channel_credentials(resolve_tls(args.target, args.tls_ca, args.tls_cert, args.tls_key))
     if args.report:
         _prepare_report_dir(args.report)  # before the run, not after it
     trace = _load(args)
@@ -306,7 +313,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
 
     target = args.target  # checked and resolved in run()
     replay_id = uuid.uuid4().hex[:8]
-    async with ObserverClient(target, args.token) as observer:
+    async with ObserverClient(target, args.token, credentials=args.credentials) as observer:
         try:
             snapshot = await observer.snapshot(timeout=5.0)
             if args.policy:
@@ -339,8 +346,8 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
 
             try:
                 result = await run_live(
-                    trace.requests, setup, target=target, token=args.token, speed=speed,
-                    trace_name=trace.name, replay_id=replay_id, on_progress=on_progress,
+                    trace.requests, setup, target=target, token=args.token, credentials=args.credentials,
+                    speed=speed, trace_name=trace.name, replay_id=replay_id, on_progress=on_progress,
                 )  # fmt: skip
             except grpc.aio.AioRpcError as exc:
                 raise CLIError(rpc_error_line(target, exc)) from None

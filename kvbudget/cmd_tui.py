@@ -1,8 +1,9 @@
 """`kvbudget tui`: the live dashboard of a running daemon (a pure gRPC client of it).
 
-The target is checked here, before the screen is taken over, so a typo is one line on
-stderr; a well-formed target whose daemon is down is not an error: the dashboard shows
-"disconnected, retrying" until it comes up (it may be starting, or restarting).
+The target and the TLS files are checked here, before the screen is taken over, so a typo
+is one line on stderr; a well-formed target whose daemon is down is not an error: the
+dashboard shows "disconnected, retrying" until it comes up (it may be starting, or
+restarting). A replay started from the dashboard gets the same target and TLS files.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
 from kvbudget.target import add_target_arguments, check_target, resolve_target, resolve_token
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser, tls=False, token_help="bearer token, needed over TCP")
+    add_target_arguments(parser, token_help="bearer token, needed over TCP")
     parser.add_argument(
         "--render-hz",
         type=float,
@@ -45,7 +47,12 @@ def run(args: argparse.Namespace) -> int:
     token = resolve_token(args.token)
     if not 0 < args.render_hz <= 60:
         raise CLIError(f"--render-hz must be in (0, 60], got {args.render_hz}")
-    source = None
+    tls = resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key)
+    credentials = channel_credentials(tls)  # the files are read now: a bad one is one line here
+    from kvbudget.tui.source import Source, WatchSource
+
+    live = WatchSource(target, token, credentials=credentials)
+    source: Source = live
     if args.recording is not None:
         if not args.recording.is_file():
             raise CLIError(f"--recording {args.recording}: no such file")
@@ -62,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError("--record and --recording: record a daemon or play a file, not both")
         if not args.record.parent.is_dir():
             raise CLIError(f"--record {args.record}: no such directory {args.record.parent}")
-        from kvbudget.tui.source import RecordingSource, WatchSource
+        from kvbudget.tui.source import RecordingSource
 
-        source = RecordingSource(WatchSource(target, token), args.record)
+        source = RecordingSource(live, args.record)
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         # Textual would draw escape codes into a pipe or file and never end; the headless
@@ -76,5 +83,5 @@ def run(args: argparse.Namespace) -> int:
 
     from kvbudget.tui.app import KVBudgetApp
 
-    app = KVBudgetApp(target, token, source=source, render_hz=args.render_hz)
+    app = KVBudgetApp(target, token, tls=tls, source=source, render_hz=args.render_hz)
     return int(app.run() or 0)

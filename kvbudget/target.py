@@ -5,6 +5,8 @@ thing about the same mistake. The target is checked before any call: a malformed
 or a unix socket that is not there, is one line at once, not a wait for a deadline.
 grpc is imported only inside the functions that open a channel, so `--help` and the
 checks import nothing heavy.
+
+The TLS files (--tls-ca, --tls-cert, --tls-key) are `client_tls`'s.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
+from kvbudget.client_tls import add_tls_arguments, is_tcp_target
 from kvbudget.errors import CLIError
 
 if TYPE_CHECKING:
@@ -88,9 +91,10 @@ def add_target_arguments(
     token_help: str = "bearer token for a TCP target",
     suppress: bool = False,
 ) -> None:
-    """--target, --token (and --tls-ca). They default to None; `resolve_target` and
-    `resolve_token` fill in the environment, so a command can tell a flag from the
-    environment. `suppress`: a subcommand's copy that must not overwrite the parent's."""
+    """--target, --token (and --tls-ca, --tls-cert, --tls-key). They default to None;
+    `resolve_target`, `resolve_token` and `resolve_tls` fill in the environment, so a
+    command can tell a flag from the environment. `suppress`: a subcommand's copy that
+    must not overwrite the parent's."""
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument(
         "--target", metavar="ADDR", default=default,
@@ -98,8 +102,7 @@ def add_target_arguments(
     )  # fmt: skip
     parser.add_argument("--token", metavar="T", default=default, help=f"{token_help} (default ${TOKEN_ENV})")
     if tls:
-        tls_help = "CA certificate: talk TLS to a TCP target"
-        parser.add_argument("--tls-ca", metavar="FILE", default=default, help=tls_help)
+        add_tls_arguments(parser, default)
 
 
 def resolve_target(flag: str | None) -> str:
@@ -116,36 +119,35 @@ def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def channel_credentials(tls_ca: str | None) -> grpc.ChannelCredentials | None:
-    """TLS credentials trusting the CA in `tls_ca`; None (plaintext) without one."""
-    if not tls_ca:
-        return None
+def channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A blocking channel to `target` (checked by the caller), over TLS with `credentials`
+    (`channel_credentials`), plaintext without."""
     import grpc
 
-    try:
-        with open(tls_ca, "rb") as f:
-            return grpc.ssl_channel_credentials(root_certificates=f.read())
-    except OSError as exc:
-        raise CLIError(f"--tls-ca: cannot read {tls_ca}: {exc.strerror}") from None
-
-
-def channel(target: str, tls_ca: str | None = None) -> grpc.Channel:
-    """A blocking channel to `target` (checked by the caller), over TLS if a CA is given."""
-    import grpc
-
-    credentials = channel_credentials(tls_ca)
     if credentials is not None:
         return grpc.secure_channel(target, credentials)
     return grpc.insecure_channel(target)
 
 
+# What gRPC's details say when a TCP connection was made and then dropped before any call:
+# a TLS server whose handshake failed, or a TLS server spoken to in plaintext.
+_DROPPED = ("Socket closed", "Tls handshake failed", "Connection reset by peer")
+_TLS_HINT = ("(a TLS daemon drops connections whose handshake fails: --tls-ca must be the CA that signed its "
+             "certificate, and a daemon with tls_client_ca_file wants --tls-cert/--tls-key signed by that CA)")
+
+
 def rpc_error_line(target: str, exc: BaseException) -> str:
-    """A failed call as one line: `TARGET: STATUS_NAME: details` (details flattened, capped)."""
+    """A failed call as one line: `TARGET: STATUS_NAME: details` (details flattened, capped),
+    and what to check when a TCP connection was dropped at the handshake (gRPC's own words,
+    "Socket closed", name neither TLS nor a certificate)."""
     code = getattr(exc, "code", None)
     details = getattr(exc, "details", None)
     name = code().name if callable(code) and code() is not None else type(exc).__name__
     text = " ".join(((details() if callable(details) else None) or "").split())[:300]
-    return f"{target}: {name}: {text or name}"
+    line = f"{target}: {name}: {text or name}"
+    if name == "UNAVAILABLE" and is_tcp_target(target) and any(words in text for words in _DROPPED):
+        line += f" {_TLS_HINT}"
+    return line
 
 
 def wait_until_serving(target: str, process: subprocess.Popen | None = None, *, timeout_s: float = 60.0) -> str | None:

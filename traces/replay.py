@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
@@ -22,6 +22,9 @@ from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
+
+if TYPE_CHECKING:
+    import grpc
 
 
 @dataclass(frozen=True)
@@ -161,9 +164,11 @@ class DaemonBackend:
     """
 
     def __init__(self, target: str, token: str | None, layout: KVCacheLayout, num_blocks: int,
-                 *, speed: float | None, replace_existing: bool = True) -> None:  # fmt: skip
+                 *, speed: float | None, replace_existing: bool = True,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:  # fmt: skip
         self.target = target
         self.token = token
+        self.credentials = credentials  # TLS for a TCP daemon; None: plaintext
         self.layout = layout
         self.num_blocks = num_blocks
         self.speed = speed
@@ -182,7 +187,8 @@ class DaemonBackend:
     async def open_engine(self, engine_id: str) -> None:
         from kvbudget.client import EngineClient
 
-        client = EngineClient(self.target, engine_id, self.token, replace_existing=self.replace_existing)
+        client = EngineClient(self.target, engine_id, self.token, credentials=self.credentials,
+                              replace_existing=self.replace_existing)  # fmt: skip
         await client.open()
         self.clients[engine_id] = client
         queue: asyncio.Queue[Decision] = asyncio.Queue()
@@ -332,17 +338,19 @@ async def run_live(
     *,
     target: str,
     token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
     speed: float | None = None,
     trace_name: str = "",
     replay_id: str = "",
     on_progress: Callable[[int, int, float], None] | None = None,
     report: Callable[[int, int, bool], object] | None = None,
 ) -> ReplayResult:
-    """Replay against the daemon at `target`. The pool and layout come from its plan."""
+    """Replay against the daemon at `target` (over TLS with `credentials`, as
+    `kvbudget.client_tls.channel_credentials` builds them). The pool and layout come from its plan."""
     from kvbudget.client import ObserverClient
 
     # The plan tells the real pool; the simulated engine's block size must match it.
-    backend = DaemonBackend(target, token, setup.layout, setup.num_blocks, speed=speed)
+    backend = DaemonBackend(target, token, setup.layout, setup.num_blocks, speed=speed, credentials=credentials)
     simulation = Simulation(
         trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,
         id_prefix=f"{replay_id}-" if replay_id else "", sample_interval_s=setup.sample_interval_s,
@@ -355,7 +363,7 @@ async def run_live(
         await backend.close()
     wall = time.perf_counter() - started
     policy = ""
-    async with ObserverClient(target, token) as observer:
+    async with ObserverClient(target, token, credentials=credentials) as observer:
         try:
             snapshot = await observer.snapshot(timeout=5.0)
             from kvbudget.daemon import convert

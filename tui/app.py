@@ -7,7 +7,8 @@ thousands of decisions per second costs folds, not frames: the screen is redrawn
 the state is bounded.
 
 Embedding (the demo does): `KVBudgetApp(target, token).run()`, or `run_dashboard(target,
-token)`; pass `source=` to feed it anything else that yields `SourceEvent`s.
+token)`; `tls=` (a `kvbudget.client_tls.TlsFiles`) for a daemon on TCP with TLS; pass `source=`
+to feed it anything else that yields `SourceEvent`s.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from textual.containers import Grid, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from kvbudget.client_tls import NO_TLS, TlsFiles, channel_credentials
 from kvbudget.tui import DEFAULT_TARGET, decisions, panels
 from kvbudget.tui.replays import ReplayLauncher, ReplayRequest, shipped_traces
 from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen
@@ -139,6 +141,7 @@ class KVBudgetApp(App[int]):
         target: str = DEFAULT_TARGET,
         token: str | None = None,
         *,
+        tls: TlsFiles = NO_TLS,
         source: Source | None = None,
         render_hz: float = 12.0,
         limits: Limits | None = None,
@@ -150,10 +153,14 @@ class KVBudgetApp(App[int]):
         if render_hz <= 0:
             raise ValueError(f"render_hz must be > 0, got {render_hz}")
         self.target = target
-        self.source: Source = source if source is not None else WatchSource(target, token)
+        # `tls` is read (CLIError on a bad file) only for a source of our own.
+        self.source: Source = (
+            source if source is not None else WatchSource(target, token, credentials=channel_credentials(tls))
+        )
         self.render_hz = render_hz
         self.table_rows = table_rows
-        self.launcher = launcher if launcher is not None else ReplayLauncher(target, token)
+        # Replays started from here talk to the daemon as the dashboard does, TLS included.
+        self.launcher = launcher if launcher is not None else ReplayLauncher(target, token, tls=tls)
         self.traces = tuple(traces) if traces is not None else None
         self.state = DashboardState.initial(target, limits)
         self.paused = False
@@ -369,7 +376,7 @@ class KVBudgetApp(App[int]):
         yield SystemCommand("Dashboard keys", "what each key does", self.action_help)
 
 
-def run_dashboard(target: str = DEFAULT_TARGET, token: str | None = None) -> int:
+def run_dashboard(target: str = DEFAULT_TARGET, token: str | None = None, tls: TlsFiles = NO_TLS) -> int:
     """Run the dashboard in this terminal until the user quits; returns the exit status."""
-    result = KVBudgetApp(target, token).run()
+    result = KVBudgetApp(target, token, tls=tls).run()
     return int(result or 0)

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbudget.client_tls import NO_TLS, TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsFiles
+
 TRACE_SUFFIXES = (".jsonl", ".csv")
 POLICIES = ("optimistic", "guaranteed", "predictive", "naive")
 SPEEDS = (1.0, 10.0, 100.0, 1000.0)
@@ -50,11 +52,15 @@ def shipped_traces() -> tuple[Path, ...]:
     return tuple(sorted(found, key=lambda p: p.name))
 
 
-def replay_argv(request: ReplayRequest, target: str, python: str = sys.executable) -> list[str]:
-    """The command line of the replay child: `kvbudget replay TRACE --target ...`.
+def replay_argv(
+    request: ReplayRequest, target: str, python: str = sys.executable, tls: TlsFiles = NO_TLS
+) -> list[str]:
+    """The command line of the replay child: `kvbudget replay TRACE --target ...`, and the
+    dashboard's TLS files (--tls-ca ...) so that it reaches the daemon as the dashboard does.
 
-    No token here: a command line is readable by every user (`ps`); see `replay_env`."""
-    argv = [python, "-m", "kvbudget", "replay", str(request.trace), "--target", target]
+    No token here: a command line is readable by every user (`ps`); see `replay_env`.
+    File paths are no secret."""
+    argv = [python, "-m", "kvbudget", "replay", str(request.trace), "--target", target, *tls.as_flags()]
     argv += ["--speed", f"{request.speed:g}"]
     if request.policy:
         argv += ["--policy", request.policy]
@@ -64,9 +70,13 @@ def replay_argv(request: ReplayRequest, target: str, python: str = sys.executabl
 
 
 def replay_env(token: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The replay child's environment: ours, with the token in KVBUDGET_TOKEN (or none)."""
+    """The replay child's environment: ours, with the token in KVBUDGET_TOKEN (or none).
+
+    Without the TLS variables: the child's TLS files are the dashboard's, on its command
+    line; a variable the dashboard did not use (an embedder's) must not add any."""
     env = dict(os.environ if base is None else base)
-    env.pop("KVBUDGET_TOKEN", None)
+    for name in ("KVBUDGET_TOKEN", TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV):
+        env.pop(name, None)
     if token:
         env["KVBUDGET_TOKEN"] = token
     return env
@@ -82,11 +92,15 @@ class Finished:
 
 
 class ReplayLauncher:
-    """Starts replay children, reports the ones that ended, stops the rest when asked."""
+    """Starts replay children, reports the ones that ended, stops the rest when asked.
+    `tls`: the files the children talk TLS with (the dashboard's own)."""
 
-    def __init__(self, target: str, token: str | None = None, log_path: Path | None = None):
+    def __init__(
+        self, target: str, token: str | None = None, log_path: Path | None = None, *, tls: TlsFiles = NO_TLS
+    ) -> None:
         self.target = target
         self.token = token
+        self.tls = tls
         self.log_path = log_path
         self.children: list[subprocess.Popen] = []
         self._outputs: dict[int, tuple[str, object]] = {}  # pid -> (trace name, output file)
@@ -99,7 +113,7 @@ class ReplayLauncher:
         log = open(self.log_path, "a+b") if self.log_path else tempfile.TemporaryFile()
         try:
             child = subprocess.Popen(
-                replay_argv(request, self.target),
+                replay_argv(request, self.target, tls=self.tls),
                 env=replay_env(self.token),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

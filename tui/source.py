@@ -16,10 +16,12 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvbudget.v1 import observer_pb2
 
+if TYPE_CHECKING:
+    import grpc
 
 
 @dataclass(frozen=True)
@@ -60,32 +62,35 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def open_channel(target: str, token: str | None = None):
-    """An insecure channel (unix socket, or TCP where the token is the guard).
+def open_channel(target: str, token: str | None = None, credentials: grpc.ChannelCredentials | None = None):
+    """A TLS channel with `credentials` (`kvbudget.client_tls.channel_credentials`), else an
+    insecure one (unix socket, or TCP where the token is the guard).
 
     grpc is imported here so that importing the dashboard package stays cheap.
     """
     import grpc
 
-    return grpc.aio.insecure_channel(
-        target,
-        options=(
-            # Fail fast and let the backoff decide when to try again.
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-        ),
+    options = (
+        # Fail fast and let the backoff decide when to try again.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     )
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=options)
+    return grpc.aio.insecure_channel(target, options=options)
 
 
 class WatchSource:
-    """The daemon's ObserverService.Watch stream, reopened whenever it ends."""
+    """The daemon's ObserverService.Watch stream, reopened whenever it ends; over TLS with
+    `credentials` (None: plaintext)."""
 
     def __init__(
         self,
         target: str,
         token: str | None = None,
         *,
+        credentials: grpc.ChannelCredentials | None = None,
         interval_ms: int = 50,  # faster than the render rate, so every frame has news
         max_decisions: int = 500,  # the table buffer: nothing older could be shown anyway
         backoff: Backoff = Backoff(),
@@ -93,6 +98,7 @@ class WatchSource:
         self.target = target
         self._metadata = auth_metadata(token)
         self._token = token
+        self.credentials = credentials
         self._request = observer_pb2.WatchRequest(
             interval_ms=interval_ms, max_decisions=max_decisions
         )
@@ -105,7 +111,7 @@ class WatchSource:
 
         failures = 0
         while True:
-            channel = open_channel(self.target, self._token)
+            channel = open_channel(self.target, self._token, self.credentials)
             detail = "stream ended"
             try:
                 stub = observer_pb2_grpc.ObserverServiceStub(channel)
