@@ -98,9 +98,10 @@ class Metrics:
             "kvbudget_group_blocks_reclaimed", "Blocks that left a sliding window / chunk, per group",
             ["layer_type", "group"], registry=r,
         )
-        # Registered by set_certificate_expiry, with TLS only: a 0 without TLS would read
-        # as a certificate long expired to an alert on it.
+        # Registered by set_certificate_expiry / set_client_ca_expiry, with TLS (mutual TLS)
+        # only: a 0 without would read as a certificate long expired to an alert on it.
         self.certificate_expiry: Gauge | None = None
+        self.client_ca_expiry: Gauge | None = None
         self.tenant_blocks = Gauge(
             "kvbudget_tenant_blocks", "Blocks per tenant and state (held, reserved)", ["tenant", "state"], registry=r
         )
@@ -188,16 +189,26 @@ class Metrics:
     def set_certificate_expiry(self, not_after_unix_s: float) -> None:
         """The TLS certificate served now expires then (the server, at start and each reload);
         0.0 (its expiry could not be read) exports nothing new."""
+        self._set_expiry("certificate_expiry", not_after_unix_s, "kvbudget_tls_certificate_expiry_timestamp_seconds",
+                         "When the TLS certificate the TCP listeners present expires (unix time)")
+
+    def set_client_ca_expiry(self, not_after_unix_s: float) -> None:
+        """The first of the client CA certificates expires then (mutual TLS; at start and
+        each reload); 0.0 exports nothing new."""
+        self._set_expiry("client_ca_expiry", not_after_unix_s, "kvbudget_tls_client_ca_expiry_timestamp_seconds",
+                         "When the first CA certificate that client certificates are verified against expires "
+                         "(unix time)")
+
+    def _set_expiry(self, attribute: str, not_after_unix_s: float, name: str, documentation: str) -> None:
+        """Registers the gauge the first time it has a value (see __init__), then sets it."""
         if not not_after_unix_s:
             return
         with self._lock:
-            if self.certificate_expiry is None:
-                self.certificate_expiry = Gauge(
-                    "kvbudget_tls_certificate_expiry_timestamp_seconds",
-                    "When the TLS certificate the TCP listeners present expires (unix time)",
-                    registry=self.registry,
-                )
-            self.certificate_expiry.set(not_after_unix_s)
+            gauge = getattr(self, attribute)
+            if gauge is None:
+                gauge = Gauge(name, documentation, registry=self.registry)
+                setattr(self, attribute, gauge)
+            gauge.set(not_after_unix_s)
 
     def update(self, snapshot: Snapshot, gpu: GpuMemory | None = None, log: LogFigures | None = None) -> None:
         """Set the gauges from a snapshot (and the GPU probe and the decision log, when given)."""

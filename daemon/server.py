@@ -45,7 +45,14 @@ from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
-from kvbudget.daemon.tls import CertificatePair, ServedCertificate, TlsError, read_client_ca, read_pair
+from kvbudget.daemon.tls import (
+    CertificatePair,
+    ClientAuthority,
+    ServedCertificate,
+    TlsError,
+    read_client_ca,
+    read_pair,
+)
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
@@ -101,10 +108,14 @@ def prepare_unix_socket(path: str) -> None:
         probe.close()
 
 
-def _warn_if_expired(pair: CertificatePair) -> None:
-    if pair.expired(time.time()):
+def _warn_if_expired(pair: CertificatePair | None, client_ca: ClientAuthority | None = None) -> None:
+    now = time.time()
+    if pair is not None and pair.expired(now):
         log.warning("tls certificate %s has expired: clients refuse it; renew it, then systemctl reload kvbudget",
                     pair.cert_file)
+    if client_ca is not None and client_ca.expired(now):
+        log.warning("tls client CA %s: a CA certificate in it has expired: the clients it signed are refused; "
+                    "renew it, then systemctl reload kvbudget", client_ca.ca_file)
 
 
 def _warn_if_tcp_is_open_to_all(config: DaemonConfig) -> None:
@@ -180,7 +191,7 @@ class Daemon:
             log.info("tls certificate %s", self._certificate.pair.describe())
             if client_ca is not None:
                 log.info("tls client certificates required, signed by %s", client_ca.describe())
-            _warn_if_expired(self._certificate.pair)
+            _warn_if_expired(self._certificate.pair, client_ca)
         _warn_if_tcp_is_open_to_all(config)
         server = grpc.aio.server(
             options=[
@@ -284,10 +295,10 @@ class Daemon:
                 self.roles = plan.roles
             if self._certificate is not None and (plan.certificate or plan.client_ca) is not None:
                 self._certificate.replace(plan.certificate, plan.client_ca)  # new connections get them
-            if plan.certificate is not None:
-                _warn_if_expired(plan.certificate)
-                if core.metrics is not None:
-                    core.metrics.set_certificate_expiry(plan.certificate.not_after_unix_s)
+            _warn_if_expired(plan.certificate, plan.client_ca)
+            if core.metrics is not None:
+                core.metrics.set_certificate_expiry(plan.certificate.not_after_unix_s if plan.certificate else 0.0)
+                core.metrics.set_client_ca_expiry(plan.client_ca.not_after_unix_s if plan.client_ca else 0.0)
             if target.log_level != running.log_level:
                 # The process's messages, as `kvbudget daemon` set them up (the root
                 # logger); set first, so that the summary below obeys the new level.
@@ -424,6 +435,8 @@ class Daemon:
         server = self._build_server(core, health)
         if metrics is not None and self._certificate is not None:
             metrics.set_certificate_expiry(self._certificate.pair.not_after_unix_s)
+            if self._certificate.client_ca is not None:
+                metrics.set_client_ca_expiry(self._certificate.client_ca.not_after_unix_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)  # systemctl reload

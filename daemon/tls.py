@@ -64,9 +64,7 @@ class CertificatePair:
 
     def describe(self) -> str:
         """`PATH: sha256 AB:..., valid until 2026-12-31 23:59:59 UTC`, for the journal."""
-        until = ""
-        if self.not_after_unix_s:
-            until = f", valid until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.not_after_unix_s))}"
+        until = f", valid until {_utc(self.not_after_unix_s)}" if self.not_after_unix_s else ""
         return f"{self.cert_file}: sha256 {self.fingerprint}{until}"
 
     def expired(self, now: float) -> bool:
@@ -98,14 +96,22 @@ def read_pair(cert_file: str, key_file: str) -> CertificatePair:
         else:
             message = f"{key_file}: not an unencrypted PEM private key ({_why(exc)})"
         raise TlsError("tls_key_file", message) from None
-    der = ssl.PEM_cert_to_DER_cert(certificates[0].decode("ascii"))
-    digest = hashlib.sha256(der).hexdigest().upper()
+    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(certificates[0].decode("ascii"))).hexdigest().upper()
     fingerprint = ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+    return CertificatePair(cert_file, cert_pem, key_pem, fingerprint, _expiry(certificates[0]))
+
+
+def _expiry(certificate_pem: bytes) -> float:
+    """notAfter of one PEM certificate, as unix time; 0.0 when it cannot be read (OpenSSL
+    parsed it all the same: it is served, its expiry unknown)."""
     try:
-        not_after = _not_after_unix_s(der)
-    except (IndexError, ValueError):  # (parsed by OpenSSL all the same: serve it, expiry unknown)
-        not_after = 0.0
-    return CertificatePair(cert_file, cert_pem, key_pem, fingerprint, not_after)
+        return _not_after_unix_s(ssl.PEM_cert_to_DER_cert(certificate_pem.decode("ascii")))
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def _utc(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
 
 
 @dataclass(frozen=True)
@@ -115,11 +121,21 @@ class ClientAuthority:
     ca_file: str
     pem: bytes  # the file's certificates, and nothing else of it
     num_certificates: int
+    # When the first of them expires: from then on the clients it signed are refused
+    # (unless another in the file signed them too). 0.0: could not be read.
+    not_after_unix_s: float = 0.0
 
     def describe(self) -> str:
-        """`PATH: 2 CA certificates`, for the journal."""
+        """`PATH: 2 CA certificates, the first expires 2027-06-30 00:00:00 UTC`, for the journal."""
         plural = "s" if self.num_certificates != 1 else ""
-        return f"{self.ca_file}: {self.num_certificates} CA certificate{plural}"
+        until = ""
+        if self.not_after_unix_s:
+            first = "the first expires" if self.num_certificates > 1 else "valid until"
+            until = f", {first} {_utc(self.not_after_unix_s)}"
+        return f"{self.ca_file}: {self.num_certificates} CA certificate{plural}{until}"
+
+    def expired(self, now: float) -> bool:
+        return 0.0 < self.not_after_unix_s <= now
 
 
 def read_client_ca(ca_file: str) -> ClientAuthority:
@@ -135,7 +151,8 @@ def read_client_ca(ca_file: str) -> ClientAuthority:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=pem.decode("ascii"))
     except (ssl.SSLError, UnicodeDecodeError) as exc:
         raise TlsError(field, f"{ca_file}: a certificate in it does not parse ({_why(exc)})") from None
-    return ClientAuthority(ca_file, pem, len(certificates))
+    known = [expiry for expiry in map(_expiry, certificates) if expiry]
+    return ClientAuthority(ca_file, pem, len(certificates), min(known, default=0.0))
 
 
 def _tlv(der: bytes, pos: int) -> tuple[int, int, int]:

@@ -29,11 +29,11 @@ def make_pair(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
     return cert, key
 
 
-def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
-    """(certificate, key) of a CA named `name` that `make_signed` signs with, valid a day."""
+def make_ca(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
+    """(certificate, key) of a CA named `name` that `make_signed` signs with, valid `days`."""
     cert, key = directory / f"{name}.pem", directory / f"{name}.key"
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={name}",
+             "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", f"/CN={name}",
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
     return cert, key
 

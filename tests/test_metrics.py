@@ -258,6 +258,7 @@ def test_every_metric_the_operators_guide_alerts_on_is_exposed() -> None:
     metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
     metrics.update(snapshot(), FakeGpu(), FakeLog())
     metrics.set_certificate_expiry(1_800_000_000.0)  # (a daemon with TLS)
+    metrics.set_client_ca_expiry(1_800_000_000.0)  # (and client certificates)
     exposed = {line.split("{")[0].split(" ")[0] for line in metrics.render().decode().splitlines()
                if line and not line.startswith("#")}
     assert named <= exposed, named - exposed
@@ -274,3 +275,14 @@ def test_the_tls_certificate_expiry_is_exported_only_once_known() -> None:
     metrics.set_certificate_expiry(1_800_000_000.0)
     metrics.set_certificate_expiry(1_900_000_000.0)  # a reload served a renewed one
     assert "kvbudget_tls_certificate_expiry_timestamp_seconds 1.9e+09" in metrics.render().decode()
+
+
+def test_the_client_ca_expiry_is_exported_only_with_mutual_tls() -> None:
+    metrics = Metrics()
+    metrics.set_certificate_expiry(1_800_000_000.0)  # TLS, no client certificates
+    assert "kvbudget_tls_client_ca_expiry" not in metrics.render().decode()
+    metrics.set_client_ca_expiry(0.0)  # could not be read: still nothing
+    assert "kvbudget_tls_client_ca_expiry" not in metrics.render().decode()
+    metrics.set_client_ca_expiry(1_700_000_000.0)
+    metrics.set_client_ca_expiry(1_750_000_000.0)  # a reload read a renewed bundle
+    assert "kvbudget_tls_client_ca_expiry_timestamp_seconds 1.75e+09" in metrics.render().decode()

@@ -127,11 +127,12 @@ def test_the_client_ca_file_is_read_again_and_served_only_when_it_changed(tmp_pa
     ca.write_bytes(ca.read_bytes() + second.read_bytes())
     plan = plan_reload(running, running, served_pair, served_ca)
     assert plan.client_ca is not None and plan.client_ca.num_certificates == 2
-    assert (plan.changes, plan.at_restart, plan.certificate) == ((f"tls client CA {ca}: 2 CA certificates",), (), None)
+    assert (plan.changes, plan.at_restart, plan.certificate) == ((f"tls client CA {plan.client_ca.describe()}",), (), None)
+    assert plan.changes[0].startswith(f"tls client CA {ca}: 2 CA certificates, the first expires ")
 
     loaded = dataclasses.replace(running, tls_client_ca_file=str(second))  # another file named
     plan = plan_reload(running, loaded, served_pair, served_ca)
-    assert plan.changes == (f"tls client CA {second}: 1 CA certificate",)
+    assert plan.changes[0].startswith(f"tls client CA {second}: 1 CA certificate, valid until ")
     assert plan.config.tls_client_ca_file == str(second)
 
     ca.write_text("not a certificate any more\n")  # refused whole, naming the key and file

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -18,7 +19,7 @@ from kvbudget.client import EngineClient
 from kvbudget.daemon.records import RequestSpec
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, common_pb2, observer_pb2, observer_pb2_grpc
 
-from certificates import make_ca, make_signed, new_connection
+from certificates import make_ca, make_signed, new_connection, not_after_unix_s
 from daemon_harness import DaemonProcess, await_until
 
 pytestmark = pytest.mark.slow
@@ -61,7 +62,7 @@ def _config(path: Path, server: tuple[Path, Path], ca: Path, tokens: Path | None
 
 async def test_with_tokens_a_client_needs_a_certificate_and_a_token_and_a_new_ca_takes_over(tmp_path) -> None:
     ca = make_ca(tmp_path, "ca")
-    next_ca = make_ca(tmp_path, "next-ca")
+    next_ca = make_ca(tmp_path, "next-ca", days=30)
     server = make_signed(tmp_path, "server", ca)
     dashboard = make_signed(tmp_path, "dashboard", ca, "dashboard-0")
     renewed_dashboard = make_signed(tmp_path, "renewed-dashboard", next_ca, "dashboard-0")
@@ -71,8 +72,17 @@ async def test_with_tokens_a_client_needs_a_certificate_and_a_token_and_a_new_ca
     ca_file.write_bytes(ca[0].read_bytes())
     config = _config(tmp_path / "kvbudget.toml", server, ca_file, tokens)
     address = f"localhost:{_free_port()}"
-    with DaemonProcess(tmp_path, "--config", str(config), listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
-        assert f"tls client certificates required, signed by {ca_file}: 1 CA certificate" in daemon.stderr()
+    metrics_port = _free_port()
+
+    def client_ca_expiry() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        return float(next(line for line in text.splitlines()
+                          if line.startswith("kvbudget_tls_client_ca_expiry_timestamp_seconds ")).split()[1])
+
+    with DaemonProcess(tmp_path, "--config", str(config), "--metrics-address", f"127.0.0.1:{metrics_port}",
+                       listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
+        assert client_ca_expiry() == not_after_unix_s(ca[0])
+        assert f"tls client certificates required, signed by {ca_file}: 1 CA certificate, valid until " in daemon.stderr()
         assert "has the admin role" not in daemon.stderr()
         assert await new_connection(address, ca[0]) == "UNAVAILABLE"  # no certificate: no handshake
         async with _channel(address, ca[0], dashboard) as channel:
@@ -95,7 +105,8 @@ async def test_with_tokens_a_client_needs_a_certificate_and_a_token_and_a_new_ca
 
         await await_until(reloaded)
         said = daemon.stderr().split("INFO: reloaded: ")[1].splitlines()[0].split("; ")
-        assert f"tls client CA {ca_file}: 1 CA certificate" in said
+        assert any(item.startswith(f"tls client CA {ca_file}: 1 CA certificate, valid until ") for item in said), said
+        assert client_ca_expiry() == not_after_unix_s(next_ca[0]) > not_after_unix_s(ca[0])
         assert await new_connection(address, ca[0], renewed_dashboard) == "ok"
         assert await new_connection(address, ca[0], dashboard) == "UNAVAILABLE"  # the old CA's
 

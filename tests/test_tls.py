@@ -111,8 +111,15 @@ def test_a_client_ca_file_keeps_only_its_certificates_and_counts_them(tmp_path) 
     bundle.write_bytes(b"# two CAs\n" + ca_a.read_bytes() + b"\n" + ca_b.read_bytes())
     client_ca = read_client_ca(str(bundle))
     assert client_ca.num_certificates == 2 and b"# two CAs" not in client_ca.pem
-    assert client_ca.describe() == f"{bundle}: 2 CA certificates"
-    assert read_client_ca(str(ca_a)).describe() == f"{ca_a}: 1 CA certificate"
+    first = min(not_after_unix_s(ca_a), not_after_unix_s(ca_b))
+    assert client_ca.not_after_unix_s == first
+    assert client_ca.describe() == f"{bundle}: 2 CA certificates, the first expires {_utc(first)}"
+    assert read_client_ca(str(ca_a)).describe() == f"{ca_a}: 1 CA certificate, valid until {_utc(not_after_unix_s(ca_a))}"
+    assert not client_ca.expired(first - 1) and client_ca.expired(first)
+
+
+def _utc(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
 
 
 def test_every_bad_client_ca_file_is_named(tmp_path) -> None:
@@ -165,3 +172,20 @@ def test_client_certificates_cannot_be_turned_on_while_serving(tmp_path) -> None
     with pytest.raises(ValueError, match="takes a restart"):
         served.replace(client_ca=read_client_ca(str(ca)))
     assert served.client_ca is None
+
+
+def test_an_expired_client_ca_is_said_too(tmp_path, caplog) -> None:
+    import dataclasses
+    import logging
+
+    from kvbudget.daemon.server import _warn_if_expired
+
+    ca, _ = make_ca(tmp_path, "ca")
+    client_ca = read_client_ca(str(ca))
+    with caplog.at_level(logging.WARNING, logger="kvbudget.daemon"):
+        _warn_if_expired(None, client_ca)
+        assert caplog.records == []
+        _warn_if_expired(None, dataclasses.replace(client_ca, not_after_unix_s=time.time() - 60))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tls client CA {ca}: a CA certificate in it has expired: the clients it signed are refused; "
+        "renew it, then systemctl reload kvbudget"]
