@@ -98,6 +98,38 @@ def test_names_are_refused_where_the_tokens_file_lists_none_and_the_refusal_says
         auth.check("ipv4:127.0.0.1:5000", [], Role.OBSERVER, [b"stranger"])
 
 
+class _Context:
+    """What `Authorizer.require` asks of a grpc.aio context, counting auth-context reads."""
+
+    def __init__(self, metadata, names) -> None:
+        self.metadata, self.names, self.auth_reads = metadata, names, 0
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    def auth_context(self):
+        self.auth_reads += 1
+        return {"x509_common_name": self.names}
+
+    async def abort(self, code, message):
+        raise AuthError(code, message)
+
+
+async def test_require_reads_the_certificate_only_when_no_token_was_sent() -> None:
+    auth = Authorizer(TOKENS, certificate_names=NAMES)
+    by_name = _Context([], [b"vllm-0"])
+    assert await auth.require(by_name, Role.ENGINE) == Role.ENGINE and by_name.auth_reads == 1
+    by_token = _Context([("authorization", "Bearer admin-token-1")], [b"vllm-0"])
+    assert await auth.require(by_token, Role.ADMIN) == Role.ADMIN and by_token.auth_reads == 0
+    no_names = _Context([], [b"vllm-0"])
+    with pytest.raises(AuthError):
+        await Authorizer(TOKENS).require(no_names, Role.OBSERVER)
+    assert no_names.auth_reads == 0  # no [certificates] table: never read
+
+
 def test_unix_socket_callers_are_trusted_without_a_token() -> None:
     assert Authorizer(TOKENS).check("unix:/run/kvbudget/kvbudget.sock", [], Role.ADMIN) == Role.ADMIN
     assert Authorizer(None).check("unix:", [], Role.ADMIN) == Role.ADMIN
