@@ -122,12 +122,13 @@ class WriterThread:
             # Not on the way out (close() called): a stop must be quick (systemd's
             # TimeoutStopSec), and the purge owed while behind can be a million rows (20 s);
             # the next start purges first.
-            # Past the size bound, a pass is due at once (rows folded since the last check
-            # can only have grown the file): a minute's wait let a fast load take the file
-            # 70% past its bound before the first pass.
+            # Past the row or size bound, a pass is due at once (rows folded since the last
+            # check can only have added to both): a minute's wait let a fast load take the
+            # file 70% past its size bound before the first pass, and a log bound to 200,000
+            # rows to 1.1 million before each (bench_soak.py).
             if self._has_retention and not self._closed and (
                 retention_behind or now >= next_retention
-                or (self.rows_folded > folded_before and self._over_size(conn))
+                or (self.rows_folded > folded_before and self._over_bound(conn))
             ):
                 retention_behind = self._purge_chunks(conn, folded=self.rows_folded - folded_before)
                 next_retention = time.monotonic() + self.retention_interval_s

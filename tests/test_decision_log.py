@@ -317,6 +317,31 @@ def test_retention_by_rows_keeps_the_newest(db_path: Path) -> None:
         assert log.rows_deleted == 15
 
 
+def test_retention_by_rows_keeps_up_between_passes(db_path: Path) -> None:
+    # Passes an hour apart (a minute in the daemon): a fold that leaves the log past
+    # max_rows makes a pass due at once. Waiting for the interval let 15k rows/s take a
+    # log bound to 200,000 rows to 1.1 million before each pass (bench_soak.py).
+    with DecisionLog(db_path, max_rows=500, retention_interval_s=3600.0, fold_interval_s=0.0,
+                     retention_chunk_rows=64, checkpoint_interval_s=None) as log:
+
+        def deleted_once_caught_up(due: int) -> int:
+            deadline = time.monotonic() + 30.0
+            while log.rows_deleted < due and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return log.rows_deleted
+
+        for first in range(0, 5_000, 100):
+            rows = [make_decision(seq) for seq in range(first, first + 100)]
+            if not log.commit_inline(rows):  # (the daemon's path: nothing queued to yield to)
+                log.append(rows).result()
+            assert count_rows(db_path) <= 500 + 100  # the bound, and the batch just committed
+            due = max(0, first + 100 - 500)
+            assert deleted_once_caught_up(due) == due  # the fold's pass, down to the bound exactly
+    conn = sqlite3.connect(db_path)
+    assert [r[0] for r in conn.execute("SELECT id FROM decisions ORDER BY id")] == list(range(4_501, 5_001))
+    conn.close()
+
+
 def test_retention_by_age_in_chunks(db_path: Path) -> None:
     with DecisionLog(db_path) as log:
         log.append([make_decision(seq) for seq in range(10)]).result()
@@ -1218,12 +1243,14 @@ def test_a_stop_folds_but_leaves_retention_to_the_next_start(db_path: Path) -> N
 
 def test_commits_wait_for_a_retention_that_owes_past_the_bound(db_path: Path) -> None:
     # One pass at start (nothing to purge), then none for an hour: only a stall purges.
-    with DecisionLog(db_path, max_rows=10, retention_interval_s=3600.0, retention_chunk_rows=4,
+    # (By age: a fold past a row bound would start a pass at once.)
+    with DecisionLog(db_path, retention_s=0.05, retention_interval_s=3600.0, retention_chunk_rows=4,
                      max_unfolded_rows=20, fold_interval_s=0.0, checkpoint_interval_s=None) as log:
         log.append([make_decision(seq) for seq in range(100)]).result()
         deadline = time.monotonic() + 30.0
         while log.rows_folded < 100 and time.monotonic() < deadline:  # folded right after
             time.sleep(0.001)
+        time.sleep(0.1)  # every row is past the age bound now
         assert (log.rows_folded, log.rows_deleted, log.stalls) == (100, 0, 0)
         log._purge_owed = 50  # as a retention that fell behind under load would owe
         assert log.commit_inline([make_decision(100)]) is False  # owed past the bound
