@@ -54,12 +54,13 @@ from kvbudget.v1 import engine_pb2
 def start_daemon(
     workdir: Path, num_blocks: int, metrics: bool = False, *, python: str = sys.executable,
     cwd: str | None = None, name: str = "kvbudget", launcher: Sequence[str] = ("-m", "kvbudget"),
-    extra_flags: Sequence[str] = (), cpus: set[int] | None = None,
+    extra_flags: Sequence[str] = (), cpus: set[int] | None = None, quiet: bool = False,
 ) -> tuple[subprocess.Popen, str]:
     """A daemon of `python`'s kvbudget (another checkout's venv: bench_revisions.py), started
     by `launcher` (bench_step_parts.py: step_variant.py with a part of Step changed), with
     `extra_flags` after the bench's own (bench_sustained.py: retention), on `cpus` if given
-    (set before exec, so every thread the daemon starts inherits it)."""
+    (set before exec, so every thread the daemon starts inherits it); `quiet` sends its
+    stderr (the journal) to /dev/null (bench_soak.py: a warning per expired lease)."""
     socket_path = workdir / f"{name}.sock"
     target = f"unix://{socket_path}"
     process = subprocess.Popen(
@@ -69,6 +70,7 @@ def start_daemon(
          "--db-path", str(workdir / f"{name}.db"), "--retention-days", "0", "--log-level", "warning",
          *(["--metrics-address", "127.0.0.1:0"] if metrics else []), *extra_flags],
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if quiet else None,
         cwd=cwd,
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
