@@ -136,8 +136,13 @@ class Soak:
         await asyncio.gather(*tasks)
         await asyncio.sleep(args.lease_ttl_s * 2)  # the last dropped sessions expire
         samples.append(self.sample(time.monotonic() - started))
+        async with ObserverClient(self.target) as observer:
+            pool = await observer.snapshot()
+        # Every session was closed or has expired: the pool must be whole again.
         print(f"after the last leases expired: RSS {samples[-1].rss_mb:.1f} MB, {samples[-1].fds} fds, "
-              f"{samples[-1].threads} threads")
+              f"{samples[-1].threads} threads; pool {pool.num_free_blocks:,} of {pool.num_blocks:,} blocks free, "
+              f"{pool.num_running} running, {pool.num_waiting} waiting, {len(pool.engines)} engines, "
+              f"{pool.num_preemptions:,} preemptions")
         return samples
 
     def _print(self, s: Sample, rate: float) -> None:
