@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import deque
+from collections import OrderedDict, deque
 
 
 class _Window:
@@ -61,16 +61,28 @@ class OutputLengthPredictor:
         window: int = 256,
         min_samples: int = 16,
         decay: float = 0.002,
+        max_tenant_windows: int = 1024,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if max_tenant_windows < 1:
+            raise ValueError(f"max_tenant_windows must be >= 1, got {max_tenant_windows}")
         self.base_quantile = quantile
         self.quantile = quantile  # current, raised by preemptions
         self.window = window
         self.min_samples = min_samples
         self.decay = decay
         self._all = _Window(window)
-        self._by_tenant: dict[str, _Window] = {}
+        # Tenant names are whatever engines send (a user, an API key, an adapter), so over a
+        # daemon's weeks they need not repeat: a window per name ever seen grew without
+        # bound (~1.5 KB a tenant at 20 samples, ~11 KB with a full window: 100,000 tenants of 20
+        # samples took 155 MB, 1.7 MB now).
+        # Only the `max_tenant_windows` tenants that finished a request most recently keep
+        # one; a tenant whose window went is predicted from everyone's until it has
+        # `min_samples` again.
+        self.max_tenant_windows = max_tenant_windows
+        self._by_tenant: OrderedDict[str, _Window] = OrderedDict()  # least recently finished first
+        self._latest_tenant: str | None = None  # the last key of _by_tenant
 
     def observe(self, tenant: str, output_tokens: int) -> None:
         """A request finished after `output_tokens` new tokens.
@@ -84,9 +96,17 @@ class OutputLengthPredictor:
             everyone.values.append(output_tokens)
         else:
             everyone.add(output_tokens)
-        window = self._by_tenant.get(tenant)
-        if window is None:
-            window = self._by_tenant[tenant] = _Window(self.window)
+        by_tenant = self._by_tenant
+        window = by_tenant.get(tenant)
+        if window is not None:
+            if tenant != self._latest_tenant:  # (already the most recent: most finishes, one tenant)
+                by_tenant.move_to_end(tenant)
+                self._latest_tenant = tenant
+        else:
+            self._latest_tenant = tenant
+            if len(by_tenant) >= self.max_tenant_windows:
+                by_tenant.popitem(last=False)  # the tenant that finished a request least recently
+            window = by_tenant[tenant] = _Window(self.window)
         if window._sorted is None:
             window.values.append(output_tokens)
         else:
