@@ -2,13 +2,16 @@
 
     python bench/bench_soak.py [--seconds 600] [--chunk 60] [--workers 3] [--steps 5]
                                [--batch 64] [--vanish-every 3] [--lease-ttl-s 2] [--max-rows 200000]
+                               [--tenants none|per-session]
 
 A daemon runs for weeks while engines come and go. bench_sustained drives a few engines
 that stay; this one keeps the churn a host sees over weeks within minutes, on a real
 daemon (unix socket, durable log with retention by `--max-rows` rows, /metrics on):
 
   - `--workers` loops, each opening a session under a fresh engine id, making `--steps`
-    steps of `--batch` submits (uuid request ids, prompts of 1-600 tokens) and the previous
+    steps of `--batch` submits (uuid request ids, prompts of 1-600 tokens, and with
+    `--tenants per-session`, the default, a tenant name of the session's own, as a host
+    whose engines pass a user or API key as the tenant would see) and the previous
     step's finishes, then closing it; every `--vanish-every`th session is not closed but
     dropped with its channel, so its lease expires and the daemon takes its blocks back;
   - one observer that opens a Watch, reads five updates, cancels it, reads a snapshot and
@@ -90,9 +93,11 @@ class Soak:
                                   heartbeat=False, lease_ttl_s=args.lease_ttl_s)
             await engine.open()
             previous: list[str] = []
+            tenant = f"user-{uuid.uuid4().hex[:12]}" if args.tenants == "per-session" else ""
             for _ in range(args.steps):
                 ids = [f"cmpl-{uuid.uuid4().hex}-0" for _ in range(args.batch)]
-                submits = [engine_pb2.Submit(request_id=r, prompt_tokens=random.randint(1, 600), max_new_tokens=64)
+                submits = [engine_pb2.Submit(request_id=r, prompt_tokens=random.randint(1, 600), max_new_tokens=64,
+                                             tenant=tenant)
                            for r in ids]
                 counts.decisions += len(await engine.step(submits=submits, finishes=previous))
                 previous = ids
@@ -183,13 +188,15 @@ def main() -> None:
     parser.add_argument("--vanish-every", type=int, default=3)
     parser.add_argument("--lease-ttl-s", type=int, default=2)
     parser.add_argument("--max-rows", type=int, default=200_000, help="the log's retention by rows")
+    parser.add_argument("--tenants", choices=("none", "per-session"), default="per-session",
+                        help="per-session: each session's requests carry a tenant name of their own")
     args = parser.parse_args()
     if min(args.seconds, args.chunk, args.workers, args.steps, args.batch, args.vanish_every, args.lease_ttl_s,
            args.max_rows) <= 0:
         parser.error("every option must be positive")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {args.workers} engine loops "
           f"x {args.steps} steps of {args.batch} submits per session, one session in {args.vanish_every} dropped "
-          f"(lease {args.lease_ttl_s} s), one observer; retention {args.max_rows:,} rows")
+          f"(lease {args.lease_ttl_s} s), one observer; retention {args.max_rows:,} rows; tenants {args.tenants}")
     with tempfile.TemporaryDirectory() as tmp:
         num_blocks = max(8192, 2 * args.workers * args.batch * 40)
         # Retention by rows keeps the file (and what the log's upkeep walks) bounded, as a
