@@ -18,8 +18,10 @@ daemon (unix socket, durable log with retention by `--max-rows` rows, /metrics o
     the last 50 decisions, and starts again on a new channel.
 
 Every `--chunk` seconds it prints the daemon's resident memory (VmRSS), its open file
-descriptors and threads (from /proc), sessions opened and dropped so far and the
-decisions/s of the chunk, and the rows in the log (retention holds it near `--max-rows`).
+descriptors and threads (from /proc), sessions opened and dropped so far, the decisions/s
+of the chunk (all the log took: admits of queued requests, pushed on the Events stream,
+and lease expiries too, not only those in Step replies: about 3x these), and the rows in
+the log (retention holds it near `--max-rows`).
 At the end: the growth of each over the second half of the run
 (the first half warms caches: SQLite's page cache, the allocator's arenas, the memos), as
 a least-squares slope per hour, and per thousand sessions.
@@ -44,6 +46,7 @@ from bench_roundtrip import start_daemon  # noqa: E402
 from bench_sustained import backlog  # noqa: E402
 
 from kvbudget.client import EngineClient, ObserverClient  # noqa: E402
+from kvbudget.daemon.decision_query import newest_id  # noqa: E402
 from kvbudget.v1 import engine_pb2  # noqa: E402
 
 
@@ -63,6 +66,7 @@ class Sample:
     threads: int
     sessions: int
     log_rows: int
+    logged: int  # decisions logged since the start: the newest id (ids run from 1 without a gap)
 
 
 @dataclass
@@ -82,7 +86,8 @@ class Soak:
                 elif line.startswith("Threads:"):
                     threads = int(line.split()[1])
         fds = len(os.listdir(f"/proc/{self.pid}/fd"))
-        return Sample(t_s, rss_kb / 1024, fds, threads, self.counts.sessions, sum(backlog(self.db_path)))
+        return Sample(t_s, rss_kb / 1024, fds, threads, self.counts.sessions, sum(backlog(self.db_path)),
+                      newest_id(self.db_path))
 
     async def engine_worker(self, worker: int, until: float) -> None:
         args, counts = self.args, self.counts
@@ -130,14 +135,11 @@ class Soak:
         samples = [self.sample(0.0)]
         print(f"{'t (s)':>6} {'RSS MB':>8} {'fds':>5} {'threads':>7} {'sessions':>9} {'dropped':>8} {'decisions/s':>12} {'log rows':>10}")
         self._print(samples[-1], 0.0)
-        decisions_before = 0
         while (now := time.monotonic()) < until:
             await asyncio.sleep(min(args.chunk, until - now))
             elapsed = time.monotonic() - started
-            rate = (self.counts.decisions - decisions_before) / (elapsed - samples[-1].t_s)
-            decisions_before = self.counts.decisions
             samples.append(self.sample(elapsed))
-            self._print(samples[-1], rate)
+            self._print(samples[-1], (samples[-1].logged - samples[-2].logged) / (elapsed - samples[-2].t_s))
         await asyncio.gather(*tasks)
         await asyncio.sleep(args.lease_ttl_s * 2)  # the last dropped sessions expire
         samples.append(self.sample(time.monotonic() - started))
@@ -147,7 +149,8 @@ class Soak:
         print(f"after the last leases expired: RSS {samples[-1].rss_mb:.1f} MB, {samples[-1].fds} fds, "
               f"{samples[-1].threads} threads; pool {pool.num_free_blocks:,} of {pool.num_blocks:,} blocks free, "
               f"{pool.num_running} running, {pool.num_waiting} waiting, {len(pool.engines)} engines, "
-              f"{pool.num_preemptions:,} preemptions")
+              f"{pool.num_preemptions:,} preemptions; {samples[-1].logged:,} decisions logged, "
+              f"{self.counts.decisions:,} of them in Step replies")
         return samples
 
     def _print(self, s: Sample, rate: float) -> None:
