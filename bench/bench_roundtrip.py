@@ -23,6 +23,13 @@ and drives it from this process, so every figure crosses a process boundary:
    all over the log's request_id index, which costs the background fold and checkpoints
    more pages per row than ids that sort in arrival order.
 
+The machine's speed drifts by up to 2x from day to day (the same revision ran 50k decisions/s
+one day and 26k the next), so the run also measures DESIGN.md's two reference figures on
+the spot: the bare ping (reference p50 ~430 us) and a raw SQLite insert rate (WAL,
+synchronous=NORMAL, `executemany` of 1,000 five-column rows a transaction: reference
+~400k rows/s). How far today's figures sit from the references says how fast the machine is
+now, beside the goals, which were set on it at the reference speed.
+
 The daemon runs without /metrics unless `--metrics` is given (then every batch is also
 counted by the Prometheus metrics, on an ephemeral loopback port). `--pin` puts the daemon
 (every thread) on the last CPU and this process on the first, where the scheduler would
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -141,6 +149,27 @@ async def latency(target: str, calls: int) -> dict[str, tuple[float, float]]:
     return {name: percentiles(samples) for name, samples in results.items()}
 
 
+def sqlite_reference_rate(directory: Path, seconds: float = 1.5) -> float:
+    """Rows/s of DESIGN.md's raw SQLite reference (~400k rows/s): WAL, synchronous=NORMAL,
+    one `executemany` of 1,000 rows per transaction, no index but the primary key."""
+    conn = sqlite3.connect(directory / "reference.db", isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, request_id TEXT, blocks INTEGER, tokens INTEGER, at REAL)")
+        rows = [(None, f"req-{i}", i, 2 * i, 1.5) for i in range(1000)]
+        written = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
+            conn.execute("COMMIT")
+            written += len(rows)
+        return written / (time.perf_counter() - t0)
+    finally:
+        conn.close()
+
+
 async def throughput(
     target: str, engines: int, batch: int, seconds: float, request_ids: str = "sequential"
 ) -> tuple[int, float, int]:
@@ -201,6 +230,7 @@ def main() -> None:
             lat = asyncio.run(latency(target, args.calls))
             done, elapsed, steps = asyncio.run(
                 throughput(target, args.engines, args.batch, args.seconds, args.request_ids))
+            sqlite_rate = sqlite_reference_rate(Path(tmp))
             rows = subprocess.run(["sqlite3", str(Path(tmp) / "kvbudget.db"), "SELECT count(*) FROM decisions"],
                                   capture_output=True, text=True).stdout.strip() or "?"
         finally:
@@ -221,6 +251,9 @@ def main() -> None:
           f"{args.request_ids} request ids:")
     print(f"  {done} decisions in {elapsed:.2f} s over {steps} steps = {done / elapsed:,.0f} decisions/s "
           f"(goal >= 50,000/s); rows in the log: {rows}")
+    print(f"the machine now, against DESIGN.md's reference figures for it: ping p50 "
+          f"{ping_p50 * 1e6:.0f} us (reference ~430 us), raw SQLite insert {sqlite_rate / 1000:,.0f}k rows/s "
+          f"(reference ~400k)")
 
 
 if __name__ == "__main__":
