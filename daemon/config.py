@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -220,7 +221,12 @@ def _coerce(value: object, kind: type, key: str, source: str) -> object:
     if not ok:
         raise ConfigError(key, f"must be {_TYPE_WORDS[kind]}, got {value!r}", source=source)
     if kind is float:
-        return float(value)  # type: ignore[arg-type]
+        number = float(value)  # type: ignore[arg-type]
+        # No key takes NaN or infinity (TOML and float() both read them): NaN passes every
+        # `<= 0` check, and a lease of NaN seconds failed each session at open.
+        if not math.isfinite(number):
+            raise ConfigError(key, f"must be a finite number, got {value!r}", source=source)
+        return number
     if kind is tuple:
         return tuple(value)  # type: ignore[arg-type]
     return value
@@ -263,6 +269,8 @@ def _read_file(path: Path, what: str = "config file") -> dict[str, Any]:
         raise ConfigError(FILE_KEY, f"{what} {path} is a directory") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # (TOML is UTF-8; tomllib lets the codec's error through)
+        raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML: not UTF-8 at byte {exc.start}") from None
 
 
 def load_config(

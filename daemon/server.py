@@ -276,6 +276,10 @@ class Daemon:
                 log.error("reload failed, nothing changed: %s", exc)
                 sdnotify.ready("reload failed, still running the previous config")
                 return
+            except Exception:  # a bug, not the file: still nothing changed, and systemd hears READY
+                log.exception("reload failed, nothing changed")
+                sdnotify.ready("reload failed, still running the previous config")
+                return
             running, target = self.config, plan.config
             if target.policy != running.policy:
                 try:

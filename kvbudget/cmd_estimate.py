@@ -49,10 +49,12 @@ def parse_size(text: str, flag: str, *, allow_zero: bool = False) -> int:
         scale = _BINARY[unit.lower()]
     else:
         raise CLIError(f"{flag} {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    value = math.floor(number * scale)
-    if not math.isfinite(number) or value < 0 or (value == 0 and not allow_zero):
+    product = number * scale  # (1e400 reads as inf: checked before floor() turns it into an error of its own)
+    if product >= 2**63:  # (inf too)
+        raise CLIError(f"{flag} {text!r}: too large (at most 8 EiB)")
+    if product < 0 or (math.floor(product) == 0 and not allow_zero):
         raise CLIError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {text!r}")
-    return value
+    return math.floor(product)
 
 
 def parse_count(text: str, flag: str) -> int:

@@ -55,26 +55,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the file's size and the span of decisions it holds, not the decisions (--json: one object)")
 
 
+_LATEST_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, datetime's last second
+
+
 def parse_time(text: str, *, option: str, now: float | None = None) -> float:
     """Unix seconds from unix seconds, ISO 8601, `now`, or a relative `10m` (ago)."""
     now = time.time() if now is None else now
     value = text.strip()
+    cannot_read = CLIError(
+        f"{option}: cannot read {text!r} as a time "
+        "(use unix seconds, ISO 8601 like 2026-11-29T08:00:00Z, or relative like 10m, 2h, 1d)"
+    )
     if value == "now":
         return now
     relative = _RELATIVE.match(value)
     if relative:
         return now - float(relative[1]) * _UNIT_S[relative[2]]
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        raise CLIError(
-            f"{option}: cannot read {text!r} as a time "
-            "(use unix seconds, ISO 8601 like 2026-11-29T08:00:00Z, or relative like 10m, 2h, 1d)"
-        ) from None
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            raise cannot_read from None
+    # nan and inf read as floats, and so does 1e20: none is a time a log holds (datetime
+    # reaches year 9999, 253402300799 s)
+    if not 0 <= seconds <= _LATEST_S:
+        raise cannot_read
+    return seconds
 
 
 def _parse_limit(text: str) -> int:
@@ -84,7 +92,7 @@ def _parse_limit(text: str) -> int:
         raise CLIError(f"--limit: expected a whole number, got {text!r}") from None
     if limit < 0:
         raise CLIError(f"--limit: must be 0 (all) or more, got {limit}")
-    return limit
+    return min(limit, 2**63 - 1)  # (SQLite's largest integer: more rows than any log holds)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.kind is not None and args.kind not in KINDS:
         raise CLIError(f"--kind: unknown kind {args.kind!r} (expected one of {', '.join(KINDS)})")
     now = time.time()
-    since = parse_time(args.since, option="--since", now=now) if args.since else None
-    until = parse_time(args.until, option="--until", now=now) if args.until else None
+    since = parse_time(args.since, option="--since", now=now) if args.since is not None else None
+    until = parse_time(args.until, option="--until", now=now) if args.until is not None else None
     if since is not None and until is not None and since >= until:
         raise CLIError("--since must be earlier than --until")
     if args.follow and until is not None:
@@ -176,7 +184,7 @@ def _disk_usage(args: argparse.Namespace) -> int:
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     given = [f"--{name}" for name in _FILTERS if getattr(args, name) is not None]
-    given += ["--csv"] * args.csv + ["--follow"] * args.follow
+    given += ["--limit"] * (args.limit is not None) + ["--csv"] * args.csv + ["--follow"] * args.follow
     if given:
         raise CLIError(f"--disk-usage: describes the whole log; drop {', '.join(given)}")
     try:

@@ -229,18 +229,21 @@ def expectation_from_config(
     """
     if bytes_per_block <= 0:
         raise ValueError(f"bytes_per_block must be > 0, got {bytes_per_block}")
+    # Both sources count block 0, the null block, which is never handed out; the plan
+    # counts the usable ones (as `kvbudget daemon --check-config` says: "N usable + the null block").
     if num_gpu_blocks is not None:
         return PoolExpectation(
             source="num_gpu_blocks",
-            num_blocks=num_gpu_blocks,
-            explanation=f"num_gpu_blocks = {num_gpu_blocks}",
+            num_blocks=num_gpu_blocks - 1,
+            explanation=f"num_gpu_blocks = {num_gpu_blocks}: {num_gpu_blocks - 1} usable + the null block",
         )
     if kv_cache_memory_bytes is not None:
         blocks = kv_cache_memory_bytes // bytes_per_block
         return PoolExpectation(
             source="kv_cache_memory_bytes",
-            num_blocks=blocks,
-            explanation=f"kv_cache_memory_bytes {kv_cache_memory_bytes} // {bytes_per_block} B per block = {blocks}",
+            num_blocks=blocks - 1,
+            explanation=f"kv_cache_memory_bytes {kv_cache_memory_bytes} // {bytes_per_block} B per block = {blocks}: "
+            f"{blocks - 1} usable + the null block",
         )
     if gpu_total_bytes:
         usable = int(gpu_total_bytes * gpu_memory_utilization)

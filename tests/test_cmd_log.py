@@ -98,6 +98,7 @@ def test_csv(db: Path) -> None:
         (["--tenant", "chat", "--kind", "preempt"], [3]),
         (["--limit", "2"], [3, 4]),  # the newest two, shown oldest first
         (["--limit", "0"], [1, 2, 3, 4]),
+        (["--limit", "9" * 30], [1, 2, 3, 4]),  # past SQLite's integers: all of them
         # seq n was logged at 1767225600 + 60 (n - 1): since inclusive, until exclusive.
         (["--since", "1767225660"], [2, 3, 4]),
         (["--since", "2026-01-01T00:01:00Z", "--until", "2026-01-01T00:03:00+00:00"], [2, 3]),
@@ -129,6 +130,9 @@ def test_parse_time_forms() -> None:
     assert parse_time("2026-01-01T01:00:00+01:00", option="--since") == 1767225600.0
     with pytest.raises(CLIError, match="--until: cannot read 'soon'"):
         parse_time("soon", option="--until")
+    for not_a_time in ("nan", "inf", "-inf", "1e20", "-5", ""):  # floats, but no time a log holds
+        with pytest.raises(CLIError, match=f"--since: cannot read '{not_a_time}' as a time"):
+            parse_time(not_a_time, option="--since")
 
 
 @pytest.mark.parametrize(
@@ -230,6 +234,7 @@ def test_disk_usage_of_an_empty_log(tmp_path: Path) -> None:
         (["--disk-usage", "--kind", "admit"], "--disk-usage: describes the whole log; drop --kind"),
         (["--disk-usage", "--request", "r1", "--since", "1h"], "drop --request, --since"),
         (["--disk-usage", "--csv"], "drop --csv"),
+        (["--disk-usage", "--limit", "5"], "drop --limit"),
         (["--disk-usage", "--follow"], "drop --follow"),
     ],
 )

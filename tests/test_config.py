@@ -130,6 +130,14 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "pool = 3\n", "model.pool", "unknown key 'pool' in [model]"),
         ("device = 'cpu'\n", "device", "unknown section [device]"),
         (MODEL + "[pool\n", "config", "is not valid TOML"),
+        # NaN passed every `<= 0` check (a lease of NaN seconds failed each session at open;
+        # max_head_wait_s = nan crashed the daemon at start), and no key means infinity.
+        (MODEL + "[server]\nlease_ttl_s = nan\n", "server.lease_ttl_s", "must be a finite number, got nan"),
+        (MODEL + "[admission]\nmax_head_wait_s = nan\n", "admission.max_head_wait_s", "must be a finite number"),
+        (MODEL + "[log]\nretention_days = inf\n", "log.retention_days", "must be a finite number, got inf"),
+        (MODEL + "[server]\nwatch_max_hz = inf\n", "server.watch_max_hz", "must be a finite number"),
+        (MODEL + "[tenants.chat]\nweight = nan\n", "tenants.chat.weight", "must be a finite number"),
+        (MODEL + "[tenants.chat]\nmax_share = -inf\n", "tenants.chat.max_share", "must be a finite number"),
     ],
 )
 def test_every_error_names_its_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
@@ -142,6 +150,21 @@ def test_every_error_names_its_key(tmp_path: Path, text: str, key: str, fragment
         assert str(caught.value).startswith(f"{path}: {key}: ")
     else:  # the file itself is the problem
         assert str(caught.value).startswith(f"config file {path} is not valid TOML")
+
+
+def test_a_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "kvbudget.toml"
+    path.write_bytes(MODEL.encode() + b"[pool]\ndevice = '\xff'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.key == "config"
+    assert str(caught.value) == f"config file {path} is not valid TOML: not UTF-8 at byte {len(MODEL) + 17}"
+
+
+def test_flags_that_are_not_finite_are_named(tmp_path: Path) -> None:
+    for field_name, value in (("lease_ttl_s", float("nan")), ("gpu_probe_interval_s", float("inf"))):
+        with pytest.raises(ConfigError, match=f"^{field_name}: must be a finite number, got {value}$"):
+            load_config(None, {"model": "llama-3.1-8b", field_name: value})
 
 
 def test_tls_half_configured_names_the_missing_key(tmp_path: Path) -> None:

@@ -179,17 +179,21 @@ def test_draining_daemon_is_not_stuck() -> None:
 
 def test_pool_size_against_plan_and_config() -> None:
     samples = series(held=100)
-    # kv_cache_memory_bytes 1,000,000,000 // 2,097,152 = 476 blocks (476 x 2 MiB = 998,244,352)
+    # kv_cache_memory_bytes 1,000,000,000 // 2,097,152 = 476 blocks (476 x 2 MiB = 998,244,352),
+    # 475 of them usable: block 0 is the null block, which the plan does not count
     expected = doctor_samples.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, kv_cache_memory_bytes=1_000_000_000)
-    assert expected is not None and expected.num_blocks == 476
+    assert expected is not None and expected.num_blocks == 475
     d = doctor.diagnose(samples, expected)
     size = finding(d, "pool size")
     assert size.status is Status.PROBLEM
-    assert "476" in size.summary and "1000" in size.summary
+    assert "475" in size.summary and "1000" in size.summary
     assert not d.ok  # healthy queue, but a failed check still makes doctor exit 1
-    # the plan's own 1000 blocks are what num_gpu_blocks = 1000 implies
-    pinned = doctor_samples.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, num_gpu_blocks=1000)
+    # the plan's 1000 usable blocks are what num_gpu_blocks = 1001 implies (the null block too)
+    pinned = doctor_samples.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, num_gpu_blocks=1001)
     assert finding(doctor.diagnose(samples, pinned), "pool size").status is Status.OK
+    assert finding(doctor.diagnose(samples, replace(pinned, num_blocks=1001)), "pool size").status is Status.PROBLEM
+    by_bytes = doctor_samples.expectation_from_config(bytes_per_block=BYTES_PER_BLOCK, kv_cache_memory_bytes=1001 * BYTES_PER_BLOCK)
+    assert finding(doctor.diagnose(samples, by_bytes), "pool size").status is Status.OK
 
 
 def test_pool_larger_than_gpu_memory_utilization_allows() -> None:
@@ -422,3 +426,10 @@ def test_a_socket_nobody_listens_on_is_one_line_with_the_status(capsys: pytest.C
 def test_bad_sample_count_is_a_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--samples", "0"]) == 2
     assert "--samples" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("interval", ["-1", "nan", "inf", "1e9"])
+def test_bad_interval_is_a_cli_error(interval: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # (inf passed the check and then broke time.sleep with a traceback)
+    assert main(["doctor", "--interval", interval]) == 2
+    assert capsys.readouterr().err == f"kvbudget doctor: error: --interval must be 0 to 3600 seconds, got {float(interval)}\n"

@@ -106,11 +106,11 @@ async def engine(target: str) -> AsyncIterator[EngineClient]:
         await client.close()
 
 
-async def doctor(target: str) -> tuple[int, dict]:
+async def doctor(target: str, *extra: str) -> tuple[int, dict]:
     """The real command, as an operator runs it; the engine's loop keeps heartbeating."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kvbudget", "doctor", "--target", target,
-        "--samples", "3", "--interval", "0.3", "--json",
+        "--samples", "3", "--interval", "0.3", "--json", *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -135,9 +135,16 @@ async def test_doctor_says_healthy_with_room_to_spare(tmp_path: Path) -> None:
                 submits=[RequestSpec(f"r{i}", prompt_tokens=800, max_new_tokens=200) for i in range(4)]
             )
             assert [k for _, k in kinds(decisions)] == [DecisionKind.ADMIT] * 4
-            code, report = await doctor(target)
+            # The daemon's settings as a config file: the pool it implies is the one running
+            # (num_gpu_blocks 1000 = 999 usable + the null block).
+            config = tmp_path / "kvbudget.toml"
+            config.write_text(f'[model]\nname = "llama-3.1-8b"\n[pool]\nnum_gpu_blocks = {POOL_BLOCKS}\n')
+            code, report = await doctor(target, "--config", str(config))
     assert report["verdict"] == "healthy", report
     assert code == 0
+    (size,) = [f for f in report["findings"] if f["check"] == "pool size"]
+    assert size["status"] == "ok", size
+    assert size["data"]["config_num_blocks"] == size["data"]["plan_num_blocks"] == POOL_BLOCKS - 1
     # The daemon reports its log's disk (the temp dir's file system) and its size bound.
     (log_disk,) = [f for f in report["findings"] if f["check"] == "log disk"]
     assert log_disk["data"]["disk_total_bytes"] > 0 and log_disk["data"]["log_bytes"] > 0

@@ -206,6 +206,8 @@ BAD_INPUTS = [
     (["--model", "llama-3.1-8b", "--num-gpu-blocks", "-5"], "--num-gpu-blocks must be positive"),
     (["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes must be"),
     (["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "8XB"], "unknown unit 'XB'"),
+    (["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "1e400"], "--kv-cache-memory-bytes '1e400': too large"),
+    (["--model", "llama-3.1-8b", "--gpu-memory-bytes", "1e308"], "--gpu-memory-bytes '1e308': too large"),
     (["--model", "llama-3.1-8b", "--gpu-memory-bytes", "eighty"], "expected a size"),
     (
         ["--model", "llama-3.1-8b", "--gpu-memory-bytes", "80e9", "--gpu-memory-utilization", "1.5"],
