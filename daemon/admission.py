@@ -162,10 +162,12 @@ class AdmissionController:
         # step asks it, and a Python frame per call is a good part of the lookup.
         self.find: Callable[[str], RequestState | None] = self._requests.get
         self._running: dict[str, RequestState] = {}
-        self._queue = WaitingQueue(fair_share=config.fair_share)
+        self._queue = WaitingQueue(fair_share=config.fair_share, usage_changed=self.ledger.usage_changed)
         self._seq = 0
         self._order = 0
         self._dirty = False  # blocks or promises came back since the last queue pass
+        self._queue_held = False  # an engine step's frees and grows come first: hold_queue
+        self.admitting = True  # False once drained: close_admissions
         self._epoch = 0  # bumped when a policy or quota change may change any answer
         # Counters keyed by enum member (a member's .value is a slow descriptor lookup).
         self._decisions_by_kind: dict[DecisionKind, int] = {}
@@ -200,6 +202,8 @@ class AdmissionController:
         worst = fit._worst_total.get(max_len) or fit.worst_total(max_len)  # the memo, read in place
         if worst > fit.capacity:
             return [self._reject(r, Reason.NEVER_FITS, now, f"worst case {worst} > pool {fit.capacity}")]
+        if not self.admitting:
+            return [self._reject(r, Reason.DRAINING, now, "draining: no admissions")]
         self._requests[rid] = r
         tenant = request.tenant
         if tenant not in self.ledger.tenants:
@@ -307,9 +311,13 @@ class AdmissionController:
         """Reject waiting requests whose deadline passed; admit what fits from the queue.
 
         `full_pass=False` skips the admission pass unless something came back since the
-        last one (nothing else can make a waiting request fit)."""
-        if not self._queue.size:
+        last one (nothing else can make a waiting request fit). Nothing while the queue is
+        held (release_queue schedules); once admissions are closed, every waiting request
+        is rejected instead (a request preempted while draining cannot come back)."""
+        if not self._queue.size or self._queue_held:
             return []
+        if not self.admitting:
+            return [self._reject(r, Reason.DRAINING, now, "draining: no admissions") for r in self.waiting_requests()]
         decisions = [
             self._reject(r, Reason.DEADLINE, now, f"deadline {r.spec.deadline_s}")
             for r in self._queue.expired(now)
@@ -317,6 +325,27 @@ class AdmissionController:
         if decisions or self._dirty or full_pass:
             decisions += self._admit_from_queue(now)
         return decisions
+
+    def hold_queue(self, held: bool = True) -> None:
+        """Admit nothing from the queue until `release_queue`: one engine step's finishes,
+        aborts, progress and grows all land first, as vLLM schedules its running requests
+        before its waiting ones. Else a finish's blocks went to the head of the queue and
+        the same step's grows preempted it (the latest arrival) before it computed a
+        token: on azure at 20x, one request was admitted and preempted 14 times so.
+        (`held=False` lifts the hold without a pass: the next `schedule` makes it.)"""
+        self._queue_held = held
+
+    def release_queue(self, now: float) -> list[Decision]:
+        """End `hold_queue`: what the held ops made room for is admitted now."""
+        self._queue_held = False
+        return self.schedule(now)
+
+    def close_admissions(self, now: float) -> list[Decision]:
+        """Drain: admit nothing more, ever. Every waiting request is REJECTed `draining`
+        now (its engine can send it elsewhere rather than wait for good), and so is any
+        later submit or preempted request; running requests keep their promises."""
+        self.admitting = False
+        return self.schedule(now)
 
     def set_policy(self, policy: str, now: float) -> list[Decision]:
         """Switch the policy for new admissions; running requests keep their promises."""
@@ -345,6 +374,8 @@ class AdmissionController:
         account = self.ledger.tenant(tenant)
         account.max_share = max_share or None
         account.weight = weight
+        if account.waiting:  # a new weight is a new place in the queue
+            self.ledger.usage_changed.add(tenant)
         self._dirty = True
         self._epoch += 1
 
@@ -403,6 +434,7 @@ class AdmissionController:
             assert not r.queued and self._requests.get(r.request_id) is r, f"{r.request_id} running"
         for name, account in self.ledger.tenants.items():
             assert account.waiting == sum(1 for r in waiting if r.tenant == name), f"tenant {name!r} waiting"
+        self._queue.check_order(self.ledger.tenants)
         if not self._running and self._queue:
             raise AssertionError("deadlock: nothing runs and the queue is not empty")
 
@@ -434,7 +466,7 @@ class AdmissionController:
         return r
 
     def _enqueue(self, r: RequestState, now: float, *, preempted: bool) -> None:
-        self._queue.push(r, preempted)
+        self._queue.push(r, preempted, self.ledger.tenants[r.tenant].usage())
         r.failed_epoch = -1
         r.queued = True
         r.queued_at = now

@@ -244,13 +244,15 @@ class CoreService:
     def apply_step(self, ops: StepOps, now: float) -> list[Decision]:
         """Applies a validated step: finishes, aborts, progress, grows, submits.
 
-        Freeing first lets this step's own submits use the blocks. A request preempted by
-        an earlier op of the same step is handled by the controller (a grow of it is
-        DENY not_running, its progress is ignored, a finish ends it in the queue). A grow
-        or progress written for a request that was waiting when the step arrived is
-        skipped if a finish earlier in the step got it admitted (or its deadline rejected
-        it): the engine wrote it against the old state; the ADMIT in this reply tells it
-        the new one. A grow of one still waiting gets the controller's DENY not_running.
+        Freeing first lets this step's own submits use the blocks. Queued requests are
+        tried once the grows are in, before the submits (the queue is held meanwhile:
+        controller.hold_queue), so a step never admits a request its own grows preempt.
+        A request preempted by an earlier op of the same step is handled by the
+        controller (a grow of it is DENY not_running, its progress is ignored, a finish
+        ends it in the queue). A grow or progress written for a request that was waiting
+        when the step arrived is skipped if it was admitted meanwhile (or its deadline
+        rejected it): the engine wrote it against the old state. A grow of one still
+        waiting gets the controller's DENY not_running.
         """
         c = self.controller
         decisions: list[Decision] = []
@@ -264,6 +266,9 @@ class CoreService:
                 if (state := find(request_id)) is not None and state.status is not _RUNNING
             }
         name, i = "", 0  # the op being applied, named only if it fails
+        held = bool(finishes or aborts or progress or grows)
+        if held:  # the queue gets what this step's running requests leave (controller.hold_queue)
+            c.hold_queue()
         try:
             if finishes:
                 name = "finishes"
@@ -287,13 +292,21 @@ class CoreService:
                         if state is None or state.status is _RUNNING:  # rejected or admitted meanwhile
                             continue
                     decisions += c.grow(request_id, num_tokens, now)  # waiting: DENY not_running
+            if held:
+                held = False
+                decisions += c.release_queue(now)
             if submits:
                 name = "submits"
                 submit = c.submit
                 for i, spec in enumerate(submits):
                     decisions += submit(spec, now)
         except AdmissionError as exc:
+            if held:  # what was applied stands, and so does what it made room for
+                decisions += c.release_queue(now)
             raise StepFailed(exc, f"{name}[{i}].{exc.field}", decisions) from exc
+        except BaseException:
+            c.hold_queue(False)  # (a bug: never leave the queue held; the next tick admits)
+            raise
         return decisions
 
     def close_engine(self, session: Session, *, expire: bool) -> list[Decision]:
@@ -313,6 +326,12 @@ class CoreService:
     # ------------------------------------------------------------------ admin ops
     def set_policy(self, policy: str) -> list[Decision]:
         return self.controller.set_policy(policy, time.time())
+
+    def drain(self) -> list[Decision]:
+        """No new sessions or submits from now on, and nothing more admitted: the waiting
+        requests are rejected (`draining`); running ones finish."""
+        self.draining = True
+        return self.controller.close_admissions(time.time())
 
     # ------------------------------------------------------------------ views
     def snapshot(self) -> Snapshot:

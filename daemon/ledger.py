@@ -49,6 +49,9 @@ class BlockLedger:
         self.owed_per_group = [0] * self.num_groups
         self.reclaimed_per_group = [0] * self.num_groups
         self.owed = 0  # Σ reserved-not-held over running requests
+        # Tenants with requests waiting whose charge moved: their place in the queue
+        # (fair share) is looked at again before the next pass (WaitingQueue.in_order).
+        self.usage_changed: set[str] = set()
         # Σ over window-group blocks of (references - 1): see the module docstring.
         self.window_share_reserve = 0
         self.share_reserve_per_group = [0] * self.num_groups
@@ -98,6 +101,8 @@ class BlockLedger:
         account = self.tenants[r.spec.tenant]
         account.charged += sign * r.charged
         account.held += sign * sum(r.held)
+        if account.waiting:
+            self.usage_changed.add(account.name)
         return account
 
     def _owe_per_group(self, r: RequestState, sign: int) -> None:
@@ -161,6 +166,8 @@ class BlockLedger:
         account.charged += charge
         account.held += held_total
         account.running += 1
+        if account.waiting:
+            self.usage_changed.add(account.name)
 
     def _fresh_tables(self, held: list[int]) -> list[list[int]]:
         """New block tables of `held[g]` blocks per group, counted as held. With nothing
@@ -232,6 +239,8 @@ class BlockLedger:
         account.charged -= r.charged
         account.held -= sum(r.held)
         account.running -= 1
+        if account.waiting:
+            self.usage_changed.add(account.name)
         held_per_group = self.held_per_group
         window_groups = self.window_groups
         tables = r.tables

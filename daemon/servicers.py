@@ -346,7 +346,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def Drain(self, request, context):
         await self.auth.require(context, Role.ADMIN)
-        self.core.draining = True
+        if self.core.log.num_unwritten:
+            await _refuse_while_unwritten(context, self.core.log, "the drain")
+        decisions = self.core.drain()
+        try:
+            await self.core.record(decisions)  # the waiting requests' REJECTs, on their engines' Events
+        except Exception as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {exc}")
         if self.on_drain is not None:
             await self.on_drain()
         return admin_pb2.DrainResponse(running=self.core.snapshot().num_running)

@@ -184,3 +184,57 @@ def test_predictor_quantile_per_tenant_and_feedback():
     assert p.predict("a", 100) == 30
     p.observe("a", 30)  # decays 0.75 -> 0.65: ceil(0.65 * 4) = 3rd of 10, 20, 30, 30
     assert p.quantile == pytest.approx(0.65) and p.predict("a", 100) == 30
+
+
+def _two_running_one_waiting() -> AdmissionController:
+    """One full-attention group, B = 8, 9 blocks, F = 64 (a prompt is one chunk).
+    a, b: 16-token prompts, 2 blocks each (5 free); c: a 48-token prompt, 6 blocks > 5: QUEUE."""
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 9,
+        AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, watermark=0.0, policy="optimistic"),
+    )
+    for request_id, prompt in (("a", 16), ("b", 16), ("c", 48)):
+        ctrl.submit(RequestSpec(request_id, prompt, 32), 0.0)
+    ctrl.progress("a", 16, 1.0)
+    ctrl.progress("b", 16, 1.0)
+    assert [r.request_id for r in ctrl.waiting_requests()] == ["c"] and ctrl.pool.num_free_blocks == 5
+    return ctrl
+
+
+def test_a_held_queue_gets_what_the_steps_running_requests_leave():
+    # One engine step: a finishes (7 free), b grows 16 -> 40 tokens (+3 blocks).
+    # Op by op, a's blocks went to c (6 of 7), and b's grow then preempted c, the latest
+    # arrival, before it computed a token: admitted and preempted in one step.
+    ctrl = _two_running_one_waiting()
+    assert kinds(ctrl.finish("a", 2.0) + ctrl.grow("b", 40, 2.0)) == [
+        ("release", "finished", "a"), ("admit", "fits", "c"), ("preempt", "growth", "c"), ("grow", "fits", "b")]
+    # As the daemon's Step applies it: b grows first (7 - 3 = 4 free), then c is tried
+    # and still does not fit (6 > 4), so it waits, never admitted to be preempted.
+    ctrl = _two_running_one_waiting()
+    ctrl.hold_queue()
+    assert kinds(ctrl.finish("a", 2.0) + ctrl.grow("b", 40, 2.0)) == [("release", "finished", "a"), ("grow", "fits", "b")]
+    assert ctrl.release_queue(2.0) == []
+    assert ctrl.pool.num_free_blocks == 4 and [r.request_id for r in ctrl.waiting_requests()] == ["c"]
+    ctrl.check_integrity()
+    # ...and once b finishes too (4 + 5 = 9 free), c is admitted on the release.
+    ctrl.hold_queue()
+    assert kinds(ctrl.finish("b", 3.0)) == [("release", "finished", "b")]
+    assert kinds(ctrl.release_queue(3.0)) == [("admit", "fits", "c")]
+    assert ctrl.pool.num_free_blocks == 3
+    ctrl.check_integrity()
+
+
+def test_closed_admissions_reject_the_waiting_and_admit_nothing_more():
+    ctrl = _two_running_one_waiting()
+    assert kinds(ctrl.close_admissions(2.0)) == [("reject", "draining", "c")]
+    assert ctrl.waiting_requests() == [] and not ctrl.admitting
+    assert kinds(ctrl.submit(RequestSpec("d", 8, 8), 2.0)) == [("reject", "draining", "d")]
+    # Running requests still grow: b 16 -> 48 tokens (+4 of the 5 free), then a likewise
+    # (+4 of 1): b, the later arrival, is preempted for it (6 back), and, admissions being
+    # closed, rejected at once rather than left to wait for good.
+    assert kinds(ctrl.grow("b", 48, 3.0)) == [("grow", "fits", "b")]
+    assert kinds(ctrl.grow("a", 48, 3.0)) == [
+        ("preempt", "growth", "b"), ("grow", "fits", "a"), ("reject", "draining", "b")]
+    assert kinds(ctrl.finish("a", 4.0)) == [("release", "finished", "a")]  # nothing waits to be admitted
+    assert ctrl.num_running == 0 and ctrl.pool.num_free_blocks == 9
+    ctrl.check_integrity()

@@ -4,7 +4,9 @@ After every step: `check_integrity` (pool, tables == budget formulas, counters, 
 promised <= free, no deadlock); held blocks per group never above the budget worst case at
 L (the toy engine stays within F slots of what it computed); under `guaranteed` no
 request is ever denied growth or preempted. At the end the engine drains everything:
-every request finishes, so none waits forever.
+every request finishes, so none waits forever. Steps may hold the queue until their frees
+and grows are in (nothing admitted before); once admissions are closed (drain) nothing is
+admitted and nothing waits.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.goals: dict[str, int] = {}
         self.decisions = 0
+        self.drained = False
 
     @initialize(
         layout=st.sampled_from(sorted(SMALL_LAYOUTS)),
@@ -67,6 +70,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         preempted = [d.request_id for d in decisions if d.kind is DecisionKind.PREEMPT]
         assert len(preempted) == len(set(preempted)), f"preempt -> readmit -> preempt: {preempted}"
         for d in decisions:
+            assert not (self.drained and d.kind is DecisionKind.ADMIT), f"admitted while drained: {d}"
             if d.kind in (DecisionKind.DENY, DecisionKind.PREEMPT) and d.policy == "guaranteed":
                 raise AssertionError(f"guaranteed request {d.request_id} got {d.kind.value}: {d}")
             if d.kind is DecisionKind.DENY:
@@ -118,6 +122,29 @@ class AdmissionMachine(RuleBasedStateMachine):
             if r.status is Status.RUNNING:
                 self._observe(engine_step(self.ctrl, r.request_id, self.goals[r.request_id], self.now))
 
+    @precondition(lambda self: self.ctrl.num_running > 0)
+    @rule()
+    def step_all_held(self):
+        """Every running request's step as one engine Step: the queue held until its
+        frees and grows are in (the daemon's and the replayer's way)."""
+        self.ctrl.hold_queue()
+        held: list = []
+        for r in sorted(self.ctrl.running_requests(), key=lambda r: r.order):
+            if r.status is Status.RUNNING:
+                held += engine_step(self.ctrl, r.request_id, self.goals[r.request_id], self.now)
+        assert not [d for d in held if d.kind is DecisionKind.ADMIT], "admitted from a held queue"
+        released = self.ctrl.release_queue(self.now)
+        self._observe(held + released)
+        assert {d.kind for d in released} <= {DecisionKind.ADMIT, DecisionKind.REJECT}, released
+
+    @precondition(lambda self: not self.drained)
+    @rule()
+    def drain(self):
+        self.drained = True
+        decisions = self.ctrl.close_admissions(self.now)
+        assert {(d.kind, d.reason.value) for d in decisions} <= {(DecisionKind.REJECT, "draining")}, decisions
+        self._observe(decisions)
+
     @rule(pick=st.integers(0, 1000), finish=st.booleans())
     def end_one(self, pick, finish):
         known = sorted(self.ctrl._requests)
@@ -144,6 +171,11 @@ class AdmissionMachine(RuleBasedStateMachine):
     @invariant()
     def integrity(self):
         self.ctrl.check_integrity()
+
+    @invariant()
+    def nothing_waits_once_drained(self):
+        if self.drained:
+            assert self.ctrl.num_waiting == 0
 
     @invariant()
     def held_within_worst_case(self):

@@ -176,8 +176,17 @@ def test_engine_sessions_are_isolated(daemon: Daemon) -> None:
 def test_drain_refuses_new_work_but_lets_running_requests_end(tmp_path) -> None:
     with DaemonProcess(tmp_path, "--policy", "guaranteed") as process:
         d = Daemon(process)
-        d.engine.Step(step(d, submits=[submit("r", 32, max_new_tokens=16)]))
+        events = d.engine.Events(engine_pb2.EventsRequest(session_id=d.session_a), timeout=30)  # (never hangs)
+        # r: 32 + 16 tokens = 3 of the 64 usable blocks; q: 512 + 512 = 64 blocks > the 61 left
+        admitted, queued = d.engine.Step(step(d, submits=[submit("r", 32, max_new_tokens=16),
+                                                          submit("q", 512, max_new_tokens=512)])).decisions
+        assert (admitted.kind, queued.kind) == (common_pb2.DECISION_KIND_ADMIT, common_pb2.DECISION_KIND_QUEUE)
         assert d.admin.Drain(admin_pb2.DrainRequest()).running == 1
+        # The waiting request will never be admitted now: its engine hears so at once, and
+        # can send it elsewhere (it used to wait, and be admitted once r finished).
+        rejected = next(events).decision
+        assert (rejected.request_id, rejected.kind, rejected.reason) == ("q", common_pb2.DECISION_KIND_REJECT, "draining")
+        assert d.observer.GetSnapshot(observer_pb2.GetSnapshotRequest()).snapshot.num_waiting == 0
         health = health_pb2_grpc.HealthStub(d.channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
         for call, field in (
@@ -191,4 +200,9 @@ def test_drain_refuses_new_work_but_lets_running_requests_end(tmp_path) -> None:
         [release] = d.engine.Step(step(d, finishes=[F(request_id="r")])).decisions
         assert release.kind == common_pb2.DECISION_KIND_RELEASE
         assert d.observer.GetSnapshot(observer_pb2.GetSnapshotRequest()).snapshot.draining
+        events.cancel()
         d.channel.close()
+    # In the log, in order: nothing admitted after the drain.
+    assert [(r["request_id"], r["kind"], r["reason"]) for r in process.decision_rows("kind != 'policy' ORDER BY id")] == [
+        ("r", "admit", "fits"), ("q", "queue", "pool_full"), ("q", "reject", "draining"), ("r", "release", "finished"),
+    ]

@@ -69,7 +69,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Drain(self, request, context):
-        """Stop admitting; running requests finish. New engine calls get UNAVAILABLE.
+        """Stop admitting, for good: waiting requests are rejected (reason "draining"), running
+        requests finish. New sessions and submits get UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
