@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbudget.daemon.admission import POLICIES, AdmissionConfig
-from kvbudget.daemon.spec import KV_DTYPES
+from kvbudget.daemon.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, memory_source_conflict
+from kvbudget.daemon.spec import KV_DTYPE_NAMES, KV_DTYPES
 
 DEFAULT_CONFIG_PATH = "/etc/kvbudget/kvbudget.toml"
 DEFAULT_DB_PATH = "/var/lib/kvbudget/decisions.db"  # systemd StateDirectory=kvbudget
@@ -376,7 +377,7 @@ def _check_model(c: DaemonConfig, fail: _Fail) -> None:
     except ValueError as exc:
         raise fail("model", str(exc)) from None
     if c.kv_dtype != "auto" and c.kv_dtype.lower() not in KV_DTYPES:
-        raise fail("kv_dtype", f"unknown dtype {c.kv_dtype!r} (expected auto, bf16, fp16, fp8, int4, int2)")
+        raise fail("kv_dtype", f"unknown dtype {c.kv_dtype!r} (expected auto, {KV_DTYPE_NAMES})")
 
 
 def _positive(*names: str) -> Callable[[DaemonConfig, _Fail], None]:
@@ -410,6 +411,16 @@ def _check_pool(c: DaemonConfig, fail: _Fail) -> None:
         raise fail("gpu_memory_utilization", f"must be in (0, 1], got {c.gpu_memory_utilization}")
     if c.kv_cache_memory_bytes is not None and c.num_gpu_blocks is not None:
         raise fail("num_gpu_blocks", "set either kv_cache_memory_bytes or num_gpu_blocks, not both")
+    # The rule `kvbudget estimate` applies to its flags (sizing's): one memory source, and
+    # the GPU-only settings only with GPU memory, never silently ignored. (A utilization
+    # at its default cannot be told from one written down: the shipped file writes 0.9.)
+    given = [name for name in ("kv_cache_memory_bytes", "num_gpu_blocks", "gpu_memory_bytes",
+                               "weights_bytes", "activation_reserve_bytes") if getattr(c, name) is not None]
+    if c.gpu_memory_utilization != DEFAULT_GPU_MEMORY_UTILIZATION:
+        given.append("gpu_memory_utilization")
+    conflict = memory_source_conflict(given)
+    if conflict is not None:
+        raise fail(conflict.setting, conflict.message)
 
 
 def _check_admission(c: DaemonConfig, fail: _Fail) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequen
 from typing import Any
 
 from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot, new_request_spec
+from kvbudget.daemon.sizing import kv_tokens
 from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.v1 import common_pb2, engine_pb2
 
@@ -205,7 +206,7 @@ def plan_to_proto(
         groups=groups,
         max_model_len_tokens=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
-        kv_tokens=num_blocks * layout.block_size,
+        kv_tokens=kv_tokens(num_blocks, layout),  # vLLM's "GPU KV cache size"
         model_fingerprint=layout_fingerprint(layout, num_blocks),
     )
     if memory is not None:

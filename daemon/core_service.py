@@ -29,14 +29,12 @@ from kvbudget.daemon.decision_log import DecisionLog
 from kvbudget.daemon.decision_schema import DecisionLogError
 from kvbudget.daemon.decision_unwritten import UnwrittenError
 from kvbudget.daemon.records import Decision, Snapshot
-from kvbudget.daemon.requests import Status
 from kvbudget.daemon.sessions import ReplayTable, Session, SessionTable
 from kvbudget.daemon.step_validation import StepOps
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import common_pb2
 
 log = logging.getLogger("kvbudget.daemon")
-_RUNNING = Status.RUNNING  # enum member lookups are slow on Python 3.11; this runs per op
 
 
 @dataclass(frozen=True)
@@ -246,25 +244,15 @@ class CoreService:
 
         Freeing first lets this step's own submits use the blocks. Queued requests are
         tried once the grows are in, before the submits (the queue is held meanwhile:
-        controller.hold_queue), so a step never admits a request its own grows preempt.
-        A request preempted by an earlier op of the same step is handled by the
-        controller (a grow of it is DENY not_running, its progress is ignored, a finish
-        ends it in the queue). A grow or progress written for a request that was waiting
-        when the step arrived is skipped if it was admitted meanwhile (or its deadline
-        rejected it): the engine wrote it against the old state. A grow of one still
-        waiting gets the controller's DENY not_running.
+        controller.hold_queue), so a step never admits a request its own grows preempt,
+        and every op meets the requests as the engine last heard of them, but for those
+        an earlier op of the same step preempted: the controller answers a grow of a
+        waiting request DENY not_running, ignores its progress, and a finish ends it in
+        the queue.
         """
         c = self.controller
         decisions: list[Decision] = []
         finishes, aborts, progress, grows, submits = ops
-        find = c.find
-        was_waiting: set[str] = set()
-        if progress or grows:
-            was_waiting = {
-                request_id
-                for request_id, _ in (*progress, *grows)
-                if (state := find(request_id)) is not None and state.status is not _RUNNING
-            }
         name, i = "", 0  # the op being applied, named only if it fails
         held = bool(finishes or aborts or progress or grows)
         if held:  # the queue gets what this step's running requests leave (controller.hold_queue)
@@ -282,15 +270,10 @@ class CoreService:
             if progress:
                 name = "progress"
                 for i, (request_id, num_computed) in enumerate(progress):
-                    if request_id not in was_waiting:
-                        decisions += c.progress(request_id, num_computed, now)
+                    decisions += c.progress(request_id, num_computed, now)  # waiting: ignored
             if grows:
                 name = "grows"
                 for i, (request_id, num_tokens) in enumerate(grows):
-                    if request_id in was_waiting:
-                        state = find(request_id)
-                        if state is None or state.status is _RUNNING:  # rejected or admitted meanwhile
-                            continue
                     decisions += c.grow(request_id, num_tokens, now)  # waiting: DENY not_running
             if held:
                 held = False

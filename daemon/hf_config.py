@@ -118,6 +118,29 @@ def load_model(
         config, name=name, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap
     )
 
+
+def resolve_max_model_len(
+    model: ModelInfo, requested: int | None, *, name: str = "max_model_len"
+) -> int:
+    """The longest request to serve: `requested` (None: the model's own).
+
+    Past the model's max_position_embeddings is refused, as vLLM refuses it (unless told
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN): positions the model never saw. `name` is what the
+    message calls the setting (`--max-model-len` for a flag). `kvbudget estimate` and the
+    daemon's start both ask here, so they accept the same lengths.
+    """
+    if requested is None:
+        return model.max_model_len
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {requested!r}")
+    if requested > model.max_model_len:
+        raise ValueError(
+            f"{name} {requested} exceeds the model's max_position_embeddings "
+            f"({model.max_model_len})"
+        )
+    return requested
+
+
 # ------------------------------------------------------------------------ specs
 
 
@@ -155,7 +178,10 @@ def model_from_config(
     cache_dtype = parse_kv_dtype(kv_dtype) if kv_dtype is not None else served
     notes = [f"layer kinds from {rule}"]
     if set(kinds) == {MAMBA}:
-        raise ValueError("a model of Mamba layers only has no attention page to size blocks by")
+        raise ValueError(
+            f"config fields make every layer mamba ({rule}): with no attention layer there "
+            "is no page to size blocks by"
+        )
 
     attention = None
     if set(kinds) & {FULL, SLIDING, CHUNKED}:

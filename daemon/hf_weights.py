@@ -15,14 +15,23 @@ from typing import Any
 
 from kvbudget.daemon.hf_fields import (
     MAMBA,
+    MAX_LAYERS,
     MLA,
+    bool_field,
+    first_nonzero_int,
     head_dim,
     int_field,
+    int_list,
     layer_kinds,
     num_kv_heads,
+    optional_int,
     served_dtype,
+    sub_config,
     text_config,
 )
+
+# Quantised linears above 32 bits are no quantisation; below 1 bit, no weights.
+MAX_QUANT_BITS = 32
 
 
 @dataclass(frozen=True)
@@ -52,13 +61,16 @@ class WeightEstimate:
 
 
 def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
+    """Every field read here is checked (hf_fields), so each term is >= 0 and the estimate
+    never blames `weights_bytes` for a field the user wrote wrong."""
     cfg = text_config(config)
     kinds, _ = layer_kinds(cfg)
     hidden = int_field(cfg, "hidden_size")
     vocab = int_field(cfg, "vocab_size")
 
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    embed = vocab * hidden * (1 if bool_field(cfg, "tie_word_embeddings", False) else 2)
     attention = mamba = dense = experts = other = 0
+    moe = _moe_layers(cfg, len(kinds))
     for i, kind in enumerate(kinds):
         other += 2 * hidden
         if kind == MLA:
@@ -68,7 +80,7 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
         else:
             heads, kv, hd = int_field(cfg, "num_attention_heads"), num_kv_heads(cfg), head_dim(cfg)
             attention += 2 * hidden * heads * hd + 2 * hidden * kv * hd
-        layer_dense, layer_experts = _mlp_params(cfg, i)
+        layer_dense, layer_experts = _mlp_params(cfg, moe[i])
         dense += layer_dense
         experts += layer_experts
     other += hidden  # final norm
@@ -76,18 +88,23 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
 
     served = served_dtype(cfg).bits / 8
     linear_bytes, expert_bytes, note = served, served, f"{served_dtype(cfg).name} weights"
-    quant = config.get("quantization_config") or cfg.get("quantization_config")
-    if isinstance(quant, Mapping):
-        method = str(quant.get("quant_method", ""))
+    quant = sub_config(config, "quantization_config") or sub_config(cfg, "quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") or ""
+        if not isinstance(method, str):
+            raise ValueError(
+                "config field 'quantization_config.quant_method' must be a string, "
+                f"got {type(method).__name__}"
+            )
         if method == "fp8":
             linear_bytes = expert_bytes = 1.0
             note = "fp8 decoder linears, 16-bit embeddings"
         elif method == "mxfp4":
             expert_bytes = 17 / 32
             note = "mxfp4 experts (4.25 bits), 16-bit rest"
-        elif isinstance(quant.get("bits"), int):
-            linear_bytes = expert_bytes = quant["bits"] / 8
-            note = f"{quant['bits']}-bit {method or 'quantised'} decoder linears"
+        elif (bits := _quant_bits(quant)) is not None:
+            linear_bytes = expert_bytes = bits / 8
+            note = f"{bits}-bit {method or 'quantised'} decoder linears"
         else:
             note = f"unknown quant_method {method!r}: counted at {served_dtype(cfg).name}"
 
@@ -105,11 +122,17 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
     )
 
 
+def _quant_bits(quant: Mapping[str, Any]) -> int | None:
+    """gptq/awq's `bits` per quantised weight; None when the config does not say."""
+    return optional_int(quant, "bits", maximum=MAX_QUANT_BITS, where="quantization_config.")
+
+
 def _mla_params(cfg: Mapping[str, Any]) -> int:
     hidden, heads = int_field(cfg, "hidden_size"), int_field(cfg, "num_attention_heads")
     rope, nope = int_field(cfg, "qk_rope_head_dim"), int_field(cfg, "qk_nope_head_dim")
     v, lora = int_field(cfg, "v_head_dim"), int_field(cfg, "kv_lora_rank")
-    q_lora = cfg.get("q_lora_rank")
+    # null or 0: queries are not compressed (DeepSeek V2-Lite)
+    q_lora = optional_int(cfg, "q_lora_rank", minimum=0)
     q_out = heads * (nope + rope)
     q = hidden * q_lora + q_lora * q_out if q_lora else hidden * q_out
     kv = hidden * (lora + rope) + lora * heads * (nope + v)
@@ -132,46 +155,58 @@ def _mamba_params(cfg: Mapping[str, Any]) -> int:
     )
 
 
-def _mlp_params(cfg: Mapping[str, Any], layer: int) -> tuple[int, int]:
-    """(dense parameters, expert parameters) of layer `layer`'s feed-forward block."""
+def _mlp_params(cfg: Mapping[str, Any], is_moe: bool) -> tuple[int, int]:
+    """(dense parameters, expert parameters) of one layer's feed-forward block."""
     hidden = int_field(cfg, "hidden_size")
-    num_experts = (
-        cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    )
-    if num_experts <= 1 or not _is_moe_layer(cfg, layer):
+    if not is_moe:
         # Llama 4 calls its dense layers' width intermediate_size_mlp (intermediate_size
         # is the expert width there).
-        key = "intermediate_size_mlp" if cfg.get("intermediate_size_mlp") else "intermediate_size"
-        return 3 * hidden * int_field(cfg, key), 0
-    width = cfg.get("moe_intermediate_size") or int_field(cfg, "intermediate_size")
-    shared = cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0
+        width = optional_int(cfg, "intermediate_size_mlp") or int_field(cfg, "intermediate_size")
+        return 3 * hidden * width, 0
+    num_experts = _num_experts(cfg)
+    width = optional_int(cfg, "moe_intermediate_size") or int_field(cfg, "intermediate_size")
+    shared = first_nonzero_int(cfg, "n_shared_experts", "num_shared_experts")
     if cfg.get("model_type") in ("llama4_text", "llama4"):
         shared = 1  # every Llama 4 MoE layer has one shared expert
     router = hidden * num_experts
     return 3 * hidden * width * shared + router, 3 * hidden * width * num_experts
 
 
-def _is_moe_layer(cfg: Mapping[str, Any], layer: int) -> bool:
-    if cfg.get("first_k_dense_replace") is not None:  # DeepSeek
-        freq = cfg.get("moe_layer_freq", 1) or 1
-        return layer >= cfg["first_k_dense_replace"] and layer % freq == 0
-    if cfg.get("expert_layer_period") is not None:  # Jamba
-        return layer % cfg["expert_layer_period"] == cfg.get("expert_layer_offset", 0)
-    if cfg.get("interleave_moe_layer_step") is not None:  # Llama 4
-        step = cfg["interleave_moe_layer_step"]
-        return (layer + 1) % step == 0
-    if layer in (cfg.get("mlp_only_layers") or []):  # Qwen MoE
-        return False
-    step = cfg.get("decoder_sparse_step", 1) or 1
-    return (layer + 1) % step == 0
+def _num_experts(cfg: Mapping[str, Any]) -> int:
+    return first_nonzero_int(cfg, "n_routed_experts", "num_local_experts", "num_experts")
+
+
+def _moe_layers(cfg: Mapping[str, Any], n: int) -> list[bool]:
+    """Which of the `n` layers have a mixture of experts for a feed-forward block."""
+    if _num_experts(cfg) <= 1:
+        return [False] * n
+    first_dense = optional_int(cfg, "first_k_dense_replace", minimum=0, maximum=MAX_LAYERS)
+    if first_dense is not None:  # DeepSeek
+        freq = int_field(cfg, "moe_layer_freq", 1, maximum=MAX_LAYERS)
+        return [i >= first_dense and i % freq == 0 for i in range(n)]
+    period = optional_int(cfg, "expert_layer_period", maximum=MAX_LAYERS)
+    if period is not None:  # Jamba
+        offset = int_field(cfg, "expert_layer_offset", 0, minimum=0)
+        if offset >= period:
+            raise ValueError(
+                "config field 'expert_layer_offset' must be in [0, expert_layer_period)"
+            )
+        return [i % period == offset for i in range(n)]
+    step = optional_int(cfg, "interleave_moe_layer_step", maximum=MAX_LAYERS)
+    if step is not None:  # Llama 4
+        return [(i + 1) % step == 0 for i in range(n)]
+    dense_only = set(int_list(cfg, "mlp_only_layers"))  # Qwen MoE
+    step = int_field(cfg, "decoder_sparse_step", 1, maximum=MAX_LAYERS)
+    return [i not in dense_only and (i + 1) % step == 0 for i in range(n)]
 
 
 def _vision_params(config: Mapping[str, Any]) -> int:
     """A ViT tower: layers x (4 h^2 attention + 2 h i MLP); small next to the LM."""
-    vision = config.get("vision_config")
-    if not isinstance(vision, Mapping) or not vision.get("hidden_size"):
+    vision = sub_config(config, "vision_config")
+    where = "vision_config."
+    h = optional_int(vision, "hidden_size", where=where) if vision is not None else None
+    if vision is None or h is None:
         return 0
-    h = vision["hidden_size"]
-    i = vision.get("intermediate_size", 4 * h)
-    layers = vision.get("num_hidden_layers", 0)
+    i = int_field(vision, "intermediate_size", 4 * h, where=where)
+    layers = int_field(vision, "num_hidden_layers", 0, minimum=0, maximum=MAX_LAYERS, where=where)
     return layers * (4 * h * h + 2 * h * i)

@@ -40,6 +40,10 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         )
     except ValueError as exc:
         raise PoolSetupError(f"model: {exc}") from None
+    try:  # as `kvbudget estimate --max-model-len` does: not past max_position_embeddings
+        max_model_len = hf_config.resolve_max_model_len(model, config.max_model_len)
+    except ValueError as exc:
+        raise PoolSetupError(str(exc)) from None
     layout = model.layout
     try:
         if config.num_gpu_blocks is not None:
@@ -74,4 +78,4 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             f"the pool gets {sized.num_blocks} blocks{short}; it needs at least 2 (one is the "
             "null block): lower weights_bytes / activation_reserve_bytes or give kv_cache_memory_bytes"
         )
-    return PoolSetup(model, sized, config.max_model_len or model.max_model_len)
+    return PoolSetup(model, sized, max_model_len)

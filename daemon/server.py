@@ -456,7 +456,8 @@ class Daemon:
         self._health, self._core = health, core  # (from now on, log trouble turns health)
         summary = (
             f"serving {setup.model.name}: {plan.num_blocks} blocks of {plan.block_size_tokens} tokens "
-            f"({plan.kv_tokens} KV tokens), policy {controller.snapshot(0.0).policy}, "
+            f"({plan.kv_tokens} KV tokens{' in every group' if len(plan.groups) > 1 else ''}), "
+            f"policy {controller.snapshot(0.0).policy}, "
             f"on {', '.join(config.listen)}"
         )
         return core, health, server, summary

@@ -10,10 +10,13 @@ is a mistake we name):
 of one group (vLLM: available // page_size // group_size, the same integer).
 Memory that leaves nothing for the cache is a result (num_blocks 0, `shortfall_bytes`),
 not an exception; exceptions are for inputs that make no sense.
+Which settings may go together (`memory_source_conflict`) is decided here once, for
+`kvbudget estimate`'s flags and the daemon's config keys alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvbudget.daemon.spec import KVCacheLayout
@@ -22,6 +25,21 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 SOURCE_GPU = "gpu_memory"
 SOURCE_KV_BYTES = "kv_cache_memory_bytes"
 SOURCE_BLOCKS = "num_gpu_blocks"
+# Settings that only mean something when the pool is sized from GPU memory.
+GPU_ONLY_SETTINGS = ("weights_bytes", "gpu_memory_utilization", "activation_reserve_bytes")
+_SOURCE_SETTINGS = ("kv_cache_memory_bytes", "num_gpu_blocks", "gpu_memory_bytes")
+
+
+def kv_tokens(num_blocks: int, layout: KVCacheLayout) -> int:
+    """Tokens the pool holds, as vLLM's start-up line "GPU KV cache size: N tokens" counts
+    them: every token of a request takes a slot in each KV-cache group, so the blocks are
+    split across the groups first (num_blocks // groups x block_size). For a hybrid model
+    num_blocks x block_size would overstate it by the number of groups."""
+    return _kv_tokens(num_blocks, layout.num_groups, layout.block_size)
+
+
+def _kv_tokens(num_blocks: int, num_groups: int, block_size: int) -> int:
+    return num_blocks // max(1, num_groups) * block_size
 
 
 @dataclass(frozen=True)
@@ -30,6 +48,7 @@ class PoolSizing:
     block_size: int
     page_size_bytes: int
     bytes_per_block: int
+    num_groups: int  # KV-cache groups drawing on the pool
     source: str  # SOURCE_GPU, SOURCE_KV_BYTES or SOURCE_BLOCKS
     kv_cache_bytes: int  # bytes handed to the pool (>= num_blocks x bytes_per_block)
     gpu_total_bytes: int | None = None
@@ -43,7 +62,8 @@ class PoolSizing:
 
     @property
     def kv_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        """vLLM's "GPU KV cache size" (see `kv_tokens` above), not num_blocks x block_size."""
+        return _kv_tokens(self.num_blocks, self.num_groups, self.block_size)
 
     @property
     def pool_bytes(self) -> int:
@@ -60,6 +80,7 @@ class PoolSizing:
             "block_size": self.block_size,
             "page_size_bytes": self.page_size_bytes,
             "bytes_per_block": self.bytes_per_block,
+            "num_groups": self.num_groups,
             "kv_tokens": self.kv_tokens,
             "kv_cache_bytes": self.kv_cache_bytes,
             "pool_bytes": self.pool_bytes,
@@ -87,7 +108,39 @@ def _geometry(layout: KVCacheLayout) -> dict[str, int]:
         "block_size": layout.block_size,
         "page_size_bytes": layout.page_size_bytes,
         "bytes_per_block": layout.bytes_per_block,
+        "num_groups": layout.num_groups,
     }
+
+
+@dataclass(frozen=True)
+class SourceConflict:
+    """Two pool-sizing settings given together that cannot both hold."""
+
+    setting: str  # the one to drop, by config name
+    message: str
+
+
+def memory_source_conflict(
+    given: Iterable[str], spell: Callable[[str], str] = str
+) -> SourceConflict | None:
+    """Why the pool-sizing settings `given` (config names) cannot go together, or None.
+
+    At most one memory source (none: the local GPU), and the GPU-only settings only with
+    GPU memory: honouring one source and ignoring the other would size a pool the user
+    did not ask for, without a word. `spell` writes a name as the caller's user would
+    (`--num-gpu-blocks` for `kvbudget estimate`, the key itself for the daemon's config).
+    """
+    names = set(given)
+    sources = [name for name in _SOURCE_SETTINGS if name in names]
+    if len(sources) > 1:
+        listed = " and ".join(spell(name) for name in sources)
+        return SourceConflict(sources[-1], f"give one memory source, not {listed}")
+    if sources and sources[0] != "gpu_memory_bytes":
+        gpu = spell("gpu_memory_bytes")
+        for name in GPU_ONLY_SETTINGS:
+            if name in names:
+                return SourceConflict(name, f"{spell(name)} only applies with {gpu} or the local GPU")
+    return None
 
 
 def size_from_gpu_memory(
@@ -176,6 +229,8 @@ def size_pool(
             "give exactly one memory source: gpu_total_bytes, kv_cache_memory_bytes or "
             f"num_gpu_blocks (got {', '.join(given) or 'none'})"
         )
+    if gpu_total_bytes is None and weights_bytes is not None:
+        raise ValueError(f"weights_bytes only applies with gpu_total_bytes, not {given[0]}")
     if num_gpu_blocks is not None:
         return size_from_num_blocks(layout, num_gpu_blocks)
     if kv_cache_memory_bytes is not None:

@@ -42,30 +42,59 @@ class KVDtype:
         return -(-packed_bits // 8) + self.scale_bytes_per_vector
 
 
+_FP32 = KVDtype("fp32", 32)
+_BF16 = KVDtype("bf16", 16)
+_FP16 = KVDtype("fp16", 16)
+_FP8 = KVDtype("fp8", 8)
+
+# What a KV cache may be stored in: the names `kvbudget estimate --kv-dtype` and the
+# daemon's `kv_dtype` both take (one table, so the two cannot drift apart). vLLM's
+# `--kv-cache-dtype` spellings (bfloat16, fp8_e4m3, fp8_e5m2) are here too; both fp8
+# formats are one byte. No fp32: no engine keeps a 4-byte cache (vLLM serves fp32
+# checkpoints in 16 bits, and its cache with them).
 KV_DTYPES: dict[str, KVDtype] = {
-    "fp32": KVDtype("fp32", 32),
-    "bf16": KVDtype("bf16", 16),
-    "fp16": KVDtype("fp16", 16),
-    "fp8": KVDtype("fp8", 8),
+    "bf16": _BF16,
+    "fp16": _FP16,
+    "fp8": _FP8,
     "int4": KVDtype("int4", 4, scale_bytes_per_vector=4),
     "int2": KVDtype("int2", 2, scale_bytes_per_vector=4),
+    "bfloat16": _BF16,
+    "float16": _FP16,
+    "half": _FP16,
+    "fp8_e4m3": _FP8,
+    "fp8_e5m2": _FP8,
 }
-# Names Hugging Face configs use in `torch_dtype` / `dtype`.
-KV_DTYPES["bfloat16"] = KV_DTYPES["bf16"]
-KV_DTYPES["float16"] = KV_DTYPES["fp16"]
-KV_DTYPES["half"] = KV_DTYPES["fp16"]
-KV_DTYPES["float32"] = KV_DTYPES["fp32"]
-KV_DTYPES["fp8_e4m3"] = KV_DTYPES["fp8"]
-KV_DTYPES["fp8_e5m2"] = KV_DTYPES["fp8"]
+KV_DTYPE_NAMES = "bf16, fp16, fp8, int4, int2 (or bfloat16, float16, fp8_e4m3, fp8_e5m2)"
+
+# What a checkpoint's weights may be stored in (Hugging Face `torch_dtype` / `dtype`).
+WEIGHT_DTYPES: dict[str, KVDtype] = {
+    "bf16": _BF16,
+    "bfloat16": _BF16,
+    "fp16": _FP16,
+    "float16": _FP16,
+    "half": _FP16,
+    "fp32": _FP32,
+    "float32": _FP32,
+    "fp8": _FP8,
+    "fp8_e4m3": _FP8,
+    "fp8_e5m2": _FP8,
+}
 
 
 def kv_dtype(name: str) -> KVDtype:
+    """A KV-cache dtype by name (KV_DTYPES)."""
     try:
         return KV_DTYPES[name.lower()]
-    except KeyError:
-        raise ValueError(
-            f"unknown kv dtype {name!r}; expected one of bf16, fp16, fp8, int4, int2"
-        ) from None
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown kv dtype {name!r}; expected one of {KV_DTYPE_NAMES}") from None
+
+
+def weight_dtype(name: str) -> KVDtype:
+    """A checkpoint's dtype by name (WEIGHT_DTYPES)."""
+    try:
+        return WEIGHT_DTYPES[name.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown weight dtype {name!r}") from None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays lig
     from kvbudget.daemon.sizing import PoolSizing
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default for its V1 engine
-KV_DTYPE_CHOICES = ("bf16", "fp16", "fp8", "int4", "int2")
+# (--help only: the names accepted are spec.KV_DTYPES, the daemon's kv_dtype's too.)
+KV_DTYPE_HELP = "bf16, fp16, fp8, int4, int2 (also vLLM's fp8_e4m3, fp8_e5m2)"
 
 _SIZE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _DECIMAL = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--activation-reserve-bytes", metavar="SIZE", help="activation peak to keep free (0)"
     )
     parser.add_argument("--block-size", metavar="N", default="16", help="tokens per block (16)")
-    parser.add_argument("--kv-dtype", metavar="DTYPE", help=f"{', '.join(KV_DTYPE_CHOICES)}")
+    parser.add_argument("--kv-dtype", metavar="DTYPE", help=KV_DTYPE_HELP)
     parser.add_argument(
         "--max-model-len",
         metavar="N|auto",
@@ -131,14 +132,14 @@ class Lengths:
 
 def run(args: argparse.Namespace) -> int:
     from kvbudget.daemon.hf_config import load_model
+    from kvbudget.daemon.spec import KV_DTYPE_NAMES, KV_DTYPES
 
     if not args.model:
         raise CLIError("--model is required (a preset name or a config.json path)")
     block_size = parse_count(args.block_size, "--block-size")
     token_cap = parse_count(args.token_cap, "--token-cap") if args.token_cap else None
-    if args.kv_dtype is not None and args.kv_dtype.lower() not in KV_DTYPE_CHOICES:
-        choices = ", ".join(KV_DTYPE_CHOICES)
-        raise CLIError(f"--kv-dtype {args.kv_dtype!r}: expected one of {choices}")
+    if args.kv_dtype is not None and args.kv_dtype.lower() not in KV_DTYPES:
+        raise CLIError(f"--kv-dtype {args.kv_dtype!r}: expected one of {KV_DTYPE_NAMES}")
     F = parse_count(args.max_num_batched_tokens, "--max-num-batched-tokens")
     try:
         model = load_model(
@@ -164,28 +165,16 @@ def _size_pool(args: argparse.Namespace, model: ModelInfo) -> PoolSizing:
     from kvbudget.daemon import sizing as sz
 
     layout = model.layout
-    sources = [
-        flag
-        for flag, value in (
-            ("--kv-cache-memory-bytes", args.kv_cache_memory_bytes),
-            ("--num-gpu-blocks", args.num_gpu_blocks),
-            ("--gpu-memory-bytes", args.gpu_memory_bytes),
-        )
-        if value is not None
-    ]
-    if len(sources) > 1:
-        raise CLIError(f"give one memory source, not {' and '.join(sources)}")
-    gpu_only = [
-        flag
-        for flag, value in (
-            ("--weights-bytes", args.weights_bytes),
-            ("--gpu-memory-utilization", args.gpu_memory_utilization),
-            ("--activation-reserve-bytes", args.activation_reserve_bytes),
-        )
-        if value is not None
-    ]
-    if sources and sources[0] != "--gpu-memory-bytes" and gpu_only:
-        raise CLIError(f"{gpu_only[0]} only applies with --gpu-memory-bytes or the local GPU")
+    # The daemon's config keys and these flags share names (`num_gpu_blocks`,
+    # `--num-gpu-blocks`), and one rule: sizing's.
+    settings = (
+        "kv_cache_memory_bytes", "num_gpu_blocks", "gpu_memory_bytes", "weights_bytes",
+        "gpu_memory_utilization", "activation_reserve_bytes",
+    )  # fmt: skip
+    given = [name for name in settings if getattr(args, name) is not None]
+    conflict = sz.memory_source_conflict(given, spell=lambda name: "--" + name.replace("_", "-"))
+    if conflict is not None:
+        raise CLIError(conflict.message)
 
     if args.num_gpu_blocks is not None:
         return sz.size_from_num_blocks(layout, parse_count(args.num_gpu_blocks, "--num-gpu-blocks"))
@@ -247,6 +236,7 @@ def _does_not_fit(sizing: PoolSizing) -> str:
 
 def _lengths(args: argparse.Namespace, model: ModelInfo, num_blocks: int, F: int) -> Lengths:
     from kvbudget.daemon.budget import max_model_len_that_fits
+    from kvbudget.daemon.hf_config import resolve_max_model_len
 
     text = args.max_model_len
     if text is None:
@@ -257,12 +247,11 @@ def _lengths(args: argparse.Namespace, model: ModelInfo, num_blocks: int, F: int
         if max_len == 0:
             raise CLIError("--max-model-len auto: not even a one-token request fits the pool")
     else:
-        max_len, source = parse_count(text, "--max-model-len"), "given"
-        if max_len > model.max_model_len:
-            raise CLIError(
-                f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
-                f"({model.max_model_len})"
-            )
+        requested, source = parse_count(text, "--max-model-len"), "given"
+        try:  # the daemon's start asks the same question (hf_config)
+            max_len = resolve_max_model_len(model, requested, name="--max-model-len")
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
     tokens = max_len
     if args.tokens_per_request is not None:
         tokens = parse_count(args.tokens_per_request, "--tokens-per-request")
@@ -358,6 +347,8 @@ def build_report(
         "page_size_bytes": layout.page_size_bytes,
         "group_size": layout.group_size,
         "bytes_per_block": layout.bytes_per_block,
+        "num_groups": layout.num_groups,
+        # vLLM's "GPU KV cache size": num_blocks // num_groups x block_size
         "kv_tokens": sizing.kv_tokens,
         "max_model_len": lengths.max_model_len,
         "max_model_len_source": lengths.max_model_len_source,
@@ -401,6 +392,20 @@ def _fmt_x(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:,.2f}"
 
 
+def _pool_tokens_line(report: dict[str, Any]) -> str:
+    """`13,732 blocks = 31,376 tokens in every group (vLLM's GPU KV cache size)`.
+
+    Every token takes a slot in each KV-cache group, so a hybrid model's pool holds
+    num_blocks // groups x block_size tokens, the figure vLLM prints, not num_blocks x
+    block_size (which overstates it by the number of groups).
+    """
+    where = " in every group" if report["num_groups"] > 1 else ""
+    return (
+        f"{report['num_blocks']:,} blocks = {report['kv_tokens']:,} tokens{where} "
+        "(vLLM's GPU KV cache size)"
+    )
+
+
 def _print_tables(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -430,7 +435,7 @@ def _print_tables(report: dict[str, Any]) -> None:
         console.print(f"[bold]pool[/]    kv_cache_memory_bytes {_fmt_gb(s['kv_cache_bytes'])}")
     else:
         console.print("[bold]pool[/]    num_gpu_blocks override")
-    console.print(f"        {report['num_blocks']:,} blocks = {report['kv_tokens']:,} tokens")
+    console.print(f"        {_pool_tokens_line(report)}", soft_wrap=True)
     console.print(
         f"[bold]lengths[/] max_model_len {report['max_model_len']:,} "
         f"({report['max_model_len_source']}), max_num_batched_tokens "

@@ -60,11 +60,15 @@ def write_config(tmp_path, **overrides) -> str:
 def test_gemma_3_27b_json(tmp_path):
     out = run_json("--model", "gemma-3-27b", "--gpu-memory-bytes", "80e9", "--weights-bytes", "54e9")
     # 80e9 x 0.9 - 54e9 = 18e9 bytes; block = 131072 B page x 10 layers = 1310720 B
-    # -> 18e9 // 1310720 = 13732 blocks = 219712 tokens
+    # -> 18e9 // 1310720 = 13732 blocks; 7 KV-cache groups, and every token takes a slot
+    # in each: 13732 // 7 = 1961 x 16 = 31376 tokens, vLLM's "GPU KV cache size" (not
+    # 13732 x 16 = 219712, 7 times that)
     assert out["num_blocks"] == 13732
     assert out["page_size_bytes"] == 131072
     assert out["bytes_per_block"] == 1310720
-    assert out["kv_tokens"] == 219712
+    assert out["num_groups"] == 7
+    assert out["kv_tokens"] == 31376
+    assert out["sizing"]["kv_tokens"] == 31376
     assert out["max_model_len"] == 131072 and out["tokens_per_request"] == 131072
     assert [(g["layer_type"], g["num_layers"]) for g in out["groups"]] == [
         ("sliding_window", 10)
@@ -93,13 +97,27 @@ def test_human_table_shows_layer_aware_and_naive_side_by_side():
     result = run("--model", "gemma-3-27b", "--gpu-memory-bytes", "80e9", "--weights-bytes", "54e9")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "13,732 blocks = 219,712 tokens" in out
+    assert "13,732 blocks = 31,376 tokens in every group (vLLM's GPU KV cache size)\n" in out
     header = next(line for line in out.splitlines() if "layer-aware" in line and "naive" in line)
     assert header.index("layer-aware") < header.index("naive")
     row = next(line for line in out.splitlines() if "131,072 " in line and "│" in line)
     # 13732 / 11654 = 1.18 layer-aware, 13732 / 57344 = 0.24 naive, gain 57344 / 11654 = 4.92
     assert "1.18" in row and "0.24" in row and "x4.92" in row
     assert "sliding_window" in out and "1,024" in out
+
+
+def test_one_group_pool_line_has_no_groups_to_speak_of():
+    result = run("--model", "llama-3.1-8b", "--num-gpu-blocks", "100")
+    assert result.returncode == 0, result.stderr
+    # one group of 32 layers: 100 x 16 tokens, as vLLM reports it
+    assert "        100 blocks = 1,600 tokens (vLLM's GPU KV cache size)\n" in result.stdout
+
+
+def test_kv_tokens_of_a_mamba_hybrid():
+    out = run_json("--model", "jamba-v0.1", "--num-gpu-blocks", "1000")
+    # 7 mamba groups + 1 attention group, blocks of 80 tokens: 1000 // 8 x 80
+    assert out["num_groups"] == 8 and out["block_size"] == 80
+    assert out["kv_tokens"] == 10000
 
 
 def test_hybrid_half_half_at_16384_with_f_1024(tmp_path):
@@ -233,10 +251,19 @@ BAD_INPUTS = [
         "--tokens-per-request 2048 exceeds max_model_len 1024",
     ),  # fmt: skip
     (["--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--kv-dtype", "int3"], "--kv-dtype 'int3'"),
+    (["--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--kv-dtype", "fp32"], "--kv-dtype 'fp32'"),
     (["--model", "deepseek-v3", "--num-gpu-blocks", "10", "--token-cap", "100"], "MLA"),
     (
         ["--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--kv-cache-memory-bytes", "8GiB"],
         "give one memory source, not --kv-cache-memory-bytes and --num-gpu-blocks",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--gpu-memory-bytes", "80GB"],
+        "give one memory source, not --num-gpu-blocks and --gpu-memory-bytes",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "8GiB", "--activation-reserve-bytes", "1GB"],
+        "--activation-reserve-bytes only applies with --gpu-memory-bytes",
     ),
     (
         ["--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--weights-bytes", "1GB"],
@@ -266,6 +293,66 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kvbudget estimate: error: ")
     assert message in lines[0]
+
+
+# Every name one of them takes, the other takes: `kvbudget estimate --kv-dtype` and the
+# daemon's `kv_dtype` (checked by load_config, used by pool setup) read spec.KV_DTYPES.
+KV_DTYPE_NAMES = ["bf16", "fp16", "fp8", "int4", "int2", "BF16", "bfloat16", "float16",
+                  "fp8_e4m3", "fp8_e5m2", "fp32", "float32", "int3", "auto8"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", KV_DTYPE_NAMES)
+def test_estimate_and_daemon_take_the_same_kv_dtypes(name):
+    from kvbudget.daemon.config import ConfigError, load_config
+
+    try:
+        load_config(None, {"model": "llama-3.1-8b", "kv_dtype": name, "num_gpu_blocks": 10})
+        daemon_takes = True
+    except ConfigError as exc:
+        assert "kv_dtype" in str(exc)
+        daemon_takes = False
+    result = run("--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--kv-dtype", name, "--json")
+    assert (result.returncode == 0) == daemon_takes, result.stderr
+    assert daemon_takes == (name.lower() not in ("fp32", "float32", "int3", "auto8"))
+
+
+# The daemon refuses what estimate refuses: one rule (sizing.memory_source_conflict,
+# hf_config.resolve_max_model_len) for both.
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"kv_cache_memory_bytes": "8GiB", "num_gpu_blocks": "10"},
+        {"num_gpu_blocks": "10", "gpu_memory_bytes": "80GB"},
+        {"num_gpu_blocks": "10", "weights_bytes": "1GB"},
+        {"kv_cache_memory_bytes": "8GiB", "activation_reserve_bytes": "1GB"},
+    ],
+    ids=lambda settings: "+".join(settings),
+)  # fmt: skip
+def test_estimate_and_daemon_refuse_the_same_memory_sources(settings):
+    from kvbudget.cmd_estimate import parse_size
+    from kvbudget.daemon.config import ConfigError, load_config
+
+    flags = [part for name, value in settings.items() for part in ("--" + name.replace("_", "-"), value)]
+    result = run("--model", "llama-3.1-8b", *flags)
+    assert result.returncode == 2
+    assert "give one memory source" in result.stderr or "only applies" in result.stderr
+    values = {
+        name: int(value) if name == "num_gpu_blocks" else parse_size(value, name)
+        for name, value in settings.items()
+    }
+    with pytest.raises(ConfigError):
+        load_config(None, {"model": "llama-3.1-8b", **values})
+
+
+def test_daemon_refuses_a_max_model_len_estimate_refuses():
+    from kvbudget.daemon.config import load_config
+    from kvbudget.daemon.pool_setup import PoolSetupError, setup_pool
+
+    result = run("--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--max-model-len", "200000")
+    assert result.returncode == 2 and "exceeds the model's max_position_embeddings" in result.stderr
+    config = load_config(None, {"model": "llama-3.1-8b", "num_gpu_blocks": 10, "max_model_len": 200000})
+    with pytest.raises(PoolSetupError, match="max_model_len 200000 exceeds the model's max_position_embeddings"):
+        setup_pool(config, None)
 
 
 def test_unreadable_and_incomplete_configs(tmp_path):

@@ -19,6 +19,7 @@ from kvbudget.daemon.hf_config import (
     model_from_config,
     preset_names,
     read_config,
+    resolve_max_model_len,
 )
 from kvbudget.daemon.spec import (
     AttentionSpec,
@@ -325,10 +326,36 @@ def test_missing_or_bad_fields_name_the_key(overrides, key):
 def test_bad_kv_dtype_and_block_size():
     with pytest.raises(ValueError, match="kv dtype"):
         model_from_config(small_config(), kv_dtype="int3")
+    # fp32 is a checkpoint dtype, never a cache dtype (the daemon's config said otherwise)
+    with pytest.raises(ValueError, match="unknown kv dtype 'fp32'"):
+        model_from_config(small_config(), kv_dtype="fp32")
+    with pytest.raises(ValueError, match="torch_dtype"):
+        model_from_config(small_config(torch_dtype="int4"))  # a cache dtype, no checkpoint's
     with pytest.raises(ValueError, match="block_size"):
         model_from_config(small_config(), block_size=0)
     with pytest.raises(ValueError, match="token_cap"):
         model_from_config(small_config(), token_cap=-1)
+
+
+def test_vllm_fp8_cache_names_are_one_byte():
+    for name in ("fp8_e4m3", "fp8_e5m2"):
+        m = load_model("llama-3.1-8b", kv_dtype=name)
+        assert m.kv_dtype == "fp8" and m.layout.page_size_bytes == 32768
+
+
+def test_max_model_len_past_the_models_positions_is_refused():
+    m = load_model("llama-3.1-8b")  # max_position_embeddings 131072
+    assert resolve_max_model_len(m, None) == 131072
+    assert resolve_max_model_len(m, 4096) == 4096
+    assert resolve_max_model_len(m, 131072) == 131072
+    with pytest.raises(
+        ValueError, match=r"^max_model_len 131073 exceeds the model's max_position_embeddings \(131072\)$"
+    ):
+        resolve_max_model_len(m, 131073)
+    with pytest.raises(ValueError, match="^--max-model-len 200000 exceeds"):
+        resolve_max_model_len(m, 200000, name="--max-model-len")
+    with pytest.raises(ValueError, match="max_model_len must be a positive integer"):
+        resolve_max_model_len(m, 0)
 
 
 # ------------------------------------------------------------------ sources

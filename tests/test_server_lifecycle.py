@@ -86,16 +86,20 @@ async def test_two_engines_competing(daemon: DaemonProcess) -> None:
 
 
 async def test_ops_written_against_a_waiting_request_do_not_break_the_step(daemon: DaemonProcess) -> None:
-    """"y" waits behind "x" (x reserves all 64 blocks). One step finishes x (so y is admitted
-    with 16 slots) and carries progress 20 and a grow to 24 for y, written while y waited:
-    they are skipped, and the reply's ADMIT tells the engine y's new state."""
+    """"y" waits behind "x" (x reserves all 64 blocks). One step finishes x and carries
+    progress 20 and a grow to 24 for y, written while y waited: they meet y still waiting
+    (the queue is tried once the step's own ops are in), so the progress is ignored and the
+    grow is DENY not_running; then y is admitted with 16 slots, the ADMIT telling the
+    engine its new state."""
     async with EngineClient(daemon.target, "engine-a") as engine:
         await engine.step(submits=[RequestSpec("x", 512, 512)])
         [queued] = await engine.step(submits=[RequestSpec("y", 16, 16)])
         assert queued.kind == DecisionKind.QUEUE
         decisions = await engine.step(finishes=["x"], progress=[("y", 20)], grows=[("y", 24)])
-        assert [(d.kind, d.request_id) for d in decisions] == [(DecisionKind.RELEASE, "x"), (DecisionKind.ADMIT, "y")]
-        assert decisions[1].num_tokens == 16
+        assert [(d.kind, d.reason, d.request_id) for d in decisions] == [
+            (DecisionKind.RELEASE, Reason.FINISHED, "x"), (DecisionKind.DENY, Reason.NOT_RUNNING, "y"),
+            (DecisionKind.ADMIT, Reason.FITS, "y")]
+        assert decisions[2].num_tokens == 16
         # While it waits, a grow is answered, not refused: DENY not_running.
         [wait] = await engine.step(submits=[RequestSpec("z", 512, 496)])  # cdiv(1008, 16) = 63 > 64 - 2
         assert wait.kind == DecisionKind.QUEUE

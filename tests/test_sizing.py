@@ -17,6 +17,8 @@ from kvbudget.daemon.sizing import (
     SOURCE_BLOCKS,
     SOURCE_GPU,
     SOURCE_KV_BYTES,
+    kv_tokens,
+    memory_source_conflict,
     size_from_gpu_memory,
     size_from_kv_cache_bytes,
     size_from_num_blocks,
@@ -107,7 +109,10 @@ def test_gemma_3_27b_on_80_gb():
     # 18e9 // (131072 x 10 = 1310720) = 13732 blocks (13732 x 1310720 = 17,998,807,040)
     assert pool.kv_cache_bytes == 18 * 10**9
     assert pool.num_blocks == 13732
-    assert pool.kv_tokens == 13732 * 16
+    # vLLM's "GPU KV cache size": 7 groups, so 13732 // 7 = 1961 blocks' worth of tokens
+    # in every group -> 1961 x 16 = 31376 tokens (not 13732 x 16 = 219712)
+    assert pool.num_groups == 7
+    assert pool.kv_tokens == 31376
     assert pool.source == SOURCE_GPU and pool.gpu_memory_utilization == 0.9
     assert pool.shortfall_bytes == 0 and pool.fits
 
@@ -148,7 +153,8 @@ def test_num_gpu_blocks_override():
     pool = size_from_num_blocks(HALF_HALF, 300)
     assert pool.num_blocks == 300 and pool.source == SOURCE_BLOCKS
     assert pool.kv_cache_bytes == 300 * 2**20
-    assert pool.kv_tokens == 4800
+    assert pool.kv_tokens == 2400  # 2 groups: 300 // 2 x 16
+    assert pool.as_dict()["kv_tokens"] == 2400 and pool.as_dict()["num_groups"] == 2
 
 
 def test_size_pool_dispatches_to_exactly_one_source():
@@ -161,6 +167,57 @@ def test_size_pool_dispatches_to_exactly_one_source():
         size_pool(FULL)
     with pytest.raises(ValueError, match="weights_bytes"):
         size_pool(FULL, gpu_total_bytes=GiB)
+    with pytest.raises(ValueError, match="weights_bytes only applies with gpu_total_bytes"):
+        size_pool(FULL, num_gpu_blocks=10, weights_bytes=GiB)
+
+
+def test_kv_tokens_is_vllms_gpu_kv_cache_size():
+    # vLLM: num_tokens = num_blocks // len(kv_cache_groups) x block_size
+    assert kv_tokens(1000, FULL) == 16000  # one group
+    assert kv_tokens(1001, HALF_HALF) == 500 * 16  # two groups, the odd block left over
+    jamba = load_model("jamba-v0.1").layout  # 7 mamba groups + 1 attention group, block 80
+    assert kv_tokens(13732, jamba) == 13732 // 8 * 80 == 137280
+
+
+FLAG = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    ("given", "setting", "message"),
+    [
+        (["kv_cache_memory_bytes", "num_gpu_blocks"], "num_gpu_blocks",
+         "give one memory source, not kv_cache_memory_bytes and num_gpu_blocks"),
+        (["num_gpu_blocks", "gpu_memory_bytes"], "gpu_memory_bytes",
+         "give one memory source, not num_gpu_blocks and gpu_memory_bytes"),
+        (["num_gpu_blocks", "weights_bytes"], "weights_bytes",
+         "weights_bytes only applies with gpu_memory_bytes or the local GPU"),
+        (["kv_cache_memory_bytes", "activation_reserve_bytes"], "activation_reserve_bytes",
+         "activation_reserve_bytes only applies with gpu_memory_bytes or the local GPU"),
+        (["kv_cache_memory_bytes", "gpu_memory_utilization"], "gpu_memory_utilization",
+         "gpu_memory_utilization only applies"),
+    ],
+)  # fmt: skip
+def test_memory_source_conflicts_name_the_setting(given, setting, message):
+    conflict = memory_source_conflict(given)
+    assert conflict is not None
+    assert conflict.setting == setting and conflict.message.startswith(message)
+    # the same rule, spelled as flags for `kvbudget estimate`
+    flagged = memory_source_conflict(given, spell=FLAG)
+    assert flagged is not None and FLAG(setting) in flagged.message
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        [],
+        ["num_gpu_blocks"],
+        ["kv_cache_memory_bytes"],
+        ["gpu_memory_bytes", "weights_bytes", "gpu_memory_utilization", "activation_reserve_bytes"],
+        ["weights_bytes", "activation_reserve_bytes"],  # the local GPU's memory
+    ],
+)
+def test_memory_sources_that_go_together(given):
+    assert memory_source_conflict(given) is None
 
 
 @pytest.mark.parametrize(
