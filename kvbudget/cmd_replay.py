@@ -7,9 +7,11 @@
       --tls-cert me.pem --tls-key me.key
 
 TRACE is a file (Mooncake JSONL, Azure CSV, or a plain CSV/JSONL of arrival_s,
-prompt_tokens, output_tokens) or a shipped trace name: `mooncake`, `azure`.
+prompt_tokens, output_tokens; gzip-compressed or not) or a shipped trace name: `mooncake`,
+`azure`. Its rows are replayed in time order (sorted by arrival if the file is not);
+--start and --limit pick from that order.
 Offline, the admission core runs in this process; live, the daemon at --target decides,
-and its model, pool and limits come from its pool plan.
+and its model, pool and limits come from its pool plan (the offline-only flags are refused).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from kvbudget.target import add_target_arguments, check_target, resolve_target, 
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_KV_BYTES = 16 * 2**30  # offline pool when no size is given: 16 GiB of KV cache
+DEFAULT_BLOCK_SIZE = 16
+# Flags that shape the in-process model, pool and step budget. Live, the daemon's plan says
+# all of that, so one of them given there would be silently ignored (or, --max-model-len,
+# half-applied): refused instead.
+OFFLINE_ONLY = ("model", "num_gpu_blocks", "kv_cache_memory_bytes", "block_size", "max_model_len",
+                "no_prefix_caching", "max_num_batched_tokens")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,20 +49,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--policy", choices=POLICY_NAMES,
                        help="offline: the policy (optimistic); live: switch the daemon to it first")  # fmt: skip
     where.add_argument("--compare", metavar="P1,P2,...", help="offline: run each policy on the same setup")
-    model = parser.add_argument_group("offline model and pool (live: from the daemon's plan)")
+    model = parser.add_argument_group("model and pool (offline only; live: the daemon's plan)")
     model.add_argument("--model", metavar="PRESET|PATH", help=f"model preset or config.json ({DEFAULT_MODEL})")
-    model.add_argument("--num-gpu-blocks", metavar="N", help="pool size in blocks")
+    model.add_argument("--num-gpu-blocks", metavar="N",
+                       help="pool size in blocks, the null block included, as the daemon's flag")  # fmt: skip
     model.add_argument("--kv-cache-memory-bytes", metavar="SIZE", help="pool size in bytes (16GiB)")
-    model.add_argument("--block-size", metavar="N", default="16", help="tokens per block (16)")
+    model.add_argument("--block-size", metavar="N", help="tokens per block (16)")
     model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
-    model.add_argument("--no-prefix-caching", action="store_true", help="offline: disable prefix caching")
+    model.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     engine = parser.add_argument_group("simulated engine")
     engine.add_argument("--engines", metavar="K", default="1", help="engines sharing the pool (1)")
     engine.add_argument("--max-num-seqs", metavar="N", default="256", help="sequences per engine (256)")
     engine.add_argument("--max-num-batched-tokens", metavar="N",
-                        help="tokens per step (8192; live: the daemon's)")  # fmt: skip
+                        help="offline only: tokens per step (8192; live: the daemon's)")  # fmt: skip
+    # A floor, not a cap: the trace says how many tokens each request produced, and an
+    # engine cannot produce more than max_tokens, so a longer output asks for its length.
     engine.add_argument("--max-new-tokens", metavar="N",
-                        help="max_tokens sent with each request (the trace's longest output)")  # fmt: skip
+                        help="max_tokens each request asks for, or its own output length if longer "
+                        "(the whole trace's longest output)")  # fmt: skip
     engine.add_argument("--step-base-ms", metavar="MS", default="20", help="fixed cost of a step (20)")
     engine.add_argument("--per-prefill-token-us", metavar="US", default="50", help="per prefill token (50)")
     engine.add_argument("--per-decode-seq-us", metavar="US", default="0", help="per sequence in a step (0)")
@@ -69,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pace = run_group.add_mutually_exclusive_group()
     pace.add_argument("--speed", metavar="X", help="live: X trace seconds per wall second (1)")
     pace.add_argument("--as-fast-as-possible", action="store_true", help="live: no pacing")
-    run_group.add_argument("--limit", metavar="N", help="replay at most N requests")
-    run_group.add_argument("--start", metavar="S", default="0", help="skip the first S requests (0)")
+    run_group.add_argument("--limit", metavar="N", help="replay at most N requests (after --start)")
+    run_group.add_argument("--start", metavar="S", help="skip the S earliest requests (0)")
     run_group.add_argument("--seed", metavar="N", default="0", help="spreads same-timestamp arrivals (0)")
     run_group.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
     run_group.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -123,16 +135,24 @@ def _load(args: argparse.Namespace):
     path = resolve_trace_path(args.trace)
     if not path.exists():
         raise CLIError(f"no trace {args.trace!r}: not a file and not one of mooncake, azure")
+    start = _int(args.start, "--start", minimum=0) or 0
     try:
-        trace = load_trace(
-            path, skip_bad_rows=args.skip_bad_rows, limit=_int(args.limit, "--limit"),
-            start=_int(args.start, "--start", minimum=0) or 0,
-        )  # fmt: skip
+        trace = load_trace(path, skip_bad_rows=args.skip_bad_rows, limit=_int(args.limit, "--limit"), start=start)
     except TraceError as exc:
         raise CLIError(str(exc)) from None
     if not trace.requests:
-        raise CLIError(f"{args.trace}: no requests to replay (check --start / --limit)")
+        raise CLIError(_nothing_to_replay(args.trace, trace, start))
     return trace
+
+
+def _nothing_to_replay(name: str, trace, start: int) -> str:
+    """Why a trace gave no request: the file has none (good ones), or --start skips them
+    all (--limit is >= 1, so it alone never empties a trace)."""
+    if trace.rows:
+        return f"--start {start}: {name} has only {trace.rows} requests"
+    if trace.skipped:
+        return f"{name}: no requests to replay: all {trace.skipped} rows are malformed (skipped)"
+    return f"{name}: no requests to replay: the file has a header and no rows"
 
 
 # Live, each ask is a round trip, so asking further ahead buys speed; offline, asking ahead
@@ -148,7 +168,7 @@ def _grow_ahead_blocks(args: argparse.Namespace) -> int:
     return _int(args.grow_ahead_blocks, "--grow-ahead-blocks", minimum=0) or 0
 
 
-def _engine_config(args: argparse.Namespace, *, max_model_len: int, max_num_batched_tokens: int):
+def _engine_config(args: argparse.Namespace, trace, *, max_model_len: int, max_num_batched_tokens: int):
     from kvbudget.traces.engine_sim import EngineConfig
 
     try:
@@ -160,19 +180,21 @@ def _engine_config(args: argparse.Namespace, *, max_model_len: int, max_num_batc
             per_decode_seq_s=(_float(args.per_decode_seq_us, "--per-decode-seq-us") or 0.0) / 1e6,
             grow_ahead_blocks=_grow_ahead_blocks(args),
             max_model_len=max_model_len,
-            max_new_tokens=_int(args.max_new_tokens, "--max-new-tokens"),
+            # The whole file's longest output, not the slice's: what the service evidently
+            # capped at, so a what-if does not change with --start / --limit.
+            max_new_tokens=_int(args.max_new_tokens, "--max-new-tokens") or trace.max_output_tokens or None,
         )
     except ValueError as exc:
         raise CLIError(str(exc)) from None
 
 
-def _offline_setup(args: argparse.Namespace):
+def _offline_setup(args: argparse.Namespace, trace):
     from kvbudget.cmd_estimate import parse_count, parse_size
     from kvbudget.daemon import sizing
-    from kvbudget.daemon.hf_config import load_model
+    from kvbudget.daemon.hf_config import load_model, resolve_max_model_len
     from kvbudget.traces.replay import ReplaySetup
 
-    block_size = _int(args.block_size, "--block-size") or 16
+    block_size = _int(args.block_size, "--block-size") or DEFAULT_BLOCK_SIZE
     try:
         model = load_model(args.model or DEFAULT_MODEL, block_size=block_size)
     except ValueError as exc:
@@ -189,16 +211,25 @@ def _offline_setup(args: argparse.Namespace):
             else DEFAULT_KV_BYTES
         )
         pool = sizing.size_from_kv_cache_bytes(layout, kv_bytes)
-    if pool.num_blocks < 1:
-        raise CLIError(f"the pool holds no block of {layout.bytes_per_block} bytes; give it more memory")
-    max_model_len = _int(args.max_model_len, "--max-model-len") or model.max_model_len
+    # Sizing counts blocks as vLLM's num_gpu_blocks does, the null block included; like
+    # the daemon (server.py), hand the admission core the usable ones, so the what-if's
+    # pool, and the num_blocks it reports, are a daemon's with the same flag.
+    if pool.num_blocks < 2:
+        raise CLIError(
+            f"the pool gets {pool.num_blocks} blocks of {layout.bytes_per_block} bytes; it needs at least 2"
+            " (one is the null block): raise --num-gpu-blocks / --kv-cache-memory-bytes"
+        )
+    try:  # as estimate and the daemon do: not past the model's max_position_embeddings
+        max_model_len = resolve_max_model_len(model, _int(args.max_model_len, "--max-model-len"), name="--max-model-len")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     engine = _engine_config(
-        args, max_model_len=max_model_len,
+        args, trace, max_model_len=max_model_len,
         max_num_batched_tokens=_int(args.max_num_batched_tokens, "--max-num-batched-tokens") or 8192,
     )  # fmt: skip
     return ReplaySetup(
         layout=layout,
-        num_blocks=pool.num_blocks,
+        num_blocks=pool.num_blocks - 1,
         engine=engine,
         model=model.name,
         engines=_int(args.engines, "--engines") or 1,
@@ -222,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.offline and args.compare:
         raise CLIError("--compare needs --offline (one daemon runs one policy at a time)")
     if not args.offline:
+        _refuse_offline_only(args)
         # Checked before the trace is even read: a typo or a daemon that is not there is
         # one line at once, not a wait for the first call's deadline.
         args.target = check_target(resolve_target(args.target))
@@ -247,6 +279,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_offline_only(args: argparse.Namespace) -> None:
+    given = ["--" + name.replace("_", "-") for name in OFFLINE_ONLY if getattr(args, name)]
+    if given:
+        raise CLIError(f"{' / '.join(given)}: offline only; live, the daemon's plan sets the model, pool and "
+                       f"limits: drop {'it' if len(given) == 1 else 'them'} or add --offline")  # fmt: skip
+
+
 def _prepare_report_dir(folder: str) -> None:
     """--report DIR exists (made if need be) and is writable, and matplotlib is there."""
     if importlib.util.find_spec("matplotlib") is None:
@@ -266,7 +305,7 @@ def _run_offline(args: argparse.Namespace, trace, policies: list[str]):
     from kvbudget.daemon.admission import AdmissionError
     from kvbudget.traces.replay import run_offline
 
-    setup = replace(_offline_setup(args), spread_s=trace.arrival_quantum_s)
+    setup = replace(_offline_setup(args, trace), spread_s=trace.arrival_quantum_s)
     results = []
     for policy in policies:
         try:
@@ -287,7 +326,10 @@ def _print(args: argparse.Namespace, results, trace) -> None:
         return
     from rich.console import Console
 
-    Console().print(render_table(results))
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=200)  # piped: 80 columns would cut the labels (as `kvbudget log`)
+    console.print(render_table(results))
     if trace.skipped:
         print(f"{trace.skipped} malformed rows skipped", file=sys.stderr)
 
@@ -323,10 +365,8 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
         plan = snapshot.plan
         layout = layout_from_plan(plan)
         engine = _engine_config(
-            args,
-            max_model_len=_int(args.max_model_len, "--max-model-len") or plan.max_model_len_tokens,
-            max_num_batched_tokens=plan.max_num_batched_tokens
-            or _int(args.max_num_batched_tokens, "--max-num-batched-tokens") or 8192,
+            args, trace, max_model_len=plan.max_model_len_tokens,
+            max_num_batched_tokens=plan.max_num_batched_tokens or 8192,
         )  # fmt: skip
         setup = ReplaySetup(
             layout=layout, num_blocks=plan.num_blocks, engine=engine, model=plan.model,

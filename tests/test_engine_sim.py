@@ -156,6 +156,37 @@ def test_spread_arrivals_keeps_distinct_times_and_spreads_buckets():
     assert spread != spread_arrivals(reqs, seed=2)
 
 
+def test_spread_arrivals_of_an_unsorted_trace_match_the_sorted_one():
+    # One value per request in the order given, as if the requests had come sorted.
+    times = (3.0, 0.0, 4.5, 0.0, 0.0)
+    spread = spread_arrivals([TraceRequest(t, 10, 1) for t in times], seed=1)
+    ordered = spread_arrivals([TraceRequest(t, 10, 1) for t in sorted(times)], seed=1)
+    assert [spread[i] for i in (1, 3, 4, 0, 2)] == ordered
+    assert spread[1] == 0.0 and min(spread) == 0.0
+
+
+def test_simulation_counts_time_from_the_earliest_arrival_not_the_first_row():
+    # Rows out of time order (the first arrives at 10 s, the second at 0): measured from
+    # the first row, the second arrived at -10 s, "waited" 10 s and the run took 0.2 s.
+    backend = ScriptedBackend()
+    run = _run([TraceRequest(10.0, 100, 10), TraceRequest(0.0, 100, 10)], backend)
+    by_arrival = sorted(run.requests, key=lambda r: r.arrival_s)
+    assert [r.arrival_s for r in by_arrival] == [0.0, 10.0]
+    assert all(r.admitted_s - r.arrival_s < 0.1 for r in run.requests)
+    assert run.end_s >= 10.0
+
+
+def test_max_new_tokens_is_a_floor_and_defaults_to_the_longest_output():
+    backend = ScriptedBackend()
+    trace = [TraceRequest(0.0, 100, 10), TraceRequest(0.0, 100, 40)]
+    sim = Simulation(trace, backend.layout, EngineConfig())
+    assert sim.max_new_tokens == 40 and {r.max_new for r in sim.requests.values()} == {40}
+    # given: each request asks for it, or for its own output if that is longer (it must fit)
+    sim = Simulation(trace, backend.layout, EngineConfig(max_new_tokens=20))
+    assert sorted(r.max_new for r in sim.requests.values()) == [20, 40]
+    assert sim.run(backend).max_new_tokens == 20
+
+
 def test_against_the_real_controller_guaranteed_is_never_denied():
     # A toy hybrid model (2 full + 2 sliding W=64 layers) on a small pool, 40 requests.
     layout = group_layers(

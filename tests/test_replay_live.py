@@ -100,3 +100,107 @@ def test_live_replay_reads_target_and_token_from_the_environment(tmp_path, capsy
     # a flag wins over the environment
     assert main(["replay", "azure", "--limit", "3", "--token", "flag-token"]) == 2
     assert seen["token"] == "flag-token"
+
+
+def _csv(tmp_path, name: str, rows: str) -> str:
+    path = tmp_path / name
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
+    return str(path)
+
+
+def test_live_unsorted_trace_is_paced_from_its_earliest_arrival(tmp_path, capsys):
+    # File order 3 s, 0 s, 2 s; --limit 2 takes the two earliest (0 s, 2 s), so at speed 4
+    # the replay lasts >= 0.5 s of wall time. Measured from the first row, the earlier
+    # rows "arrived" in the past and the replay finished at once. The longest output
+    # (50, the 3 s row, outside the window) is what each request asks for, as offline.
+    trace = _csv(tmp_path, "unsorted.csv", "3,100,50\n0,100,10\n2,100,10\n")
+    with DaemonProcess(tmp_path):
+        code = main(["replay", trace, "--target", f"unix://{tmp_path}/kvbudget.sock", "--limit", "2",
+                     "--speed", "4", "--json"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["finished"] == 2 and summary["wait_p99_s"] < 0.5
+    assert summary["makespan_s"] >= 2.0 and summary["wall_s"] >= 0.45
+    assert summary["max_new_tokens"] == 50
+
+
+def test_live_and_offline_pools_agree_for_the_same_num_gpu_blocks(tmp_path, capsys):
+    # The daemon keeps block 0 as the null block: --num-gpu-blocks 100 is 99 usable, and a
+    # 1,590 + 10 token request (100 blocks) is rejected under guaranteed. Offline, the same.
+    trace = _csv(tmp_path, "one.csv", "0,1590,10\n")
+    with DaemonProcess(tmp_path, "--num-gpu-blocks", "100") as daemon:
+        assert main(["replay", trace, "--target", daemon.target, "--policy", "guaranteed",
+                     "--as-fast-as-possible", "--json"]) == 0  # fmt: skip
+        live = json.loads(capsys.readouterr().out)
+    assert main(["replay", trace, "--offline", "--num-gpu-blocks", "100", "--max-model-len", "2048",
+                 "--policy", "guaranteed", "--json"]) == 0  # fmt: skip
+    offline = json.loads(capsys.readouterr().out)
+    for key in ("num_blocks", "requests", "finished", "rejected"):
+        assert live[key] == offline[key], key
+    assert (live["num_blocks"], live["rejected"]) == (99, 1)
+
+
+def test_live_summary_names_every_policy_that_decided(tmp_path):
+    # The first request runs under optimistic; the policy is switched to guaranteed before
+    # the second arrives (3 s later). The daemon's policy at the end alone would say
+    # "guaranteed"; the decisions say both.
+    import subprocess
+    import sys
+
+    from daemon_harness import wait_until
+
+    trace = _csv(tmp_path, "two.csv", "0,100,10\n3,100,10\n")
+
+    def released() -> bool:
+        try:
+            return bool(daemon.decision_rows("kind = 'release'"))
+        except Exception:  # the log is not there yet
+            return False
+
+    async def switch(policy: str) -> None:
+        async with ObserverClient(daemon.target) as observer:
+            await observer.set_policy(policy)
+
+    with DaemonProcess(tmp_path) as daemon:
+        replay = subprocess.Popen(
+            [sys.executable, "-m", "kvbudget", "replay", trace, "--target", daemon.target,
+             "--policy", "optimistic", "--speed", "1", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_until(released)
+            asyncio.run(switch("guaranteed"))
+            out, err = replay.communicate(timeout=60)
+        finally:
+            if replay.poll() is None:
+                replay.kill()
+    assert replay.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["finished"] == 2
+    assert summary["policy"] == "optimistic -> guaranteed"
+
+
+def test_policies_in_seq_order_whatever_order_decisions_arrive_in():
+    # An event stream can deliver a decision after a later one from a Step reply: ordered
+    # by seq, runs merged, a decision seen twice counted once.
+    from kvbudget.daemon import convert
+    from kvbudget.daemon.records import DecisionKind, Reason
+    from kvbudget.daemon.spec import AttentionSpec, group_layers, kv_dtype
+    from kvbudget.traces.replay import DaemonBackend, LiveDecision, _light_decision
+    from kvbudget.v1 import common_pb2
+
+    layout = group_layers([AttentionSpec(16, 1, 1, kv_dtype("bf16"))], model_name="toy")
+    backend = DaemonBackend("unix:///nowhere.sock", None, layout, 10, speed=None)
+
+    def d(seq: int, policy: str) -> LiveDecision:
+        return LiveDecision(seq, DecisionKind.ADMIT, Reason.FITS, f"r{seq}", 0, 0, 0, 0, policy)
+
+    backend._note([d(1, "optimistic"), d(2, "optimistic")])
+    assert backend.policies() == ["optimistic"]
+    backend._note([d(5, "predictive"), d(3, "optimistic"), d(4, "guaranteed")])
+    backend._note([d(4, "optimistic"), d(6, "predictive")])  # seq 4 again: already counted
+    assert backend.policies() == ["optimistic", "guaranteed", "predictive"]
+    # a Step reply's decision carries its policy
+    message = common_pb2.Decision(seq=7, policy=convert.policy_to_proto("guaranteed"))
+    light = _light_decision(message, backend._kinds, backend._reasons, backend._policies)
+    assert light.policy == "guaranteed"

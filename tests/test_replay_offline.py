@@ -187,3 +187,129 @@ def test_grow_ahead_default_depends_on_where_admission_runs() -> None:
     assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=False)) == 16
     assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=True)) == 4
     assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks="0", offline=False)) == 0
+
+
+# ------------------------------------------------------------- traces in any order
+
+
+def _csv(tmp_path, name: str, rows: str):
+    path = tmp_path / name
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
+    return str(path)
+
+
+def _offline_json(capsys, *argv: str) -> dict:
+    assert main(["replay", *argv, "--offline", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_unsorted_trace_is_replayed_in_time_order(tmp_path, capsys):
+    # The second row arrives first. Measured from the first row it arrived at -10 s and
+    # "waited" 10 s for a run 0.2 s long.
+    summary = _offline_json(capsys, _csv(tmp_path, "unsorted.csv", "10,100,10\n0,100,10\n"))
+    assert summary["finished"] == 2
+    assert summary["wait_p50_s"] < 0.1 and summary["wait_p99_s"] < 0.1
+    assert summary["makespan_s"] >= 10.0
+
+
+def test_cli_unsorted_mooncake_and_azure(tmp_path, capsys):
+    mooncake = tmp_path / "mc.jsonl"
+    mooncake.write_text(
+        '{"timestamp": 9000, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+        '{"timestamp": 0, "input_length": 700, "output_length": 6, "hash_ids": [0, 2]}\n'
+    )
+    azure = tmp_path / "az.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:55.0,374,44\r\n"
+                     "2023-11-16 18:15:46.0,396,10")  # fmt: skip
+    for path, span in ((mooncake, 9.0), (azure, 9.0)):
+        summary = _offline_json(capsys, str(path))
+        assert summary["finished"] == 2 and summary["wait_p99_s"] < 0.1
+        assert summary["makespan_s"] >= span
+
+
+def test_cli_default_max_new_tokens_is_the_whole_traces_longest_output(tmp_path, capsys):
+    # --limit 1 keeps the 100-token prompt with 10 output tokens; the trace's longest output
+    # (2,000, line 3, after the window) is what it asks for, as documented, not the slice's
+    # 10: guaranteed reserves 100 + 2,000 tokens = 132 blocks > 99, and rejects it.
+    trace = _csv(tmp_path, "t.csv", "0,100,10\n5,100,2000\n")
+    argv = (trace, "--limit", "1", "--num-gpu-blocks", "100", "--policy", "guaranteed")
+    summary = _offline_json(capsys, *argv)
+    assert summary["max_new_tokens"] == 2000 and summary["rejected"] == 1
+    # --start too: the window does not change what each request asks for
+    assert _offline_json(capsys, trace, "--start", "1")["max_new_tokens"] == 2000
+    # given, it is each request's max_tokens (or its output, if longer)
+    summary = _offline_json(capsys, *argv, "--max-new-tokens", "64")
+    assert summary["max_new_tokens"] == 64 and summary["finished"] == 1
+
+
+def test_cli_max_new_tokens_help_says_it_is_a_floor(capsys):
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--max-new-tokens N max_tokens each request asks for, or its own output length if longer" in help_text
+
+
+def test_offline_pool_keeps_the_null_block_like_the_daemon(tmp_path, capsys):
+    # A daemon with --num-gpu-blocks 100 hands out 99 (block 0 is the null block) and rejects
+    # a 1,590 + 10 token request under guaranteed (100 blocks > 99); the what-if must agree.
+    trace = _csv(tmp_path, "one.csv", "0,1590,10\n")
+    summary = _offline_json(capsys, trace, "--num-gpu-blocks", "100", "--policy", "guaranteed")
+    assert summary["num_blocks"] == 99 and summary["rejected"] == 1
+    summary = _offline_json(capsys, trace, "--num-gpu-blocks", "101", "--policy", "guaranteed")
+    assert summary["num_blocks"] == 100 and summary["finished"] == 1
+    assert main(["replay", trace, "--offline", "--num-gpu-blocks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "it needs at least 2 (one is the null block)" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--model", "llama-3.1-8b"], "--model"),
+    (["--num-gpu-blocks", "100"], "--num-gpu-blocks"),
+    (["--kv-cache-memory-bytes", "1GiB"], "--kv-cache-memory-bytes"),
+    (["--block-size", "16"], "--block-size"),
+    (["--max-model-len", "4096"], "--max-model-len"),
+    (["--no-prefix-caching"], "--no-prefix-caching"),
+    (["--max-num-batched-tokens", "2048"], "--max-num-batched-tokens"),
+    (["--model", "llama-3.1-8b", "--max-model-len", "4096"], "--model / --max-model-len"),
+])  # fmt: skip
+def test_offline_only_flags_are_refused_live(flags, named, capsys, monkeypatch):
+    # Live, the daemon's plan sets model, pool and limits: such a flag would be ignored (or,
+    # --max-model-len, half-applied). Refused before any daemon or trace is touched.
+    from kvbudget import cmd_replay
+
+    monkeypatch.setattr(cmd_replay, "_load", lambda args: pytest.fail("the trace was read"))
+    assert main(["replay", "azure", "--target", "unix:///nowhere/kvbudget.sock", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbudget replay: error: {named}: offline only;") and err.count("\n") == 1
+
+
+def test_nothing_to_replay_names_start_only_when_given(tmp_path, capsys):
+    header_only = _csv(tmp_path, "h.csv", "")
+    assert main(["replay", header_only, "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert "no requests to replay: the file has a header and no rows" in err
+    assert "--start" not in err and "--limit" not in err
+    two = _csv(tmp_path, "two.csv", "0,10,1\n1,10,1\n")
+    assert main(["replay", two, "--offline", "--start", "2", "--limit", "5"]) == 2
+    assert capsys.readouterr().err == f"kvbudget replay: error: --start 2: {two} has only 2 requests\n"
+    bad = _csv(tmp_path, "bad.csv", "0,ten,1\n")
+    assert main(["replay", bad, "--offline", "--skip-bad-rows"]) == 2
+    assert "all 1 rows are malformed (skipped)" in capsys.readouterr().err
+
+
+def test_gzip_trace_through_the_cli(tmp_path, capsys):
+    import gzip
+
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(b"arrival_s,prompt_tokens,output_tokens\n0,100,10\n"))
+    assert _offline_json(capsys, str(path))["finished"] == 1
+
+
+def test_piped_table_is_wide_enough_for_its_labels(tmp_path, capsys, monkeypatch):
+    # Not a terminal (captured): 80 columns would cut `output_tokens_per_s` to `output_token…`
+    # with four policy columns.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    trace = _csv(tmp_path, "t.csv", "0,100,10\n")
+    assert main(["replay", trace, "--offline", "--compare", "naive,optimistic,guaranteed,predictive"]) == 0
+    out = capsys.readouterr().out
+    assert "output_tokens_per_s" in out and "predictive (offline)" in out and "…" not in out

@@ -166,6 +166,78 @@ def test_unknown_format_names_line_one(tmp_path):
         load_trace(tmp_path / "missing.jsonl")
 
 
+# ----------------------------------------------------- time order, whole-file figures
+
+
+def test_unsorted_plain_rows_are_sorted_then_start_and_limit_apply(tmp_path):
+    # lines 2..6: arrivals 10, 0, 5, 0, 7 (two rows at 0: file order kept among them)
+    path = _write(tmp_path, "u.csv", "arrival_s,prompt_tokens,output_tokens\n"
+                  "10,100,90\n0,100,1\n5,100,2\n0,100,3\n7,100,4\n")  # fmt: skip
+    trace = load_trace(path)
+    assert [r.line for r in trace.requests] == [3, 5, 4, 6, 2]
+    assert [r.arrival_s for r in trace.requests] == [0, 0, 5, 7, 10]
+    assert trace.duration_s == 10
+    # --start / --limit pick from the sorted timeline, not from file order
+    window = load_trace(path, start=1, limit=2)
+    assert [r.line for r in window.requests] == [5, 4]
+    # whole-file figures whatever the window: the longest output is line 2's, outside it
+    assert (window.rows, window.max_output_tokens) == (5, 90)
+    assert load_trace(path, start=9).requests == ()
+
+
+def test_unsorted_mooncake_and_jsonl_rows_are_sorted(tmp_path):
+    rows = [MOONCAKE_ROWS[3], MOONCAKE_ROWS[0], MOONCAKE_ROWS[1]]  # 30 ms, 0, 10 ms
+    trace = load_trace(_write(tmp_path, "mc.jsonl", "\n".join(rows) + "\n"), limit=2)
+    assert [(r.line, r.arrival_s) for r in trace.requests] == [(2, 0.0), (3, 0.01)]
+    assert trace.max_output_tokens == 7  # line 1, 30 ms: after the window
+    plain = _write(tmp_path, "p.jsonl", '{"arrival_s": 2, "prompt_tokens": 8, "output_tokens": 1}\n'
+                   '{"arrival_s": 1, "prompt_tokens": 8, "output_tokens": 1}\n')  # fmt: skip
+    assert [r.line for r in load_trace(plain).requests] == [2, 1]
+
+
+def test_unsorted_azure_rows_count_from_the_earliest_row(tmp_path):
+    text = (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+        "2023-11-16 18:15:50.9951690,396,109\r\n"
+        "2023-11-16 18:15:46.6805900,374,44\r\n"  # the earliest, second in the file
+        "2023-11-16 18:15:51.2224670,879,5"
+    )
+    trace = load_trace(_write(tmp_path, "az.csv", text))
+    assert [r.line for r in trace.requests] == [3, 2, 4]
+    assert trace.requests[0].arrival_s == 0.0  # not -4.3 s: measured from the earliest
+    assert trace.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-9)
+
+
+def test_azure_timestamps_read_as_strptime_did(tmp_path):
+    # one-digit fields as %m/%d/%H/%M/%S accept them; impossible dates are still errors
+    assert loaders._azure_ticks("2023-1-2 3:4:5.5") == loaders._azure_ticks("2023-01-02 03:04:05.5000000")
+    assert loaders._azure_ticks("1970-01-01 00:00:01") == 10**7
+    bad = ("2023-02-30 00:00:00", "2023-11-16T18:15:46", "2023-11-16 18:15", "2023-11-16 18:15:46.12345678")
+    for stamp in bad:
+        with pytest.raises(ValueError):
+            loaders._azure_ticks(stamp)
+
+
+def test_gzip_compressed_traces_are_read_through_it(tmp_path):
+    import gzip
+
+    text = "arrival_s,prompt_tokens,output_tokens\n1,100,10\n0,50,5\n"
+    packed = tmp_path / "t.csv.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    plain = load_trace(_write(tmp_path, "t.csv", text))
+    trace = load_trace(packed)
+    assert trace.requests == plain.requests  # the same rows, ids and lines
+    assert trace.requests[0].request_id == "t:3"
+    assert trace.format == "plain-csv" and trace.name == "t.csv.gz"
+    # detected by content, not by name
+    (tmp_path / "renamed.csv").write_bytes(packed.read_bytes())
+    assert len(load_trace(tmp_path / "renamed.csv")) == 2
+    broken = tmp_path / "broken.gz"
+    broken.write_bytes(gzip.compress(text.encode())[:20])
+    with pytest.raises(TraceError, match=r"broken\.gz: gzip-compressed but cannot be decompressed"):
+        load_trace(broken)
+
+
 # ------------------------------------------------------------------- hash mapping
 
 

@@ -4,13 +4,21 @@ Formats (detected from the first line, not the file name):
 - Mooncake JSONL: `{"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}`,
   prefix hash ids on 512-token blocks.
 - Azure LLM inference CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF line ends,
-  timestamps like `2023-11-16 18:15:46.6805900`; arrivals become seconds from the first row.
+  timestamps like `2023-11-16 18:15:46.6805900`; arrivals become seconds from the earliest row.
 - Plain CSV or JSONL: `arrival_s, prompt_tokens, output_tokens` and optionally `tenant`,
   `priority`, `prefix_hashes` (a JSON array, or space-separated in CSV) and
   `hash_block_size` (default 16).
 
+A file compressed with gzip (public traces often ship as `.jsonl.gz`) is read through it;
+the format and line numbers are those of the decompressed text.
+
 A malformed row is a `TraceError` naming the file, the line number and the field, or, with
 `skip_bad_rows`, skipped and counted in `Trace.skipped`.
+
+Rows need not be in time order: the whole file is read, its good rows are sorted by arrival
+(stably: rows with equal times keep their file order), and only then are `start` requests
+skipped and at most `limit` kept. So `start`/`limit` pick a window of the trace's timeline,
+and a malformed row anywhere in the file counts, not only inside the window.
 
 Trace prefix hashes live on the trace's block size (512 tokens for Mooncake); the pool's
 block size is usually smaller. `pool_prefix_hashes` derives one chained hash per FULL pool
@@ -21,12 +29,16 @@ trace blocks.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
+import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -39,6 +51,7 @@ SHIPPED_TRACES: dict[str, str] = {
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MASK64 = (1 << 64) - 1
 _CHAIN_ROOT = 0x6B76_6275_6467_6574  # any fixed value: the parent of a prompt's first block
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceError(ValueError):
@@ -47,7 +60,7 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TraceRequest:
-    arrival_s: float  # seconds from the trace's first row
+    arrival_s: float  # seconds, as the file says (Azure: from its earliest row)
     prompt_tokens: int
     output_tokens: int
     prefix_hashes: tuple[int, ...] = ()  # on `hash_block_size`-token blocks
@@ -62,8 +75,12 @@ class TraceRequest:
 class Trace:
     name: str
     format: str  # "mooncake", "azure", "plain-csv" or "plain-jsonl"
-    requests: tuple[TraceRequest, ...]
+    requests: tuple[TraceRequest, ...]  # sorted by arrival, after start/limit
     skipped: int = 0
+    rows: int = 0  # good rows in the whole file, before start/limit
+    # The longest output of the whole file (not only of the window `requests` holds): the
+    # service's evident max_tokens, which a replay sends whatever slice it plays.
+    max_output_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -94,7 +111,8 @@ def resolve_trace_path(name_or_path: str | Path) -> Path:
 def load_trace(
     path: str | Path, *, skip_bad_rows: bool = False, limit: int | None = None, start: int = 0
 ) -> Trace:
-    """Read a trace; `start` skips that many requests, `limit` keeps at most that many."""
+    """Read a trace (gzip-compressed or not). Its rows are sorted by arrival (stably), then
+    `start` skips that many of the earliest requests and `limit` keeps at most that many."""
     file = resolve_trace_path(path)
     if start < 0:
         raise ValueError(f"start: must be >= 0, got {start}")
@@ -104,6 +122,8 @@ def load_trace(
         data = file.read_bytes()
     except OSError as exc:
         raise TraceError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    if data.startswith(_GZIP_MAGIC):  # by content, not by name: `.gz` or not
+        data = _gunzip(file, data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -112,6 +132,13 @@ def load_trace(
     lines = text.splitlines()  # handles CRLF and a missing final newline
     reader = _pick_reader(file, lines)
     return reader(file, lines, skip_bad_rows, start, limit)
+
+
+def _gunzip(file: Path, data: bytes) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+        raise TraceError(f"{file}: gzip-compressed but cannot be decompressed: {exc}") from None
 
 
 def _pick_reader(file: Path, lines: list[str]):
@@ -188,20 +215,16 @@ def _hash_list(value: object, field: str) -> tuple[int, ...]:
 
 
 class _Collector:
-    """Applies start/limit and skip-or-raise to rows as a reader yields them."""
+    """Skip-or-raise for bad rows as a reader yields them; keeps every good one, then
+    sorts them by arrival and applies start/limit (`trace`)."""
 
     def __init__(self, file: Path, skip_bad_rows: bool, start: int, limit: int | None) -> None:
         self.file = file
         self.skip_bad_rows = skip_bad_rows
         self.start = start
         self.limit = limit
-        self.seen = 0  # good rows met so far, including those before `start`
         self.skipped = 0
         self.requests: list[TraceRequest] = []
-
-    @property
-    def full(self) -> bool:
-        return self.limit is not None and len(self.requests) >= self.limit
 
     def bad(self, line: int, error: _BadRow | str) -> None:
         if self.skip_bad_rows:
@@ -210,16 +233,22 @@ class _Collector:
         raise TraceError(f"{self.file}:{line}: {error}")
 
     def add(self, request: TraceRequest) -> None:
-        self.seen += 1
-        if self.seen > self.start and not self.full:
-            self.requests.append(request)
+        self.requests.append(request)
 
     def trace(self, format_name: str) -> Trace:
-        return Trace(self.file.name, format_name, tuple(self.requests), self.skipped)
+        # Stable: rows sharing a time keep their file order. Already-sorted files (the
+        # shipped ones) cost one linear pass.
+        ordered = sorted(self.requests, key=attrgetter("arrival_s"))
+        end = None if self.limit is None else self.start + self.limit
+        return Trace(
+            self.file.name, format_name, tuple(ordered[self.start : end]), self.skipped,
+            rows=len(ordered), max_output_tokens=max((r.output_tokens for r in ordered), default=0),
+        )  # fmt: skip
 
 
 def _request_id(file: Path, line: int) -> str:
-    return f"{file.stem}:{line}"
+    # `conv.jsonl.gz` and `conv.jsonl` name the same trace: `conv:<line>` for both.
+    return f"{Path(file.name.removesuffix('.gz')).stem}:{line}"
 
 
 # ------------------------------------------------------------------------- readers
@@ -228,8 +257,6 @@ def _request_id(file: Path, line: int) -> str:
 def _json_rows(lines: list[str], out: _Collector) -> Iterator[tuple[int, dict]]:
     """(line number, JSON object) for each non-blank line; bad JSON is reported to `out`."""
     for index, text in enumerate(lines):
-        if out.full:
-            return
         if not text.strip():
             continue
         line = index + 1
@@ -278,26 +305,35 @@ def _read_mooncake(file: Path, lines: list[str], skip: bool, start: int, limit: 
     return out.trace("mooncake")
 
 
+# `%Y-%m-%d %H:%M:%S` as strptime reads it (1-2 digit fields), at a fraction of its cost:
+# strptime was most of the time of loading the 19k-row Azure file, which every replay
+# now reads whole (rows are sorted before --start/--limit).
+_AZURE_BASE = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2}) (\d{1,2}):(\d{1,2}):(\d{1,2})", re.ASCII)
+_EPOCH = datetime(1970, 1, 1)
+_SECOND = timedelta(seconds=1)
+
+
 def _azure_ticks(stamp: str) -> int:
     """`2023-11-16 18:15:46.6805900` -> 100 ns ticks since 1970 (zone unknown, taken as UTC).
 
     Integers, because a float of epoch seconds keeps only ~0.2 us and would blur the
-    7-digit fractions."""
+    7-digit fractions. A malformed stamp is a ValueError."""
     base, _, fraction = stamp.strip().partition(".")
     if fraction and (not fraction.isdigit() or len(fraction) > 7):
         raise ValueError(stamp)
-    moment = datetime.strptime(base, "%Y-%m-%d %H:%M:%S")
-    whole = (moment - datetime(1970, 1, 1)) // timedelta(seconds=1)
+    match = _AZURE_BASE.fullmatch(base)
+    if match is None:
+        raise ValueError(stamp)
+    moment = datetime(*map(int, match.groups()))  # checks ranges (month 13, Feb 30, ...)
+    whole = (moment - _EPOCH) // _SECOND
     return whole * 10**7 + (int(fraction.ljust(7, "0")) if fraction else 0)
 
 
 def _read_azure(file: Path, lines: list[str], skip: bool, start: int, limit: int | None) -> Trace:
     out = _Collector(file, skip, start, limit)
-    origin: int | None = None
+    rows: list[tuple[int, int, int, int]] = []  # (ticks, prompt, output, line)
     header_seen = False
     for index, text in enumerate(lines):
-        if out.full:
-            break
         if not text.strip():
             continue
         if not header_seen:
@@ -317,8 +353,11 @@ def _read_azure(file: Path, lines: list[str], skip: bool, start: int, limit: int
         except _BadRow as exc:
             out.bad(line, exc)
             continue
-        if origin is None:
-            origin = ticks  # arrivals count from the first good row of the file
+        rows.append((ticks, prompt, output, line))
+    # Arrivals count from the earliest good row, not the first: in a file out of time
+    # order, the first row is not where the trace starts.
+    origin = min((row[0] for row in rows), default=0)
+    for ticks, prompt, output, line in rows:
         out.add(
             TraceRequest(
                 arrival_s=(ticks - origin) / 10**7,
@@ -376,8 +415,6 @@ def _read_plain_csv(file: Path, lines: list[str], skip: bool, start: int, limit:
     out = _Collector(file, skip, start, limit)
     header: list[str] | None = None
     for index, text in enumerate(lines):
-        if out.full:
-            break
         if not text.strip():
             continue
         cells = next(csv.reader(io.StringIO(text)))

@@ -63,6 +63,7 @@ class ControllerBackend:
     def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
         c = self.controller
         out: list[Decision] = []
+        c.hold_queue()  # the queue gets what the running requests leave, as the daemon's Step
         for request_id in ops.finishes:
             out += c.finish(request_id, now) if self._running(request_id) else c.abort(request_id, now)
         for request_id in ops.aborts:
@@ -73,6 +74,7 @@ class ControllerBackend:
         for request_id, num_tokens in ops.grows:
             if self._running(request_id):
                 out += c.grow(request_id, num_tokens, now)
+        out += c.release_queue(now)
         for spec in ops.submits:
             out += c.submit(spec, now)
         return out
@@ -177,12 +179,16 @@ class DaemonBackend:
         self._events: dict[str, asyncio.Queue[Decision]] = {}
         self._readers: list[asyncio.Task] = []
         self._free = num_blocks
-        self._seen: set[int] = set()
+        # Every decision counted, by seq, with the policy that took it (a dict rather
+        # than a set of seqs: the same keys, and the policies in order come for free).
+        self._seen: dict[int, str] = {}
         self._wall_origin: float | None = None
         from kvbudget.daemon import convert  # the protos: live mode only
+        from kvbudget.daemon.policies import POLICIES
 
         self._kinds = {value: kind for kind in DecisionKind if (value := convert.kind_to_proto(kind))}
         self._reasons = {reason.value: reason for reason in Reason}
+        self._policies = {convert.policy_to_proto(name): name for name in POLICIES}
 
     async def open_engine(self, engine_id: str) -> None:
         from kvbudget.client import EngineClient
@@ -206,12 +212,26 @@ class DaemonBackend:
 
     def _note(self, decisions: list[Decision | LiveDecision]) -> list[Decision | LiveDecision]:
         fresh = []
+        seen = self._seen
         for d in decisions:
-            if d.seq in self._seen:
+            if d.seq in seen:
                 continue
-            self._seen.add(d.seq)
+            seen[d.seq] = d.policy
             fresh.append(d)
         return fresh
+
+    def policies(self) -> list[str]:
+        """The policies that decided this replay's requests, in decision (seq) order, a
+        run of one policy named once: `["optimistic", "guaranteed"]` if it was switched
+        mid-replay. By seq, not by arrival: an event stream may deliver late."""
+        names = set(self._seen.values()) - {""}
+        if len(names) <= 1:  # the usual case: no need to sort every seq
+            return sorted(names)
+        out: list[str] = []
+        for _, name in sorted(self._seen.items()):
+            if name and (not out or out[-1] != name):
+                out.append(name)
+        return out
 
     def _drain(self) -> list[Decision]:
         out: list[Decision] = []
@@ -276,8 +296,8 @@ class DaemonBackend:
                     aborts=ops.aborts,
                 )
         self._free = response.num_free_blocks
-        kinds, reasons = self._kinds, self._reasons
-        return early + self._note([_light_decision(m, kinds, reasons) for m in response.decisions])
+        kinds, reasons, policies = self._kinds, self._reasons, self._policies
+        return early + self._note([_light_decision(m, kinds, reasons, policies) for m in response.decisions])
 
     async def _wait_for_news(self, request_id: str) -> list[Decision]:
         """Events that arrived, waiting (briefly) for one about `request_id`."""
@@ -317,9 +337,12 @@ class LiveDecision(NamedTuple):
     num_computed: int
     cached_hit_blocks: int
     num_free_blocks: int
+    policy: str  # the policy that took it ("" if this client does not know its number)
 
 
-def _light_decision(m, kinds: dict[int, DecisionKind], reasons: dict[str, Reason]) -> LiveDecision:
+def _light_decision(
+    m, kinds: dict[int, DecisionKind], reasons: dict[str, Reason], policies: dict[int, str]
+) -> LiveDecision:
     return LiveDecision(
         m.seq,
         kinds.get(m.kind, DecisionKind.ADMIT),
@@ -329,7 +352,11 @@ def _light_decision(m, kinds: dict[int, DecisionKind], reasons: dict[str, Reason
         m.num_computed_tokens,
         m.cached_hit_blocks,
         m.num_free_blocks,
+        policies.get(m.policy, ""),
     )
+
+
+POLICY_CHANGE = " -> "  # how a summary shows a policy switched mid-replay
 
 
 async def run_live(
@@ -347,8 +374,6 @@ async def run_live(
 ) -> ReplayResult:
     """Replay against the daemon at `target` (over TLS with `credentials`, as
     `kvbudget.client_tls.channel_credentials` builds them). The pool and layout come from its plan."""
-    from kvbudget.client import ObserverClient
-
     # The plan tells the real pool; the simulated engine's block size must match it.
     backend = DaemonBackend(target, token, setup.layout, setup.num_blocks, speed=speed, credentials=credentials)
     simulation = Simulation(
@@ -362,16 +387,23 @@ async def run_live(
     finally:
         await backend.close()
     wall = time.perf_counter() - started
-    policy = ""
+    # What decided this replay's requests, as their decisions say: the daemon's policy at
+    # the end is not it if someone switched policies during the replay.
+    policy = POLICY_CHANGE.join(backend.policies()) or await _daemon_policy(target, token, credentials)
+    return summarize(run, policy=policy, trace=trace_name, mode="live", setup=setup, wall_s=wall)
+
+
+async def _daemon_policy(target: str, token: str | None, credentials: grpc.ChannelCredentials | None) -> str:
+    """The daemon's policy now ("" if it cannot say): for a replay that saw no decision."""
+    from kvbudget.client import ObserverClient
+    from kvbudget.daemon import convert
+
     async with ObserverClient(target, token, credentials=credentials) as observer:
         try:
             snapshot = await observer.snapshot(timeout=5.0)
-            from kvbudget.daemon import convert
-
-            policy = convert.policy_from_proto(snapshot.policy) or ""
         except Exception:
-            policy = ""
-    return summarize(run, policy=policy, trace=trace_name, mode="live", setup=setup, wall_s=wall)
+            return ""
+    return convert.policy_from_proto(snapshot.policy) or ""
 
 
 def with_block_size(setup: ReplaySetup, layout: KVCacheLayout, num_blocks: int) -> ReplaySetup:

@@ -1,6 +1,6 @@
 """A replay's numbers: per-request timings and a time series in, a summary out.
 
-Definitions (all in the replay's virtual seconds, origin = the first arrival):
+Definitions (all in the replay's virtual seconds, origin = the earliest arrival):
 - wait: first admission minus arrival (includes time queued in the engine and the daemon);
 - ttft: first output token minus arrival;
 - makespan: end of the last step (the last request finished or rejected);
@@ -71,6 +71,7 @@ def summarize(
         "num_blocks": setup.num_blocks,
         "block_size": setup.layout.block_size,
         "engines": setup.engines,
+        "max_new_tokens": run.max_new_tokens,
         "requests": len(requests),
         "finished": len(finished),
         "rejected": sum(1 for r in requests if r.state == REJECTED),

@@ -29,7 +29,10 @@ class EngineConfig:
     per_decode_seq_s: float = 0.0
     grow_ahead_blocks: int = 4  # growth asked this many blocks past the step's need
     max_model_len: int = 131072
-    max_new_tokens: int | None = None  # None: each request's own output length
+    # max_tokens each request asks for; a request whose output is longer asks for its
+    # output (it must fit). None: the longest output among the requests simulated (the
+    # replay CLI passes the whole trace's instead, so a slice asks what the service did).
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):

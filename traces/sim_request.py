@@ -57,22 +57,28 @@ def spread_arrivals(requests: Sequence[TraceRequest], seed: int, max_gap_s: floa
     """Arrival seconds, with requests sharing a timestamp spread uniformly over the gap to
     the next distinct timestamp (at most `max_gap_s`; Mooncake quantises into ~3 s buckets).
 
-    Traces with distinct timestamps (Azure) come back unchanged. Sorted, origin kept.
+    Traces with distinct timestamps (Azure) come back unchanged. One value per request, in
+    the order given; the requests need not be in time order (buckets are found in time
+    order, ties in the order given), and the earliest time is kept.
     """
     rng = random.Random(seed)
-    times = [r.arrival_s for r in requests]
-    out: list[float] = []
+    order = sorted(range(len(requests)), key=lambda k: requests[k].arrival_s)  # stable
+    times = [requests[k].arrival_s for k in order]
+    spread: list[float] = []
     i = 0
     while i < len(times):
         j = i
         while j + 1 < len(times) and times[j + 1] == times[i]:
             j += 1
         if j == i:
-            out.append(times[i])
+            spread.append(times[i])
         else:
             gap = min(max_gap_s, times[j + 1] - times[i]) if j + 1 < len(times) else max_gap_s
             offsets = sorted(rng.random() * gap for _ in range(j - i + 1))
             offsets[0] = 0.0  # the bucket's first request keeps the bucket's time
-            out.extend(times[i] + o for o in offsets)
+            spread.extend(times[i] + o for o in offsets)
         i = j + 1
+    out = [0.0] * len(times)
+    for k, value in zip(order, spread):
+        out[k] = value
     return out

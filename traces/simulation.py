@@ -53,6 +53,7 @@ class SimRun:
     usage_area: float  # integral of kv usage over time
     peak_running: int
     stalled: int  # requests left unfinished because nothing could move
+    max_new_tokens: int = 0  # the max_tokens requests asked for (or their output, if longer)
 
 
 ProgressHook = Callable[[int, int, float], None]  # (done, total, virtual now)
@@ -99,8 +100,12 @@ class Simulation:
             SimEngine(f"{id_prefix}engine-{k}", k, config, self.layout) for k in range(engines)
         ]
         arrivals = spread_arrivals(trace, seed, spread_s) if spread_s > 0 else [r.arrival_s for r in trace]
-        origin = arrivals[0] if arrivals else 0.0
-        default_cap = max((r.output_tokens for r in trace), default=1)
+        # Time 0 is the earliest arrival, wherever it sits in `trace`: measured from the
+        # first row instead, an out-of-order trace would have requests arrive before 0.
+        origin = min(arrivals, default=0.0)
+        # Each request asks for max_tokens = max(its own output, this): the output must
+        # fit, or the engine could not produce what the trace says it did.
+        self.max_new_tokens = config.max_new_tokens or max((r.output_tokens for r in trace), default=1)
         self.requests: dict[str, SimRequest] = {}
         order = sorted(range(len(trace)), key=lambda i: (arrivals[i], i))
         # Every prompt's pool-block hashes, up front in one tight loop (one memo: requests
@@ -110,7 +115,7 @@ class Simulation:
         hash_memo: dict[tuple[int, int], tuple[int, ...]] = {}
         for position, i in enumerate(order):
             t = trace[i]
-            max_new = max(t.output_tokens, config.max_new_tokens or default_cap)
+            max_new = max(t.output_tokens, self.max_new_tokens)
             request = SimRequest(f"{id_prefix}{i}", t, position % engines, arrivals[i] - origin,
                                  max_new, config.max_model_len)  # fmt: skip
             request.hashes = pool_prefix_hashes(t, layout.block_size, hash_memo)
@@ -249,6 +254,7 @@ class Simulation:
             usage_area=usage_area,
             peak_running=peak_running,
             stalled=sum(1 for r in self.requests.values() if r.state in (PENDING, QUEUED, RUNNING)),
+            max_new_tokens=self.max_new_tokens,
         )
 
     def _done(self) -> int:
