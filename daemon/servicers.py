@@ -36,6 +36,7 @@ MAX_WATCH_DECISIONS = 10_000
 MAX_LEASE_TTL_S = 3600
 MAX_ESTIMATE_TOKENS = 1 << 24
 MAX_QUERY_LIMIT = 10_000
+MAX_REPLAY_TEXT = 512  # a trace's name (a file name is at most 255 bytes)
 _ENGINE = Role.ENGINE  # enum member lookups are slow on Python 3.11; Step reads it per call
 
 
@@ -189,11 +190,20 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def Events(self, request, context):
         await self.auth.require(context, Role.ENGINE)
         session = await self._session(context, request.session_id)
-        while True:
-            decision = await session.events.get()
-            if decision is None:
-                return
-            await context.write(engine_pb2.EventsResponse(decision=convert.decision_to_proto(decision)))
+        replaced = asyncio.ensure_future(session.take_events().wait())
+        try:
+            while True:
+                get = asyncio.ensure_future(session.events.get())
+                await asyncio.wait((get, replaced), return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():  # a newer Events stream of this session reads from now on
+                    get.cancel()  # (a cancelled get takes nothing off the queue)
+                    return
+                decision = get.result()
+                if decision is None:
+                    return
+                await context.write(engine_pb2.EventsResponse(decision=convert.decision_to_proto(decision)))
+        finally:
+            replaced.cancel()
 
     async def Heartbeat(self, request, context):
         await self.auth.require(context, Role.ENGINE)
@@ -302,6 +312,13 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
             await context.abort(exc.code, str(exc))
         if replay.total and replay.position > replay.total:
             await context.abort(INVALID, "replay.position: beyond replay.total")
+        # Every snapshot and Watch update carries each replay: a 5 MB trace name broke every
+        # observer on gRPC's 4 MB default, and 64 of them the daemon's own 64 MiB limit.
+        for field, text, limit in (("replay.trace", replay.trace, MAX_REPLAY_TEXT), ("replay.policy", replay.policy, 64)):
+            if len(text) > limit or not text.isprintable():
+                await context.abort(INVALID, f"{field}: printable text, at most {limit} characters")
+        if not (math.isfinite(replay.speed) and replay.speed >= 0):
+            await context.abort(INVALID, f"replay.speed: a finite number >= 0 (0: as fast as possible), got {replay.speed}")
         replays = self.core.replays
         if not replays.report(replay, time.monotonic()):
             await context.abort(

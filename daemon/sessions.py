@@ -62,6 +62,8 @@ class Session:
         default_factory=lambda: asyncio.Queue(EVENTS_QUEUE_LIMIT)
     )
     events_dropped: int = 0
+    # Set when another Events stream of this session takes over: one reader at a time.
+    events_reader: asyncio.Event | None = None
     closed: bool = False
     # A step applied but not yet written to the log: the engine's retry gets its reply
     unanswered: UnansweredStep | None = None
@@ -80,6 +82,16 @@ class Session:
             self.events.get_nowait()
             self.events_dropped += 1
         self.events.put_nowait(decision)
+
+    def take_events(self) -> asyncio.Event:
+        """A new Events stream: the one reading so far is told to end (the returned event is
+        set when a later one takes over in turn). Two readers of one queue split its
+        decisions between them, and a stale stream (a half-open connection, a reconnect
+        racing the old call) took the admissions its engine never heard of."""
+        if self.events_reader is not None:
+            self.events_reader.set()
+        self.events_reader = asyncio.Event()
+        return self.events_reader
 
     def end_events(self) -> None:
         """Wakes the Events stream so it ends (None is the end marker)."""

@@ -133,6 +133,10 @@ CASES = [
     ("estimate-huge", lambda d: d.observer.Estimate(observer_pb2.EstimateRequest(tokens_per_request=2**32 - 1)), Code.INVALID_ARGUMENT, "tokens_per_request"),
     ("replay-no-id", lambda d: d.observer.ReportReplay(observer_pb2.ReportReplayRequest()), Code.INVALID_ARGUMENT, "replay.replay_id"),
     ("replay-past-total", lambda d: d.observer.ReportReplay(observer_pb2.ReportReplayRequest(replay=common_pb2.ReplayState(replay_id="r", position=5, total=4))), Code.INVALID_ARGUMENT, "replay.position"),
+    # Every snapshot carries each replay: a 5 MB trace name broke every observer.
+    ("replay-huge-trace", lambda d: d.observer.ReportReplay(observer_pb2.ReportReplayRequest(replay=common_pb2.ReplayState(replay_id="r", trace="T" * 513))), Code.INVALID_ARGUMENT, "replay.trace"),
+    ("replay-newline-policy", lambda d: d.observer.ReportReplay(observer_pb2.ReportReplayRequest(replay=common_pb2.ReplayState(replay_id="r", policy="a\nb"))), Code.INVALID_ARGUMENT, "replay.policy"),
+    ("replay-nan-speed", lambda d: d.observer.ReportReplay(observer_pb2.ReportReplayRequest(replay=common_pb2.ReplayState(replay_id="r", speed=math.nan))), Code.INVALID_ARGUMENT, "replay.speed"),
     ("policy-unspecified", lambda d: d.admin.SetPolicy(admin_pb2.SetPolicyRequest()), Code.INVALID_ARGUMENT, "policy"),
     ("policy-unknown", lambda d: d.admin.SetPolicy(admin_pb2.SetPolicyRequest(policy=99)), Code.INVALID_ARGUMENT, "policy"),
     ("quota-no-tenant", lambda d: d.admin.SetTenantQuota(admin_pb2.SetTenantQuotaRequest(max_share=0.5)), Code.INVALID_ARGUMENT, "tenant"),
@@ -206,3 +210,29 @@ def test_drain_refuses_new_work_but_lets_running_requests_end(tmp_path) -> None:
     assert [(r["request_id"], r["kind"], r["reason"]) for r in process.decision_rows("kind != 'policy' ORDER BY id")] == [
         ("r", "admit", "fits"), ("q", "queue", "pool_full"), ("q", "reject", "draining"), ("r", "release", "finished"),
     ]
+
+
+def test_a_second_events_stream_of_a_session_replaces_the_first(tmp_path) -> None:
+    # Two readers of one session's events split its decisions between them: a stale stream
+    # (a half-open connection, a reconnect racing the old call) took admissions its engine
+    # never heard of. The newer stream takes over; the older one ends.
+    with DaemonProcess(tmp_path, "--policy", "guaranteed") as process:
+        d = Daemon(process)
+        # x: 512 + 512 tokens = all 64 blocks; a1: 16 + 16 = 2 blocks, queued behind it
+        d.engine.Step(step(d, "b", submits=[submit("x", 512, max_new_tokens=512)]))
+        [queued] = d.engine.Step(step(d, submits=[submit("a1", 16, max_new_tokens=16)])).decisions
+        assert queued.kind == common_pb2.DECISION_KIND_QUEUE
+        first = d.engine.Events(engine_pb2.EventsRequest(session_id=d.session_a), timeout=30)
+        d.engine.Step(step(d, "b", finishes=[F(request_id="x")]))
+        assert next(first).decision.request_id == "a1"  # the first stream is reading
+        # y: cdiv(512 + 480, 16) = 62 blocks, the rest of the pool; a2 (2 blocks) waits for it
+        [admitted] = d.engine.Step(step(d, "b", submits=[submit("y", 512, max_new_tokens=480)])).decisions
+        [queued] = d.engine.Step(step(d, submits=[submit("a2", 16, max_new_tokens=16)])).decisions
+        assert (admitted.kind, queued.kind) == (common_pb2.DECISION_KIND_ADMIT, common_pb2.DECISION_KIND_QUEUE)
+        second = d.engine.Events(engine_pb2.EventsRequest(session_id=d.session_a), timeout=30)
+        assert list(first) == []  # ended, cleanly, once the second took over
+        d.engine.Step(step(d, "b", finishes=[F(request_id="y")]))  # (another engine's step: A hears on Events)
+        admitted = next(second).decision
+        assert (admitted.request_id, admitted.kind) == ("a2", common_pb2.DECISION_KIND_ADMIT)
+        second.cancel()
+        d.channel.close()
