@@ -42,6 +42,7 @@ from kvbudget.daemon.admission import AdmissionController
 from kvbudget.daemon.auth import Authorizer
 from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles, parse_host_port
 from kvbudget.daemon.core_service import CoreOptions, CoreService
+from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
@@ -205,13 +206,14 @@ class Daemon:
         roles = self.roles
         auth = self._auth = Authorizer(roles.tokens, certificate_names=roles.certificate_names,
                                        trust_tcp=not config.tokens_file)
-        engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core, auth), server)
-        observer_pb2_grpc.add_ObserverServiceServicer_to_server(
-            ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server
+        add_checked(engine_pb2_grpc.add_EngineServiceServicer_to_server, EngineServicer(core, auth), server)
+        add_checked(
+            observer_pb2_grpc.add_ObserverServiceServicer_to_server,
+            ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server,
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)),
-            server,
+        add_checked(
+            admin_pb2_grpc.add_AdminServiceServicer_to_server,
+            AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)), server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(

@@ -236,3 +236,29 @@ def test_a_second_events_stream_of_a_session_replaces_the_first(tmp_path) -> Non
         assert (admitted.request_id, admitted.kind) == ("a2", common_pb2.DECISION_KIND_ADMIT)
         second.cancel()
         d.channel.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "message_type"),
+    [
+        ("/kvbudget.v1.EngineService/Step", "kvbudget.v1.StepRequest"),
+        ("/kvbudget.v1.EngineService/OpenSession", "kvbudget.v1.OpenSessionRequest"),
+        ("/kvbudget.v1.EngineService/Events", "kvbudget.v1.EventsRequest"),
+        ("/kvbudget.v1.ObserverService/QueryDecisions", "kvbudget.v1.QueryDecisionsRequest"),
+        ("/kvbudget.v1.AdminService/SetTenantQuota", "kvbudget.v1.SetTenantQuotaRequest"),
+    ],
+)
+def test_bytes_that_are_not_the_message_are_invalid_argument(daemon, method: str, message_type: str) -> None:
+    # A string field whose bytes are not UTF-8 (field 1, length 2: 0xff 0xfe). grpc.aio
+    # answered UNKNOWN "Unexpected DecodeError" with a traceback in the journal per call.
+    before = daemon.state()
+    raw = daemon.channel.unary_stream if method.endswith("/Events") else daemon.channel.unary_unary
+    call = raw(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        result = call(b"\x0a\x02\xff\xfe", timeout=10)
+        if method.endswith("/Events"):
+            list(result)
+    assert info.value.code() == Code.INVALID_ARGUMENT
+    assert info.value.details().startswith(f"request: not a valid {message_type}: ")
+    assert daemon.state() == before
+    assert "Traceback" not in daemon.process.stderr()
