@@ -90,6 +90,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     f"engine_id: {request.engine_id!r} already has a live session "
                     "(set replace_existing to end it)",
                 )
+            if self.core.log.num_unwritten:  # replacing it decides (EXPIRE its requests)
+                await _refuse_while_unwritten(context, self.core.log, "replacing the session")
             await self._committed(context, self.core.record(self.core.close_engine(existing, expire=True)))
         try:
             session = sessions.open(request.engine_id, request.lease_ttl_s, time.monotonic())
@@ -213,6 +215,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def CloseSession(self, request, context):
         await self.auth.require(context, Role.ENGINE)
         session = await self._session(context, request.session_id)
+        if self.core.log.num_unwritten:  # closing decides (RELEASE its requests): not while they wait
+            await _refuse_while_unwritten(context, self.core.log, "the close")
         decisions = self.core.close_engine(session, expire=False)
         await self._committed(context, self.core.record(decisions))
         released = sum(1 for d in decisions if d.engine_id == session.engine_id and d.kind == DecisionKind.RELEASE)

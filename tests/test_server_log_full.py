@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.records import RequestSpec
+from kvbudget.v1 import engine_pb2, engine_pb2_grpc
 
 from daemon_harness import DaemonProcess, await_until
 from full_disk import fill
@@ -98,6 +99,21 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
             snapshot = await observer.snapshot()
             assert snapshot.num_running == 21 and snapshot.decision_log.num_unwritten_decisions == 20
             assert [r["request_id"] for r in daemon.decision_rows()] == ["a"]
+            # Closing or replacing the session decides too (releases, expiries): refused
+            # alike, with the session left as it was (it was closed, and answered UNAVAILABLE).
+            async with grpc.aio.insecure_channel(daemon.target) as channel:
+                stub = engine_pb2_grpc.EngineServiceStub(channel)
+                for refused_call in (
+                    stub.CloseSession(engine_pb2.CloseSessionRequest(session_id=engine.session_id)),
+                    stub.OpenSession(engine_pb2.OpenSessionRequest(engine_id="e1", replace_existing=True)),
+                ):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await refused_call
+                    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                    assert "was not applied: retry once the log can write" in refused.value.details()
+            snapshot = await observer.snapshot()
+            assert snapshot.num_running == 21 and snapshot.decision_log.num_unwritten_decisions == 20
+            assert [e.engine_id for e in snapshot.engines] == ["e1"]
             doctor = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "kvbudget", "doctor", "--target", daemon.target, "--samples", "1"],
                 capture_output=True, text=True, timeout=60,
