@@ -56,7 +56,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "session_id: unknown session (expired, closed, or the daemon restarted): open a new one",
             )
-        session.renew(time.monotonic())
+        now = time.monotonic()
+        if session.expires_at <= now:
+            # Lapsed, and the ticker (every 0.1 s) has not taken it back yet: a call now must
+            # not bring it back to life; the ticker expires its requests.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"session_id: its lease lapsed ({session.lease_ttl_s:g} s without a call): open a new one",
+            )
+        session.renew(now)
         return session
 
     async def _committed(self, context, committed: asyncio.Future) -> None:
@@ -113,9 +121,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             await self.auth.require(context, _ENGINE)
         core = self.core
         session = core.sessions.get(request.session_id)
-        if session is None:
+        now_mono = time.monotonic()
+        if session is None or session.expires_at <= now_mono:
             session = await self._session(context, request.session_id)  # aborts, naming the field
-        session.renew(time.monotonic())
+        session.renew(now_mono)
         if session.unanswered is not None:  # the last step was applied but not logged
             reply = await self._answer_again(context, session, request)
             if reply is not None:

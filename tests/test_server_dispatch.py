@@ -12,6 +12,7 @@ import asyncio
 import sqlite3
 import time
 
+import grpc
 import pytest
 
 from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
@@ -207,3 +208,46 @@ async def test_every_caller_may_share_the_resolved_future(core: CoreService) -> 
     assert first.done() and second.done() and first.result() is None
     first.cancel()  # a no-op on a done future: the next caller is not affected
     assert not core.record(submit(core, "b"), origin_engine="e").cancelled()
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What the servicer asks of a grpc.aio context: the caller and abort."""
+
+    def peer(self) -> str:
+        return "unix:"
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    async def abort(self, code, message: str) -> None:
+        raise _Aborted(code, message)
+
+
+async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it(core: CoreService) -> None:
+    # The ticker takes lapsed sessions back every 0.1 s; a call in between used to renew
+    # the lease and carry on (a grow sent 1.06 s into a 1 s lease went through 4 times in 10).
+    from kvbudget.daemon.auth import Authorizer
+    from kvbudget.daemon.servicers import EngineServicer
+    from kvbudget.v1 import engine_pb2
+
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
+    session = core.sessions.open("e", 1.0, time.monotonic())
+    reply = await servicer.Step(engine_pb2.StepRequest(session_id=session.session_id), _Context())
+    assert list(reply.decisions) == []  # live: served
+    session.expires_at = time.monotonic() - 0.05  # lapsed 50 ms ago; no tick since
+    for call in (
+        servicer.Step(engine_pb2.StepRequest(session_id=session.session_id), _Context()),
+        servicer.Heartbeat(engine_pb2.HeartbeatRequest(session_id=session.session_id), _Context()),
+    ):
+        with pytest.raises(_Aborted) as aborted:
+            await call
+        code, message = aborted.value.args
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert message == "session_id: its lease lapsed (1 s without a call): open a new one"
+    assert session.expires_at < time.monotonic()  # not renewed: the next tick expires it
+    await core._tick(time.monotonic())
+    assert core.sessions.get(session.session_id) is None
