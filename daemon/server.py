@@ -44,7 +44,7 @@ from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles,
 from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
-from kvbudget.daemon.servicers import AdminServicer, EngineServicer, ObserverServicer
+from kvbudget.daemon.servicers import MAX_MESSAGE_BYTES, AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
 from kvbudget.daemon.tls import (
     CertificatePair,
@@ -64,7 +64,6 @@ SERVICE_NAMES = (
     observer_pb2.DESCRIPTOR.services_by_name["ObserverService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
 )
-MAX_MESSAGE_BYTES = 64 << 20  # a Step may batch many ops
 MAX_SESSIONS = 1024
 MAX_WATCHERS = 64
 

@@ -36,6 +36,7 @@ MAX_WATCH_DECISIONS = 10_000
 MAX_LEASE_TTL_S = 3600
 MAX_ESTIMATE_TOKENS = 1 << 24
 MAX_QUERY_LIMIT = 10_000
+MAX_MESSAGE_BYTES = 64 << 20  # the server's send and receive limit (and EngineClient's): a Step may batch many ops
 MAX_REPLAY_TEXT = 512  # a trace's name (a file name is at most 255 bytes)
 _ENGINE = Role.ENGINE  # enum member lookups are slow on Python 3.11; Step reads it per call
 
@@ -170,6 +171,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 )
             except Exception as exc:  # the log could not commit: promise nothing
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {exc}")
+        if len(decisions) > 1000 and (size := reply.ByteSize()) > MAX_MESSAGE_BYTES:
+            # gRPC would fail the send after the step was applied and logged, and the engine
+            # hear nothing of it (its retry: ALREADY_EXISTS). Its decisions go out on the
+            # Events stream instead, and the engine is told to send smaller steps.
+            mine = [d for d in decisions if d.engine_id == engine_id]
+            for decision in mine:
+                session.push_event(decision)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this step was applied and logged, but its reply ({size} bytes) is past the {MAX_MESSAGE_BYTES} "
+                f"byte limit: its {len(mine)} decisions go out on the Events stream instead (the oldest dropped "
+                f"past {session.events.maxsize}); send smaller steps",
+            )
         return reply
 
     async def _answer_again(self, context, session, request):

@@ -251,3 +251,26 @@ async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it
     assert session.expires_at < time.monotonic()  # not renewed: the next tick expires it
     await core._tick(time.monotonic())
     assert core.sessions.get(session.session_id) is None
+
+
+async def test_a_reply_past_the_message_limit_goes_out_on_the_events_stream(core: CoreService, monkeypatch) -> None:
+    # gRPC failed the send after the step was applied and logged: the engine heard nothing
+    # and its retry got ALREADY_EXISTS. (The limit is 64 MiB; here it is made 10 kB.)
+    from kvbudget.daemon import servicers
+    from kvbudget.daemon.auth import Authorizer
+    from kvbudget.v1 import engine_pb2
+
+    monkeypatch.setattr(servicers, "MAX_MESSAGE_BYTES", 10_000)
+    servicer = servicers.EngineServicer(core, Authorizer(None, trust_tcp=True))
+    session = core.sessions.open("e", 60.0, time.monotonic())
+    submits = [engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=8, max_new_tokens=8) for i in range(1001)]
+    with pytest.raises(_Aborted) as aborted:
+        await servicer.Step(engine_pb2.StepRequest(session_id=session.session_id, submits=submits), _Context())
+    code, message = aborted.value.args
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert message.startswith("this step was applied and logged, but its reply (")
+    assert message.endswith("its 1001 decisions go out on the Events stream instead (the oldest dropped past 10000); "
+                            "send smaller steps")
+    events = [session.events.get_nowait() for _ in range(session.events.qsize())]
+    assert [d.request_id for d in events] == [f"r{i}" for i in range(1001)]
+    assert core.log.figures().rows_written == 1001  # applied and logged before anyone heard
