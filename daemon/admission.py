@@ -369,6 +369,9 @@ class AdmissionController:
         """A tenant's maximum share of the pool (None or 0: no quota) and fair-share weight."""
         if max_share is not None and not 0.0 <= max_share <= 1.0:
             raise AdmissionError("max_share", f"must be in (0, 1], got {max_share}")
+        capacity = self.pool.capacity
+        if max_share and int(max_share * capacity) == 0:  # (a quota of 0 blocks refuses everything)
+            raise AdmissionError("max_share", f"{max_share:g} of the {capacity} blocks is less than one block")
         if not weight > 0.0:
             raise AdmissionError("weight", f"must be positive, got {weight}")
         account = self.ledger.tenant(tenant)

@@ -38,7 +38,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from kvbudget.daemon import convert, sdnotify
-from kvbudget.daemon.admission import AdmissionController
+from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.auth import Authorizer
 from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles, parse_host_port
 from kvbudget.daemon.core_service import CoreOptions, CoreService
@@ -290,7 +290,10 @@ class Daemon:
             if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
                 core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
             for tenant, max_share, weight in tenant_updates(running, target):
-                core.controller.set_tenant_quota(tenant, max_share, weight)
+                try:
+                    core.controller.set_tenant_quota(tenant, max_share, weight)
+                except AdmissionError as exc:  # (the rest of the reload stands)
+                    log.error("reload: tenants.%s.%s; that tenant keeps its quota", tenant, exc)
             core.log.retention_s = target.retention_s  # (read by the writer at each pass)
             core.log.max_rows = target.retention_rows
             core.log.max_bytes = target.retention_bytes
@@ -393,7 +396,10 @@ class Daemon:
             setup.model.layout, setup.num_blocks - 1, config.admission_config(setup.model.max_model_len)
         )
         for tenant, quota in config.tenants.items():
-            controller.set_tenant_quota(tenant, quota.max_share, quota.weight)
+            try:
+                controller.set_tenant_quota(tenant, quota.max_share, quota.weight)
+            except AdmissionError as exc:
+                raise StartupError(f"tenants.{tenant}.{exc}") from None
         plan = convert.plan_to_proto(
             setup.model.layout,
             controller.snapshot(0.0).num_blocks,

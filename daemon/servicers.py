@@ -13,6 +13,7 @@ import time
 import grpc
 
 from kvbudget.daemon import budget, convert
+from kvbudget.daemon.admission import AdmissionError
 from kvbudget.daemon.auth import Authorizer, Role
 from kvbudget.daemon.core_service import CoreService, StepFailed
 from kvbudget.daemon.decision_unwritten import UnwrittenError
@@ -383,9 +384,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             await context.abort(INVALID, f"max_share: between 0 and 1 (0: no quota), got {request.max_share}")
         if not math.isfinite(request.weight) or request.weight < 0:
             await context.abort(INVALID, f"weight: must be >= 0 (0: 1.0), got {request.weight}")
-        self.core.controller.set_tenant_quota(
-            request.tenant, request.max_share or None, request.weight or 1.0
-        )
+        try:
+            self.core.controller.set_tenant_quota(request.tenant, request.max_share or None, request.weight or 1.0)
+        except AdmissionError as exc:
+            await context.abort(INVALID, str(exc))  # ("max_share: ...")
         return admin_pb2.SetTenantQuotaResponse()
 
     async def Drain(self, request, context):

@@ -169,6 +169,18 @@ def test_the_daemons_refusal_is_one_line_with_the_status_code(daemon, capsys) ->
     )
 
 
+def test_a_share_of_less_than_one_block_is_refused_not_a_ban(daemon, capsys) -> None:
+    # int(1e-300 x 64) = 0 blocks: every request of the tenant was rejected, while the
+    # snapshot showed quota 0, which reads "no quota".
+    code, out, err = admin(capsys, "--target", daemon.target, "set-quota", "tiny", "--max-share", "1e-300")
+    assert code == 2
+    assert err == (
+        f"kvbudget admin: error: {daemon.target}: "
+        "INVALID_ARGUMENT: max_share: 1e-300 of the 64 blocks is less than one block\n"
+    )
+    assert "tiny" not in [t["tenant"] for t in status(capsys, daemon.target)["tenants"]]
+
+
 def test_a_missing_socket_is_one_line_and_exit_2(tmp_path) -> None:
     # A real `kvbudget` process: nothing but one line on stderr, no traceback, no call made.
     target = f"unix://{tmp_path}/nobody-here.sock"

@@ -63,3 +63,15 @@ def test_a_tls_key_that_does_not_match_its_certificate_is_one_line(tmp_path: Pat
     assert error_lines(result.stderr) == [
         f"kvbudget daemon: error: tls_key_file: {other_key}: the key does not match the certificate in {cert}"]
     assert not (tmp_path / "d.db").exists()
+
+
+def test_a_tenant_share_of_less_than_one_block_is_one_line(tmp_path: Path) -> None:
+    # 64 usable blocks x 0.01 = 0 blocks: a quota that refuses every request of the tenant.
+    result = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "daemon", *DEFAULT_ARGS, "--tenant", "batch=0.01",
+         "--listen", f"unix://{tmp_path}/d.sock", "--db-path", str(tmp_path / "d.db")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert error_lines(result.stderr) == [
+        "kvbudget daemon: error: tenants.batch.max_share: 0.01 of the 64 blocks is less than one block"]
