@@ -47,6 +47,7 @@ requests returning).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -422,6 +423,7 @@ class AdmissionController:
             tenants=ledger.tenant_snapshots(),
             prefix_hit_blocks=self._prefix_hit_blocks,
             prefix_query_blocks=self._prefix_query_blocks,
+            waiting_by_reason=dict(Counter(r.wait_reason.value for r in self._queue.all())),
         )
 
     def check_integrity(self) -> None:

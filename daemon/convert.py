@@ -279,6 +279,7 @@ def snapshot_to_proto(
         preemptions_by_reason=s.preemptions_by_reason,
         rejections_by_reason=s.rejections_by_reason,
         decisions_by_kind=s.decisions_by_kind,
+        waiting_by_reason=s.waiting_by_reason,
         groups=[
             common_pb2.GroupState(
                 layer_type=g.kind,

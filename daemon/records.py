@@ -130,6 +130,9 @@ class Snapshot:
     tenants: tuple[TenantSnapshot, ...] = ()
     prefix_hit_blocks: int = 0
     prefix_query_blocks: int = 0
+    # Waiting requests by why their last try failed (pool_full, budget_full, watermark,
+    # tenant_quota; queue_ahead: not tried yet, others are ahead): what holds the queue.
+    waiting_by_reason: dict[str, int] = field(default_factory=dict)
 
     @property
     def usage(self) -> float:

@@ -242,7 +242,9 @@ def status_fields(s: Any) -> dict[str, Any]:
             "reserved": s.num_reserved_blocks,
             "evictable": s.num_evictable_blocks,
         },
-        "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions},
+        "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions,
+                     # why the waiting ones wait: what their last try lacked (queue_ahead: not tried)
+                     "waiting_by_reason": dict(sorted(s.waiting_by_reason.items(), key=lambda kv: -kv[1]))},
         # decisions a failed write left (a full disk): while any wait, steps are refused
         "decision_log": {"unwritten": s.decision_log.num_unwritten_decisions,
                          "write_error": s.decision_log.write_error},
@@ -276,8 +278,10 @@ def render_status(s: Any, target: str) -> str:
         # free counts evictable cached blocks too; reserved blocks are promised out of free ones
         f"  blocks     {blocks['total']} total, {blocks['free']} free ({blocks['evictable']} evictable), "
         f"{blocks['held']} held ({usage:.0%}), {blocks['reserved']} reserved",
-        f"  requests   {requests['running']} running, {requests['waiting']} waiting, "
-        f"{requests['preemptions']} preemptions",
+        f"  requests   {requests['running']} running, {requests['waiting']} waiting"
+        + (" (" + ", ".join(f"{n} {why}" for why, n in requests["waiting_by_reason"].items()) + ")"
+           if requests["waiting_by_reason"] else "")
+        + f", {requests['preemptions']} preemptions",
     ]
     if f["decision_log"]["unwritten"]:
         lines.append(

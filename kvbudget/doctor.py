@@ -285,11 +285,23 @@ def _requests(count: int) -> str:
 
 
 def _tenants_at_quota(sample: PoolSample) -> list[str]:
+    """Tenants whose quota holds their queue: requests wait for `tenant_quota` (the
+    daemon says so), or, from an older daemon, the quota is used up. (A quota with room
+    left still holds a request that needs more than that room: counting blocks alone
+    called that formula drift.)"""
+    quota_waits = sample.waiting_by_reason.get("tenant_quota", 0)
     return [
         t.tenant
         for t in sample.tenants
-        if t.waiting and t.quota_blocks and t.held + t.reserved >= t.quota_blocks
+        if t.waiting and t.quota_blocks and (quota_waits or t.held + t.reserved >= t.quota_blocks)
     ]
+
+
+def _quota_knob(tenants: list[str]) -> str:
+    return (
+        f"tenant(s) {', '.join(tenants)} at quota: raise [tenants.NAME] max_share "
+        "(AdminService.SetTenantQuota switches live)"
+    )
 
 
 # --------------------------------------------------------------------------- verdict
@@ -341,20 +353,35 @@ def diagnose(
         findings.append(
             Finding("trend", Status.INFO, "one sample: trends (queue, memory, preemptions) need --samples 2 or more")
         )
+    if last.draining:
+        findings.append(Finding(
+            "draining", Status.WARN,
+            f"draining: no new sessions or requests, nothing more admitted; {_requests(last.running)} still running",
+            knob="a drain cannot be undone: restart the daemon (systemctl restart kvbudget) to serve again",
+        ))
+    # A quota holds the queue when requests wait for it and none waits for room in the
+    # pool (the rest wait behind them): the tenant's budget is full, not the pool.
+    at_quota = _tenants_at_quota(last) if pressure else []
+    waits = last.waiting_by_reason
+    for_room = sum(waits.get(reason, 0) for reason in ("pool_full", "budget_full", "watermark"))
+    quota_bound = bool(at_quota) and ((waits.get("tenant_quota", 0) > 0 and not for_room) or (stuck and not waits))
     if log_disk.status is Status.PROBLEM:
         verdict, knob = Verdict.LOG_CANNOT_WRITE, log_disk.knob  # nothing is admitted: the cause of any queue
     elif memory.status is Status.PROBLEM:
         verdict, knob = Verdict.MEMORY_GROWING, memory.knob
+    elif quota_bound:
+        verdict, knob = Verdict.BUDGET_BOUND, _quota_knob(at_quota)
+        quota_waits = waits.get("tenant_quota", 0)
+        summary = (
+            f"{_requests(last.waiting)} waiting"
+            + (f", {quota_waits} of them for a tenant quota" if quota_waits else "")
+            + f"; {held_share:.0%} of the pool held"
+        )
+        findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
     elif stuck and held_share < t.mostly_free_share:
         verdict = Verdict.STUCK_QUEUE
-        at_quota = _tenants_at_quota(last)
         if reservations.status is Status.WARN:
             knob = reservations.knob
-        elif at_quota:
-            knob = (
-                f"tenant(s) {', '.join(at_quota)} at quota: raise [tenants.NAME] max_share "
-                "(AdminService.SetTenantQuota switches live)"
-            )
         else:
             knob = (
                 "admission charges more than requests use (formula drift): switch policy "

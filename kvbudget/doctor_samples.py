@@ -80,6 +80,8 @@ class PoolSample:
     preemptions: int
     admits: int  # cumulative ADMIT decisions
     rejections_by_reason: Mapping[str, int] = field(default_factory=dict)
+    # What holds the queue: waiting requests by why their last try failed (tenant_quota, ...)
+    waiting_by_reason: Mapping[str, int] = field(default_factory=dict)
     gpu: GpuSample = GpuSample(present=False)
     plan: PlanView | None = None
     tenants: tuple[TenantSample, ...] = ()
@@ -172,6 +174,7 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         preemptions=int(msg.num_preemptions),
         admits=by_kind.get("admit", by_kind.get("decision_kind_admit", 0)),
         rejections_by_reason=dict(msg.rejections_by_reason),
+        waiting_by_reason={str(k): int(v) for k, v in msg.waiting_by_reason.items()},
         gpu=GpuSample(
             present=bool(gpu.present),
             total_bytes=int(gpu.total_bytes),

@@ -220,6 +220,18 @@ def test_the_cli_lists_the_daemons_policies() -> None:
     assert cmd_admin.POLICY_NAMES == convert.POLICY_NAMES
 
 
+async def test_status_says_why_the_waiting_requests_wait(tmp_path, capsys) -> None:
+    with DaemonProcess(tmp_path, "--policy", "guaranteed") as process:
+        async with EngineClient(process.target, "engine-0") as engine:
+            # r1: 8 of the 64 blocks; r2: 512 + 512 tokens = 64 blocks > the 56 left: waits for room
+            await engine.step(submits=[RequestSpec("r1", 100, 28), RequestSpec("r2", 512, 512)])
+            code, out, err = await asyncio.to_thread(admin, capsys, "--target", process.target, "status")
+            assert out.splitlines()[3].split() == [
+                "requests", "1", "running,", "1", "waiting", "(1", "pool_full),", "0", "preemptions"]
+            snapshot = await asyncio.to_thread(status, capsys, process.target)
+            assert snapshot["requests"]["waiting_by_reason"] == {"pool_full": 1}
+
+
 # ---------------------------------------------------------------- drain
 
 

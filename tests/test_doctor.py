@@ -165,16 +165,41 @@ def test_queue_that_does_not_move_on_a_half_full_pool_is_pool_bound() -> None:
     assert d.verdict is Verdict.POOL_BOUND
 
 
-def test_stuck_queue_names_the_tenant_at_quota() -> None:
+def test_a_quota_used_up_is_budget_bound_not_formula_drift() -> None:
+    # An older daemon (no waiting_by_reason): 10 % held, the queue stuck, the tenant's quota used up.
     tenants = (TenantSample("batch", held=100, reserved=0, quota_blocks=100, waiting=3),)
     d = doctor.diagnose(series(held=100, waiting=3, admits=[5] * 5, tenants=tenants))
-    assert d.verdict is Verdict.STUCK_QUEUE
-    assert "batch" in d.knob and "max_share" in d.knob
+    assert d.verdict is Verdict.BUDGET_BOUND
+    assert d.knob.startswith("tenant(s) batch at quota: raise [tenants.NAME] max_share")
 
 
-def test_draining_daemon_is_not_stuck() -> None:
+@pytest.mark.parametrize(("held", "admits"), [(400, [5] * 5), (600, [5] * 5), (600, [5, 6, 7, 8, 9])])
+def test_requests_waiting_for_a_quota_with_room_left_are_budget_bound(held: int, admits: list[int]) -> None:
+    # The tenant holds 400 of its 499-block quota and the next request needs 200: the daemon
+    # says the waiting requests wait for the quota. Counting blocks alone called a 40 %-held
+    # pool "formula drift" (switch to optimistic), and a 60 %-held one "pool-bound".
+    tenants = (TenantSample("team-a", held=400, reserved=0, quota_blocks=499, waiting=6),)
+    d = doctor.diagnose(series(held=held, waiting=6, admits=admits, tenants=tenants,
+                               waiting_by_reason={"tenant_quota": 1, "queue_ahead": 5}))
+    assert d.verdict is Verdict.BUDGET_BOUND
+    assert d.knob.startswith("tenant(s) team-a at quota")
+    assert finding(d, "queue").summary == f"6 requests waiting, 1 of them for a tenant quota; {held // 10}% of the pool held"
+
+
+def test_a_queue_waiting_for_room_is_not_blamed_on_a_quota() -> None:
+    # Some wait for the quota, but the head waits for free blocks: the pool is the limit.
+    tenants = (TenantSample("team-a", held=400, reserved=0, quota_blocks=499, waiting=2),)
+    d = doctor.diagnose(series(held=960, waiting=4, admits=[5] * 5, tenants=tenants,
+                               waiting_by_reason={"pool_full": 1, "tenant_quota": 1, "queue_ahead": 2}))
+    assert d.verdict is Verdict.POOL_BOUND
+
+
+def test_draining_daemon_is_not_stuck_and_says_it_drains() -> None:
     d = doctor.diagnose(series(held=100, waiting=3, admits=[5] * 5, draining=True))
     assert d.verdict is not Verdict.STUCK_QUEUE
+    draining = finding(d, "draining")
+    assert draining.status is Status.WARN
+    assert draining.summary == "draining: no new sessions or requests, nothing more admitted; 8 requests still running"
 
 
 def test_pool_size_against_plan_and_config() -> None:
@@ -286,6 +311,7 @@ def test_sample_from_a_snapshot_message() -> None:
         num_preemptions=3,
         decisions_by_kind={"admit": 17, "queue": 6},
         rejections_by_reason={"never_fits": 1},
+        waiting_by_reason={"tenant_quota": 2, "queue_ahead": 4},
         gpu=common_pb2.GpuState(present=False, note="no GPU: test"),
         plan=common_pb2.PoolPlan(num_blocks=1000, bytes_per_block=BYTES_PER_BLOCK, block_size_tokens=16,
                                  max_model_len_tokens=32768),
@@ -306,6 +332,7 @@ def test_sample_from_a_snapshot_message() -> None:
     assert s.gpu.note == "no GPU: test"
     assert s.tenants == (TenantSample("a", 40, 0, 500, 6),)
     assert s.rejections_by_reason == {"never_fits": 1}
+    assert s.waiting_by_reason == {"tenant_quota": 2, "queue_ahead": 4}
 
 
 def test_commits_waiting_for_the_log_are_a_finding_of_their_own() -> None:

@@ -199,6 +199,29 @@ async def test_doctor_says_stuck_queue_with_a_mostly_free_pool(tmp_path: Path) -
     assert "max_model_len-sized reservations" in reservations["summary"]
 
 
+async def test_doctor_names_the_tenant_whose_quota_holds_the_queue(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, "optimistic") as (target, proc):
+        await asyncio.to_thread(wait_serving, target, proc)
+        async with grpc.aio.insecure_channel(target) as channel:  # team-a: 0.5 x 999 = 499 blocks
+            from kvbudget.v1 import admin_pb2, admin_pb2_grpc
+
+            await admin_pb2_grpc.AdminServiceStub(channel).SetTenantQuota(
+                admin_pb2.SetTenantQuotaRequest(tenant="team-a", max_share=0.5))
+        async with engine(target) as client:
+            # optimistic holds the prompt: a and b cdiv(3200, 16) = 200 blocks each, 400 of
+            # team-a's 499; c needs 200 more > the 99 left: it waits for the quota, with 60 %
+            # of the pool free (which looked like formula drift to a count of blocks alone).
+            decisions = await client.step(submits=[
+                RequestSpec(name, prompt_tokens=3200, max_new_tokens=100, tenant="team-a") for name in "abc"])
+            assert kinds(decisions) == [("a", DecisionKind.ADMIT), ("b", DecisionKind.ADMIT), ("c", DecisionKind.QUEUE)]
+            code, report = await doctor(target)
+    assert report["verdict"] == "budget-bound", report
+    assert report["knob"].startswith("tenant(s) team-a at quota: raise [tenants.NAME] max_share")
+    (queue,) = [f for f in report["findings"] if f["check"] == "queue"]
+    assert queue["summary"] == "1 request waiting, 1 of them for a tenant quota; 40% of the pool held"
+    assert code == 1  # not healthy
+
+
 # ------------------------------------------------------------------ systemd's notify protocol
 
 
