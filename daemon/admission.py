@@ -327,6 +327,15 @@ class AdmissionController:
             decisions += self._admit_from_queue(now)
         return decisions
 
+    def number_from(self, seq: int) -> None:
+        """Number the decisions on from `seq` (a restarted daemon: the log's last), so each
+        seq stays unique in the log. Only before the first decision."""
+        if self._seq:
+            raise AdmissionError("seq", f"decisions are already numbered up to {self._seq}")
+        if seq < 0:
+            raise AdmissionError("seq", f"must not be negative, got {seq}")
+        self._seq = seq
+
     def hold_queue(self, held: bool = True) -> None:
         """Admit nothing from the queue until `release_queue`: one engine step's finishes,
         aborts, progress and grows all land first, as vLLM schedules its running requests

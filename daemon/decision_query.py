@@ -158,6 +158,22 @@ def newest_id(path: str | os.PathLike[str]) -> int:
     return max((i for i in ids if i is not None), default=0)
 
 
+def newest_seq(path: str | os.PathLike[str]) -> int:
+    """The newest row's seq (0: none): where a restarted daemon numbers on from, so that a
+    decision's seq stays unique in the log across restarts (an engine, a dashboard or a
+    script keyed on it met the same seq twice)."""
+    conn = open_read_only(path)
+    try:
+        newest = [conn.execute(f"SELECT id, seq FROM {table} ORDER BY id DESC LIMIT 1").fetchone()
+                  for table in _tables(conn)]
+    except sqlite3.DatabaseError as exc:
+        raise DecisionLogError(f"{path}: {exc}") from None
+    finally:
+        conn.close()
+    rows = [row for row in newest if row is not None]
+    return max(rows)[1] if rows else 0
+
+
 @dataclass(frozen=True)
 class LogUsage:
     """How big a decision log is and how far back it reaches (`kvbudget log --disk-usage`)."""

@@ -422,6 +422,14 @@ class Daemon:
             decision_log.close()
             raise StartupError(f"db_path: cannot use {config.db_path}: {exc}") from None
         stack.push_async_callback(self._close_log, decision_log)
+        # A restart numbers its decisions on from the log's last: seq stays unique in the log
+        # (from 1 again, a dashboard keyed on it met the same seq twice and crashed).
+        from kvbudget.daemon.decision_query import newest_seq
+
+        try:
+            controller.number_from(await asyncio.to_thread(newest_seq, config.db_path))
+        except DecisionLogError as exc:
+            raise StartupError(f"db_path: cannot use {config.db_path}: {exc}") from None
         _warn_if_the_log_outgrows_its_disk(decision_log.figures(), config.db_path)
         metrics = self._start_metrics()
         if metrics is not None:

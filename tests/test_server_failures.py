@@ -115,6 +115,8 @@ async def test_every_decision_a_client_received_survives_a_daemon_sigkill(tmp_pa
             rows = restarted.decision_rows()
             assert len(rows) == len(logged) + 1 + 1  # + ADMIT + the RELEASE on CloseSession
             assert admit.seq in {r["seq"] for r in rows[len(logged):]}
+            # ...numbering on from the log's last decision: a seq names one decision for good.
+            assert [r["seq"] for r in rows[len(logged):]] == [max(logged) + 1, max(logged) + 2]
         finally:
             restarted.stop()
     finally:
