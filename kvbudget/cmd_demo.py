@@ -146,8 +146,9 @@ def _dashboard(args: argparse.Namespace, target: str, workdir: Path) -> int:
     replay = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir)
     log.close()
     try:
-        from kvbudget.tui.app import KVBudgetApp
+        from kvbudget.tui.app import KVBudgetApp, exit_status
 
-        return int(KVBudgetApp(target).run() or 0)
+        app = KVBudgetApp(target)
+        return exit_status(app, app.run())  # (non-zero after a crash)
     finally:
         _stop(replay, timeout=5.0)

@@ -81,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
             "(for a one-shot view use `kvbudget admin status`)"
         )
 
-    from kvbudget.tui.app import KVBudgetApp
+    from kvbudget.tui.app import KVBudgetApp, exit_status
 
-    app = KVBudgetApp(target, token, tls=tls, source=source, render_hz=args.render_hz)
-    return int(app.run() or 0)
+    app = KVBudgetApp(
+        target, token, tls=tls, source=source, render_hz=args.render_hz,
+        playback=args.recording is not None,
+    )
+    # Non-zero after a crash or a signal: Textual's run() alone returns None then.
+    return exit_status(app, app.run())

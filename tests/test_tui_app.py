@@ -7,10 +7,12 @@ fake source, so these tests need no daemon; tests/test_tui_e2e.py runs against a
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from textual import events
 from textual.widgets import DataTable
 from tui_helpers import screen_text, wait_until
 from tui_stream import load_stream
@@ -20,7 +22,8 @@ from kvbudget.tui.app import KVBudgetApp
 from kvbudget.tui.replays import ReplayRequest
 from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen
 from kvbudget.tui.source import Connected, Disconnected, RecordedSource, SourceEvent, Update
-from kvbudget.tui.state import Link
+from kvbudget.tui.state import Limits, Link
+from kvbudget.v1 import common_pb2, observer_pb2
 
 STREAM = load_stream()
 LAST = STREAM[-1].snapshot
@@ -57,10 +60,24 @@ class FakeLauncher:
         return []
 
 
+class Clock:
+    """The app's monotonic clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def recorded_app(**kwargs) -> KVBudgetApp:
     kwargs.setdefault("source", RecordedSource(STREAM))
     kwargs.setdefault("launcher", FakeLauncher())
-    return KVBudgetApp("unix:///test/kvbudget.sock", **kwargs)
+    # A clock that stands still unless a test moves it: the recorded stream ends and
+    # holds, and a real clock would mark its figures stale a few seconds later (on a busy
+    # machine, in the middle of a screenshot).
+    kwargs.setdefault("clock", Clock())
+    return KVBudgetApp(kwargs.pop("target", "unix:///test/kvbudget.sock"), **kwargs)
 
 
 async def played(pilot) -> None:
@@ -75,6 +92,17 @@ async def played(pilot) -> None:
     # layout after the first rows were built).
     await wait_until(pilot, lambda: not app._table_stale and app._table_height == app._table.size.height,
                      "table rows fit its height")
+
+
+def later(response: observer_pb2.WatchResponse, seqs: int,
+          snapshot: common_pb2.Snapshot | None = None) -> observer_pb2.WatchResponse:
+    """`response`'s decisions numbered `seqs` on, with the last recorded snapshot (or
+    `snapshot`): the same daemon, later."""
+    moved = observer_pb2.WatchResponse(snapshot=snapshot or LAST)
+    for decision in response.decisions:
+        moved.decisions.add().CopyFrom(decision)
+        moved.decisions[-1].seq += seqs
+    return moved
 
 
 def table_seqs(app) -> list[int]:
@@ -220,25 +248,130 @@ async def test_q_quits_and_stops_replays_started_here():
     assert launcher.stopped >= 1
 
 
-async def test_disconnected_shows_retrying_then_resumes():
+# What grpc says when the daemon's socket is there but nothing listens (it was killed -9).
+REFUSED = (
+    "UNAVAILABLE: failed to connect to all addresses; last error: FAILED_PRECONDITION: "
+    "unix:/tmp/k/d.sock: connect failed: addr: unix:/tmp/k/d.sock error: Connection refused"
+)
+
+
+async def shown(pilot, text: str, what: str | None = None) -> str:
+    await wait_until(pilot, lambda: text in screen_text(pilot.app), what or text)
+    return screen_text(pilot.app)
+
+
+async def test_disconnected_shows_why_counts_down_and_resumes():
+    source, clock = QueueSource(), Clock()
+    app = recorded_app(source=source, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        await source.queue.put(Update(STREAM[0]))
+        await wait_until(pilot, lambda: app.state.decisions_received == 5, "first update")
+        clock.now += 3.0
+        await source.queue.put(Disconnected(REFUSED, 5.0))
+        await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED, "down")
+        # The cause first (grpc's tail), the retry counting down, the age of the figures.
+        text = await shown(pilot, "● disconnected: Connection refused, retrying in 5 s · no update for 3 s")
+        assert "held 600" in text  # the last known state stays on screen, dimmed
+        assert app._grid.has_class("-stale")
+        clock.now += 2.2
+        await shown(pilot, "retrying in 3 s · no update for 5 s")
+        clock.now += 3.0
+        await shown(pilot, "retrying… · no update for 8 s")
+        await source.queue.put(Update(STREAM[1]))
+        await wait_until(pilot, lambda: app.state.connection.link is Link.CONNECTED, "up")
+        text = await shown(pilot, "● connected  google/gemma-3-4b-it  optimistic  unix://")
+        assert "no update" not in text and not app._grid.has_class("-stale")
+        assert app.state.connection.reconnects == 1
+
+
+async def test_the_whole_disconnect_reason_shows_on_a_wide_terminal():
+    source = QueueSource()
+    app = recorded_app(source=source)
+    async with app.run_test(size=(300, 40)) as pilot:
+        await source.queue.put(Connected())
+        await source.queue.put(Update(STREAM[0]))
+        await source.queue.put(Disconnected(REFUSED, 5.0))
+        text = await shown(pilot, "error: Connection refused)", "the whole reason, not cut at 80")
+        assert f"({REFUSED})" in text
+
+
+async def test_a_daemon_that_hangs_shows_the_age_of_the_figures():
+    # kill -STOP: the stream stays open and nothing arrives. After a few update intervals
+    # (at least 2 s) the figures are marked as old.
+    source, clock = QueueSource(), Clock()
+    app = recorded_app(source=source, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        await source.queue.put(Update(STREAM[0]))
+        await source.queue.put(Update(STREAM[1]))  # 0.5 s apart on the daemon's clock
+        await wait_until(pilot, lambda: app.state.decisions_received == 10, "updates")
+        await shown(pilot, "● connected  google/gemma-3-4b-it")
+        clock.now += 1.9  # not yet: 5 intervals of 0.5 s = 2.5 s
+        await pilot.pause(0.2)
+        assert "no update" not in screen_text(app) and not app._grid.has_class("-stale")
+        clock.now += 10.1
+        await shown(pilot, "● connected, no update for 12 s")
+        assert app._grid.has_class("-stale")
+        await source.queue.put(Update(STREAM[2]))
+        await wait_until(pilot, lambda: not app._grid.has_class("-stale"), "live again")
+
+
+async def test_a_restarted_daemon_numbering_from_1_again_does_not_crash_the_table():
+    # QA's repro: the old run's decisions are in the buffer when a new daemon sends seq 1.
     source = QueueSource()
     app = recorded_app(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await source.queue.put(Connected())
-        await source.queue.put(Update(STREAM[0]))
-        await source.queue.put(Disconnected("UNAVAILABLE: connection refused", 0.5))
-        await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED, "down")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
-        text = screen_text(app)
-        assert "disconnected, retrying in 0.5s (UNAVAILABLE: connection refused)" in text
-        assert "held 600" in text  # the last known state stays on screen
-        await source.queue.put(Update(STREAM[1]))
-        await wait_until(pilot, lambda: app.state.connection.link is Link.CONNECTED, "up")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
-        assert "● connected" in screen_text(app)
-        assert app.state.connection.reconnects == 1
+        await source.queue.put(Update(STREAM[0]))  # seqs 1..5
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [5], "first rows")
+        await source.queue.put(Disconnected("UNAVAILABLE: Socket closed", 0.25))
+        await source.queue.put(Connected())
+        # The new daemon: a later clock, and its first decision is seq 1 again (a policy
+        # switch); its counters alone would not tell (they are the old run's here).
+        restarted = observer_pb2.WatchResponse(snapshot=STREAM[0].snapshot)
+        restarted.snapshot.time_unix_s += 60.0
+        restarted.decisions.add().CopyFrom(STREAM[0].decisions[0])
+        await source.queue.put(Update(restarted))
+        await wait_until(pilot, lambda: app.state.decisions_received == 6, "the new daemon's decision")
+        await wait_until(pilot, lambda: table_seqs(app) == [1], "the old run's rows gone")
+        await pilot.pause(0.3)
+        assert app.return_code is None  # still running: no DuplicateKey
+        assert app.state.restarts == 1
 
 
+async def test_filter_and_target_text_are_shown_as_typed_never_as_markup(tmp_path: Path):
+    app = recorded_app(target="unix:///tmp/[/x]/d[b].sock", traces=[tmp_path / "[red]t.jsonl"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        await pilot.press("slash", "[", "/")  # "[/" crashed Textual's markup parser
+        text = await shown(pilot, "filter [/ ")
+        assert app.return_code is None
+        await pilot.press("escape", "slash", *".*[(\\?+{ }$^|", "enter")
+        text = await shown(pilot, "filter .*[(\\?+{ }$^| ")
+        assert "[/b]" not in text
+        await pilot.press("escape")
+        await pilot.press("r")
+        await wait_until(pilot, lambda: isinstance(app.screen, ReplayScreen), "modal")
+        text = await shown(pilot, "Start a replay against unix:///tmp/[/x]/d[b].sock")
+        assert "[red]t.jsonl" in text
+        assert app.return_code is None
+
+
+async def test_a_reason_with_brackets_shows_in_the_record_as_sent():
+    odd = observer_pb2.WatchResponse(snapshot=LAST)
+    decision = odd.decisions.add()
+    decision.CopyFrom(STREAM[-1].decisions[-1])
+    decision.seq, decision.reason, decision.request_id = 201, "[/x] [b]", "req-[/]"
+    source = RecordedSource([*STREAM, odd])
+    app = recorded_app(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.decisions_received == 201, "played")
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [201], "drawn")
+        await pilot.press("space", "enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, DecisionScreen), "detail")
+        text = await shown(pilot, "Decision 201: preempt ([/x] [b])")
+        assert "req-[/]" in text
 async def test_replay_modal_starts_a_replay_of_a_picked_trace(tmp_path: Path):
     traces = [tmp_path / "a_trace.jsonl", tmp_path / "b_trace.csv"]
     for trace in traces:
@@ -258,8 +391,10 @@ async def test_replay_modal_starts_a_replay_of_a_picked_trace(tmp_path: Path):
 
 async def test_many_updates_are_coalesced_into_few_frames():
     # 400 updates as fast as the source can yield them: the screen is drawn at the render
-    # rate, not once per update.
-    many = [STREAM[i % len(STREAM)] for i in range(400)]
+    # rate, not once per update. (The recorded decisions numbered on, 5 an update: seqs
+    # that went back would be a daemon restarting, and the buffer would start over.)
+    many = [later(STREAM[i % len(STREAM)], i * 5 - STREAM[i % len(STREAM)].decisions[0].seq + 1)
+            for i in range(400)]
     app = recorded_app(source=RecordedSource(many), render_hz=10.0)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.state.version >= 401, "all folded", limit=2000)
@@ -332,3 +467,242 @@ def test_bad_recordings_are_one_line(tmp_path: Path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"kvbudget tui: error: --recording {junk}: not a Watch recording")
     assert err.count("\n") == 1
+
+
+def highlighted_seq(app) -> int:
+    table = app.query_one("#decisions", DataTable)
+    return int(table.get_row_at(table.cursor_row)[0].plain)
+
+
+async def test_a_paused_table_holds_through_a_resize_and_a_filter():
+    source = QueueSource()
+    app = recorded_app(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        for response in STREAM[:4]:  # decisions 1..20
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [20], "first rows")
+        await pilot.press("space")
+        for response in STREAM[4:8]:  # decisions 21..40 arrive while paused
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: app.state.decisions_received == 40, "more decisions")
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause(0.4)
+        assert table_seqs(app) == list(range(20, 0, -1))  # held, all 20 of them
+        await pilot.press("slash", *"vllm-1")  # the odd seqs' engine
+        await wait_until(pilot, lambda: app.filter_text == "vllm-1", "filter typed")
+        await pilot.pause(0.4)
+        assert table_seqs(app) == list(range(19, 0, -2))  # the held rows, filtered
+        await pilot.press("escape")
+        await pilot.pause(0.4)
+        assert table_seqs(app)[:1] == [20]
+        await pilot.press("space")
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [40], "live again")
+
+
+async def test_enter_on_a_paused_row_opens_it_after_it_left_the_buffer():
+    source = QueueSource()
+    app = recorded_app(source=source, limits=Limits(max_decisions=20, sample_period_s=0.0))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        for response in STREAM[:4]:  # decisions 1..20: the buffer is full
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [20], "first rows")
+        await pilot.press("space")
+        for response in STREAM[4:8]:  # 21..40 push 1..20 out of the buffer
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: app.state.decisions[0].seq == 21, "buffer moved on")
+        app._table.move_cursor(row=app._table.row_count - 1)  # the oldest row shown: seq 1
+        await pilot.pause()
+        assert highlighted_seq(app) == 1
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, DecisionScreen), "detail")
+        assert app.screen.row.seq == 1 and app.screen.row.request_id == "req-00001"
+
+
+async def test_a_row_chosen_in_live_mode_stays_chosen_as_rows_arrive():
+    source = QueueSource()
+    app = recorded_app(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        for response in STREAM[:2]:  # decisions 1..10
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [10], "first rows")
+        await pilot.press("down", "down")
+        assert highlighted_seq(app) == 8
+        for response in STREAM[2:10]:  # 40 more: seq 8 is far below the rows that fit
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [50], "new rows")
+        await pilot.pause(0.4)
+        assert highlighted_seq(app) == 8
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, DecisionScreen), "detail")
+        assert app.screen.row.seq == 8  # what was highlighted, nothing else
+        await pilot.press("escape", "ctrl+home")  # back on top: it follows the newest again
+        await source.queue.put(Update(STREAM[10]))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [55], "newest")
+        await wait_until(pilot, lambda: highlighted_seq(app) == 55, "follows the newest")
+
+
+async def test_playback_says_so_and_r_explains_why_it_does_nothing():
+    launcher = FakeLauncher()
+    app = recorded_app(launcher=launcher, playback=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        text = screen_text(app)
+        assert "▶ playback  google/gemma-3-4b-it  optimistic  unix:///test/kvbudget.sock" in text
+        assert "● connected" not in text
+        assert "playback: no replay from here" in text
+        told: list[str] = []
+        app.notify = lambda message, **kwargs: told.append(message)  # type: ignore[method-assign]
+        await pilot.press("r")
+        await wait_until(pilot, lambda: told, "told why")
+        assert told[0].startswith("playback of a recording: no daemon to replay against")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, ReplayScreen) and launcher.started == []
+
+
+def test_kvbudget_tui_recording_is_playback(monkeypatch):
+    from kvbudget.tui import app as app_module
+    from tui_stream import STREAM_PATH
+
+    given: dict = {}
+
+    class FakeApp:  # what the command hands the app is the point here
+        def __init__(self, target, token, **kwargs) -> None:
+            given.update(kwargs, target=target)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(app_module, "KVBudgetApp", FakeApp)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert cli.main(["tui", "--recording", str(STREAM_PATH)]) == 0
+    assert given["playback"] is True and given["target"] == "recording tui_watch_stream.jsonl"
+
+
+async def test_a_tiny_terminal_shows_the_link_state_before_the_target():
+    app = recorded_app(target="unix:///run/kvbudget/a-rather-long-path/kvbudget.sock")
+    async with app.run_test(size=(40, 12)) as pilot:
+        await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
+        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await pilot.pause(0.1)
+        first = screen_text(app).splitlines()[0]
+        assert first.startswith(" kvbudget  ● connected  google/gemma-")
+
+
+async def test_engines_that_do_not_fit_are_counted():
+    crowded = common_pb2.Snapshot()
+    crowded.CopyFrom(LAST)
+    del crowded.engines[:]
+    for i in range(9):
+        crowded.engines.add(engine_id=f"4ea3818b-5c1d-4e2f-engine-{i:02d}", lease_remaining_s=9.0)
+    app = recorded_app(source=RecordedSource([observer_pb2.WatchResponse(snapshot=crowded)]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        # 6 lines in the panel: 2 headers, the first engine, "+8 more", the 2 tenants.
+        text = await shown(pilot, "+8 more engines")
+        assert "4ea3…engine-00" in text and "globex" in text
+
+
+def test_a_crashed_dashboard_exits_non_zero(monkeypatch, tmp_path: Path):
+    from kvbudget.tui import app as app_module
+
+    class Broken:
+        async def events(self):
+            yield Connected()
+            raise RuntimeError("the source broke")
+
+    class CrashingApp(app_module.KVBudgetApp):
+        def __init__(self, target, token, **kwargs) -> None:
+            kwargs.update(source=Broken(), launcher=FakeLauncher())
+            super().__init__(target, token, **kwargs)
+
+        def run(self, **kwargs):
+            return super().run(headless=True, size=(80, 24))
+
+    monkeypatch.setattr(app_module, "KVBudgetApp", CrashingApp)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    # Textual's run() returns None after an unhandled exception: it was exit status 0.
+    assert cli.main(["tui", "--target", f"unix://{tmp_path}/k.sock"]) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+async def test_sigterm_and_sighup_end_the_dashboard_as_q_does(signum):
+    before = signal.getsignal(signum)
+    launcher = FakeLauncher()
+    app = recorded_app(launcher=launcher)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        # Installed (else raising it would end this test process, as it ended the dashboard).
+        assert signal.getsignal(signum) not in (signal.SIG_DFL, before)
+        signal.raise_signal(signum)
+        await pilot.pause(0.2)
+    assert app.return_code == 128 + signum
+    assert launcher.stopped >= 1  # the replays started here
+    assert signal.getsignal(signum) == before  # put back
+
+
+def test_sigterm_gives_the_terminal_back(tmp_path: Path):
+    # A real `kvbudget tui` on a pseudo-terminal: SIGTERM ends it with 143 (not killed by
+    # the signal) after it left the alternate screen.
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import sys
+    import termios
+    import time
+
+    from tui_stream import STREAM_PATH
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a 100x30 terminal, then the dashboard
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color")
+        os.execve(sys.executable, [sys.executable, "-m", "kvbudget", "tui", "--recording",
+                                   str(STREAM_PATH)], env)
+    output = bytearray()
+
+    def read_until(condition, limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        while not condition() and time.monotonic() < end:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # the child closed the terminal
+                    return
+                if not chunk:
+                    return
+                output.extend(chunk)
+
+    try:
+        read_until(lambda: b"playback" in output, 60)
+        assert b"playback" in output, output[-2000:]
+        shown = len(output)
+        os.kill(pid, signal.SIGTERM)
+        read_until(lambda: False, 10)  # to the end
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGTERM
+    assert b"\x1b[?1049l" in output[shown:]  # the alternate screen left
+
+
+async def test_keys_typed_right_after_slash_go_to_the_filter():
+    # A terminal delivers "/queue" typed fast (or pasted) as keys already queued: the
+    # focus must have moved to the filter before the "q" is handled, or "q" quits.
+    app = recorded_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        for char in "/queue/[/":  # the "/"s after the first are characters of the filter
+            key = {"/": "slash", "[": "left_square_bracket"}.get(char, char)
+            app.post_message(events.Key(key, char))
+        await wait_until(pilot, lambda: app.filter_text == "queue/[/", "filter typed")
+        assert app.return_code is None  # still running

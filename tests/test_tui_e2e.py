@@ -119,7 +119,8 @@ async def test_dashboard_follows_the_daemon_restarting(tmp_path: Path):
             await asyncio.to_thread(daemon.stop)
             await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED,
                              "noticed the daemon went away")
-            await shown(pilot, "disconnected, retrying", "the retry notice")
+            await shown(pilot, "● disconnected: ", "the disconnection and its cause")
+            await shown(pilot, "retrying", "the retry notice")
 
             daemon = DaemonProcess(tmp_path)  # the same socket path, a new process
             await asyncio.to_thread(daemon.start)

@@ -6,6 +6,8 @@ comment above it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -406,7 +408,7 @@ def test_decisions_newest_first_filtered_and_limited():
         decision(4, common_pb2.DECISION_KIND_ADMIT, "fits", "req-c", tenant="globex"),
     ]
     state = state_of(snapshot(), decisions=made)
-    seqs = lambda rows: [r.seq for r in rows]  # noqa: E731
+    seqs = lambda rows: [r.row.seq for r in rows]  # noqa: E731
     assert seqs(decisions.visible_decisions(state, "", 10)) == [4, 3, 2, 1]
     assert seqs(decisions.visible_decisions(state, "", 2)) == [4, 3]
     assert seqs(decisions.visible_decisions(state, "req-a", 10)) == [3, 1]
@@ -449,13 +451,14 @@ def test_decision_detail_shows_the_whole_record():
 def test_status_line_says_connected_or_retrying():
     state = state_of(snapshot(plan=common_pb2.PoolPlan(model="m")))
     state = state.with_link(Link.CONNECTED)
+    # The link's state first: a narrow terminal cuts the target, not the state.
     assert text_of(panels.status_line(state), width=80) == (
-        " kvbudget  unix:///test.sock ● connected  m  optimistic"
+        " kvbudget  ● connected  m  optimistic  unix:///test.sock"
     )
     down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: connection refused", 2.0)
     assert text_of(panels.status_line(down, paused=True, query="req-1"), width=120) == (
-        " kvbudget  unix:///test.sock ● disconnected, retrying in 2.0s "
-        "(UNAVAILABLE: connection refused)  ⏸ PAUSED  filter: req-1"
+        " kvbudget  ● disconnected: UNAVAILABLE: connection refused, retrying in 2 s  "
+        "unix:///test.sock  ⏸ PAUSED  filter: req-1"
     )
     assert down.connection.reconnects == 1
 
@@ -495,3 +498,219 @@ def test_limits_refuse_nonsense():
 def test_unknown_enum_values_show_as_numbers():
     row = DecisionRow.from_proto(common_pb2.Decision(seq=1, kind=99, policy=42))
     assert (row.kind, row.policy) == ("99", "42")
+
+
+# -- what QA found: restarts, markup, staleness, replays that died, long names ------------
+
+REFUSED = (
+    "UNAVAILABLE: failed to connect to all addresses; last error: FAILED_PRECONDITION: "
+    "unix:/tmp/k/d.sock: connect failed: addr: unix:/tmp/k/d.sock error: Connection refused"
+)
+
+
+def test_a_restarted_daemon_starts_the_decision_buffer_over():
+    made = [decision(seq, common_pb2.DECISION_KIND_ADMIT, "fits", f"old-{seq}") for seq in (1, 2, 3)]
+    state = state_of(snapshot(), decisions=made)
+    # The new daemon's first decision is seq 1 again (its counters alone may not tell).
+    again = decision(1, common_pb2.DECISION_KIND_POLICY, "switch", "")
+    state = state.with_response(observer_pb2.WatchResponse(snapshot=snapshot(time_unix_s=1060.0),
+                                                           decisions=[again]))
+    assert [d.request_id for d in state.decisions] == [""]
+    assert state.restarts == 1
+    # Its counters starting from 0 tell it too, before any decision arrives.
+    counted = state_of(snapshot(num_preemptions=5), decisions=made)
+    counted = counted.with_response(observer_pb2.WatchResponse(snapshot=snapshot(num_preemptions=0)))
+    assert counted.decisions == () and counted.restarts == 1
+
+
+def test_table_keys_never_repeat_even_where_seqs_do():
+    # Should a restart go unnoticed, two buffered decisions can share a seq; the table's
+    # keys are the dashboard's own arrival numbers and cannot.
+    state = state_of(snapshot(), decisions=[decision(1, 1, "fits", "a"), decision(2, 1, "fits", "b")])
+    state = replace(state, decisions=state.decisions + (decision(1, 1, "fits", "c"),),
+                    decisions_received=3)
+    rows = decisions.visible_decisions(state, "", 10)
+    assert [(r.key, r.row.seq, r.row.request_id) for r in rows] == [(2, 1, "c"), (1, 2, "b"), (0, 1, "a")]
+
+
+def test_a_selected_row_stays_in_the_table_past_the_rows_that_fit():
+    made = [decision(seq, 1, "fits", f"r{seq}") for seq in range(1, 11)]  # keys 0..9
+    state = state_of(snapshot(), decisions=made)
+    keep = decisions.visible_decisions(state, "", 10)[7]  # seq 3, key 2
+    # 3 rows fit, the selected one is further down: the rows go on down to it.
+    assert [r.row.seq for r in decisions.visible_decisions(state, "", 3, keep)] == [10, 9, 8, 7, 6, 5, 4, 3]
+    # It left the buffer: kept as the last row.
+    later = state.with_response(observer_pb2.WatchResponse(
+        decisions=[decision(seq, 1, "fits", f"r{seq}") for seq in range(11, 600)]))
+    assert [r.row.seq for r in decisions.visible_decisions(later, "", 3, keep)] == [599, 598, 597, 3]
+    # A filter it does not match drops it.
+    assert [r.row.seq for r in decisions.visible_decisions(later, "r59", 3, keep)] == [599, 598, 597]
+
+
+def test_the_record_shows_brackets_as_sent():
+    # A str cell is Rich markup: "[/x]" raised MarkupError, "[b]" turned bold and vanished.
+    row = DecisionRow.from_proto(decision(5, common_pb2.DECISION_KIND_ADMIT, "[/x] [b]", "req-[/]"))
+    text = text_of(decisions.decision_detail(row), width=80)
+    assert "[/x] [b]" in text and "req-[/]" in text
+
+
+@pytest.mark.parametrize("detail, cause", [
+    (REFUSED, "Connection refused"),
+    ("UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: unix:/x.sock: "
+     "No such file or directory", "No such file or directory"),
+    ("UNAVAILABLE: Socket closed", "UNAVAILABLE: Socket closed"),
+    ("", ""),
+])
+def test_the_essential_cause_of_a_disconnection(detail, cause):
+    assert panels.essential_cause(detail) == cause
+
+
+def test_status_line_dates_the_figures_and_counts_the_retry_down():
+    state = DashboardState.initial("unix:///t.sock").with_link(Link.CONNECTED)
+    # Two updates 0.5 s apart (daemon clock), received at t=50 and 50.5 (the app's clock):
+    # stale after max(2 s, 5 x 0.5 s) = 2.5 s without one.
+    for t, now in ((1000.0, 50.0), (1000.5, 50.5)):
+        state = state.with_response(observer_pb2.WatchResponse(snapshot=snapshot(time_unix_s=t)), now)
+    assert state.staleness(52.9) is None
+    assert text_of(panels.status_line(state, now=52.9), width=80) == (
+        " kvbudget  ● connected  optimistic  unix:///t.sock"
+    )
+    assert state.staleness(53.0) == 2.5
+    assert text_of(panels.status_line(state, now=62.5), width=80) == (
+        " kvbudget  ● connected, no update for 12 s  optimistic  unix:///t.sock"
+    )
+    # Down at t=60, told to retry in 5 s: at 61.5, 3.5 s left (shown rounded up, 4); the
+    # figures are 11 s old; the whole reason comes last, after the cause.
+    down = state.with_link(Link.DISCONNECTED, REFUSED, 5.0, now=60.0)
+    assert down.staleness(50.75) == 0.25  # down: stale at once, not after 2.5 s
+    assert text_of(panels.status_line(down, now=61.5), width=300) == (
+        " kvbudget  ● disconnected: Connection refused, retrying in 4 s · no update for 11 s"
+        f"  unix:///t.sock  ({REFUSED})"
+    )
+    assert "retrying… · no update for 15 s" in text_of(panels.status_line(down, now=65.5), width=120)
+    # 40 columns (the app cuts the line at the edge): the state, not the target.
+    narrow = panels.status_line(down, now=61.5)
+    narrow.truncate(40, overflow="ellipsis")
+    assert narrow.plain == " kvbudget  ● disconnected: Connection r…"
+
+
+def test_playback_says_so_and_never_goes_stale():
+    state = DashboardState.initial("recording s.jsonl", playback=True).with_link(Link.CONNECTED)
+    state = state.with_response(observer_pb2.WatchResponse(snapshot=snapshot()), now=0.0)
+    assert state.staleness(3600.0) is None
+    assert text_of(panels.status_line(state, now=3600.0), width=80) == (
+        " kvbudget  ▶ playback  optimistic  recording s.jsonl"
+    )
+    assert text_of(panels.replays_panel(state)).splitlines()[-1] == "playback: no replay from here"
+
+
+def test_a_replay_that_stopped_short_is_not_done():
+    def replays(position: int, done: bool, compact: bool = False) -> str:
+        replay = common_pb2.ReplayState(replay_id="r1", trace="azure_conv.csv", position=position,
+                                        total=1000, speed=20.0, done=done)
+        return text_of(panels.replays_panel(state_of(snapshot(replays=[replay])), compact))
+
+    # The replayer's last report: position = total, done. One that died sent no last
+    # report; the daemon marked it done 30 s later at its last position, 400 of 1,000.
+    assert replays(1000, True).splitlines()[2] == "100% done  policy —"
+    assert replays(400, True).splitlines()[2] == "stopped at 40%  policy —"
+    # 400/1000 of 22 cells = 8.8 -> 9 █.
+    assert replays(400, True, compact=True) == "\n".join([
+        "azure_conv.csv        stopped at 40%",
+        "█" * 9 + "░" * 13 + " 400/1,000 20×",
+    ])
+
+
+def test_engine_ids_sharing_a_prefix_are_cut_in_the_middle_and_rows_left_out_counted():
+    engines = [common_pb2.EngineState(engine_id=f"4ea3818b-5c1d-engine-{i:02d}", lease_remaining_s=9.0,
+                                      blocks_held=10 * i) for i in range(5)]
+    tenants = [common_pb2.TenantState(tenant=f"team-with-a-long-name-{i}", blocks_held=1)
+               for i in range(3)]
+    state = state_of(snapshot(engines=engines, tenants=tenants))
+    # Engines: "live 9s" 7 + "held" 4 + "run" 3 + "wait" 4 and 4 gaps = 22: 14 for the name,
+    # cut in the middle, a third of 13 (4) for its start, 9 for its end: "4ea3…engine-00".
+    # Tenants: 4 + 5 + 3 + 3 + 4 and 5 gaps = 24: 12 for the name, 3 + … + 8.
+    assert text_of(panels.engines_panel(state)) == "\n".join([
+        "engine         lease   held run wait",
+        "4ea3…engine-00 live 9s    0   0    0",
+        "4ea3…engine-01 live 9s   10   0    0",
+        "4ea3…engine-02 live 9s   20   0    0",
+        "4ea3…engine-03 live 9s   30   0    0",
+        "4ea3…engine-04 live 9s   40   0    0",
+        "tenant       held quota use run wait",
+        "tea…g-name-0    1     —   —   0    0",
+        "tea…g-name-1    1     —   —   0    0",
+        "tea…g-name-2    1     —   —   0    0",
+    ])
+    # In a panel 6 lines high: 2 headers, 4 lines for 5 + 3 rows. The longest run gives up
+    # rows first, a cut run takes a line for its "+N more": one row and one line each.
+    assert text_of(panels.engines_panel(state), height=6) == "\n".join([
+        "engine         lease   held run wait",
+        "4ea3…engine-00 live 9s    0   0    0",
+        "+4 more engines",
+        "tenant       held quota use run wait",
+        "tea…g-name-0    1     —   —   0    0",
+        "+2 more tenants",
+    ])
+    # Compact, 4 lines, no headers; the name gets 20 cells: 6 + … + 13.
+    assert text_of(panels.engines_panel(state, compact=True), height=4) == "\n".join([
+        "4ea381…c1d-engine-00 live 9s  0 held",
+        "+4 more engines",
+        "team-w…a-long-name-0 quota —  1    —",
+        "+2 more tenants",
+    ])
+
+
+@given(sizes=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=4),
+       room=st.integers(min_value=0, max_value=60))
+def test_fitted_rows_fill_the_room_and_never_overflow_it(sizes, room):
+    shown = drawing.fit_rows(sizes, room)
+    lines = sum(count + (count < size) for count, size in zip(shown, sizes))
+    # Never a "+1 more" (it would take the line of the row it stands for).
+    assert all(0 <= count <= size and count != size - 1 for count, size in zip(shown, sizes))
+    if sum(sizes) <= room:
+        assert shown == sizes
+    elif room >= 2 * len(sizes):  # a row and a "+N more" each fit: the room is filled
+        assert lines == room
+    elif room >= len(sizes):  # a line each fits: no more than the room
+        assert lines <= room
+
+
+@given(text=st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=40),
+       width=st.integers(min_value=1, max_value=40))
+def test_middle_ellipsis_fits_and_keeps_both_ends(text, width):
+    from rich.text import Text
+
+    cut = drawing.middle_ellipsis(Text(text), width).plain
+    if Text(text).cell_len <= width:
+        assert cut == text
+    else:
+        assert Text(cut).cell_len <= width and "…" in cut
+        assert text.startswith(cut.split("…")[0]) and text.endswith(cut.split("…")[-1])
+
+
+def test_replays_that_do_not_fit_are_counted_the_finished_ones_last():
+    done = common_pb2.ReplayState(replay_id="a", trace="done.csv", position=100, total=100,
+                                  speed=20.0, done=True)
+    live = common_pb2.ReplayState(replay_id="b", trace="live.csv", position=30, total=100,
+                                  speed=20.0)
+    dead = common_pb2.ReplayState(replay_id="c", trace="dead.jsonl", position=40, total=100,
+                                  speed=5.0, done=True)
+    state = state_of(snapshot(replays=[done, live, dead]))
+    # A panel 7 lines high: two replays of 3 lines, the unfinished ones (in the daemon's
+    # order), and the line that counts the third; no line left for the hint.
+    # Bars: 36 - 1 - len("30/100 20×") = 25 cells, 30% = 7.5 -> 8 █; 36 - 1 - 9 = 26, 40% =
+    # 10.4 -> 10 █.
+    assert text_of(panels.replays_panel(state), height=7) == "\n".join([
+        "live.csv",
+        "█" * 8 + "░" * 17 + " 30/100 20×",
+        "30% running  policy —",
+        "dead.jsonl",
+        "█" * 10 + "░" * 16 + " 40/100 5×",
+        "stopped at 40%  policy —",
+        "+1 more replays",
+    ])
+    # Without a height (or with room), all of them and the hint.
+    assert text_of(panels.replays_panel(state)).splitlines()[6:] == [
+        "done.csv", "█" * 24 + " 100/100 20×", "100% done  policy —", "r: start a replay",
+    ]

@@ -203,3 +203,23 @@ async def test_recording_source_writes_what_recorded_source_plays(tmp_path: Path
     events = [e async for e in RecordingSource(inner, path).events()]
     assert len(events) == 5  # connected, three updates, the end: all passed through
     assert RecordedSource.from_jsonl(path).responses == responses
+
+
+def test_a_disconnect_keeps_grpcs_whole_first_line():
+    # grpc names the cause last; cut at 80 characters, "Connection refused" was lost.
+    from kvbudget.tui.source import _short_error
+
+    class Refused:
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return (
+                "failed to connect to all addresses; last error: FAILED_PRECONDITION: "
+                "unix:/tmp/k/d.sock: connect failed: addr: unix:/tmp/k/d.sock error: "
+                "Connection refused\nsecond line"
+            )
+
+    detail = _short_error(Refused())
+    assert detail.startswith("UNAVAILABLE: failed to connect")
+    assert detail.endswith("error: Connection refused")

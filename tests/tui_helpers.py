@@ -12,11 +12,15 @@ from kvbudget.v1 import common_pb2, observer_pb2
 GIB = 2**30
 
 
-def text_of(renderable: RenderableType, width: int = 36) -> str:
-    """What a terminal `width` columns wide shows, trailing spaces stripped."""
+def text_of(renderable: RenderableType, width: int = 36, height: int | None = None) -> str:
+    """What a terminal `width` columns wide shows, trailing spaces stripped; with `height`,
+    what a box that many lines high shows (Textual renders a panel with its height)."""
     console = Console(
         width=width, color_system=None, record=True, file=io.StringIO(), legacy_windows=False
     )
+    if height is not None:
+        lines = console.render_lines(renderable, console.options.update(height=height), pad=False)
+        return "\n".join("".join(s.text for s in line).rstrip() for line in lines)
     console.print(renderable)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines())
 

@@ -6,23 +6,31 @@ thousands of decisions per second costs folds, not frames: the screen is redrawn
 `render_hz` times a second whatever the rate upstream (the coalescing), and every buffer in
 the state is bounded.
 
-Embedding (the demo does): `KVBudgetApp(target, token).run()`, or `run_dashboard(target,
-token)`; `tls=` (a `kvbudget.client_tls.TlsFiles`) for a daemon on TCP with TLS; pass `source=`
-to feed it anything else that yields `SourceEvent`s.
+Embedding (the demo does): `app = KVBudgetApp(target, token)` then `exit_status(app,
+app.run())` (non-zero after a crash or a signal), or `run_dashboard(target, token)`; `tls=`
+(a `kvbudget.client_tls.TlsFiles`) for a daemon on TCP with TLS; pass `source=` to feed it
+anything else that yields `SourceEvent`s (`playback=True` for a recording: no daemon
+behind it).
+
+Nothing a user or the daemon wrote (a filter, a target path, a request id) is ever parsed
+as Textual or Rich markup: titles are built as `Content`, cells as `Text`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rich.console import RenderableType
-from rich.markup import escape
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
@@ -38,7 +46,7 @@ from kvbudget.tui.source import (
     Update,
     WatchSource,
 )
-from kvbudget.tui.state import DashboardState, DecisionRow, Limits, Link
+from kvbudget.tui.state import DashboardState, Limits, Link
 
 PanelFn = Callable[[DashboardState, bool], RenderableType]
 InputsFn = Callable[[DashboardState], object]
@@ -68,16 +76,21 @@ PANELS: tuple[tuple[str, str, PanelFn, InputsFn | None], ...] = (
 )
 
 
-def fold(state: DashboardState, event: SourceEvent) -> DashboardState:
-    """One source event into the state (the worker's whole job)."""
+# Signals that end the dashboard as `q` does (replays started here stopped, the terminal
+# given back): SIGTERM from a supervisor or `kill`, SIGHUP when its terminal goes away.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def fold(state: DashboardState, event: SourceEvent, now: float | None = None) -> DashboardState:
+    """One source event into the state (the worker's whole job); `now` (monotonic) dates it."""
     if isinstance(event, Update):
         if state.connection.link is not Link.CONNECTED:
             state = state.with_link(Link.CONNECTED)
-        return state.with_response(event.response)
+        return state.with_response(event.response, now)
     if isinstance(event, Connected):
         return state.with_link(Link.CONNECTED)
     if isinstance(event, Disconnected):
-        return state.with_link(Link.DISCONNECTED, event.detail, event.retry_in_s)
+        return state.with_link(Link.DISCONNECTED, event.detail, event.retry_in_s, now)
     raise TypeError(f"event: not a SourceEvent: {event!r}")
 
 
@@ -117,7 +130,9 @@ class KVBudgetApp(App[int]):
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "keys"),
-        Binding("slash", "filter", "filter"),
+        # A priority binding: run as the key arrives, before the keys queued behind it are
+        # handed to the table (see action_filter).
+        Binding("slash", "filter", "filter", priority=True),
         Binding("space", "pause", "pause"),
         Binding("r", "start_replay", "replay"),
         Binding("escape", "clear_filter", "clear filter", show=False),
@@ -131,8 +146,8 @@ class KVBudgetApp(App[int]):
         ("/", "filter decisions: words matched in kind, reason, request, engine, tenant"),
         ("escape", "clear the filter"),
         ("space", "pause / resume the decisions table (the panels keep going)"),
-        ("↑ ↓ enter", "select a decision to see its whole record"),
-        ("r", "start a replay of a shipped trace against this daemon"),
+        ("↑ ↓ enter", "select a decision to see its whole record (it stays selected)"),
+        ("r", "start a replay of a shipped trace against this daemon (not in playback)"),
         ("ctrl+p", "command palette"),
     )
 
@@ -148,6 +163,8 @@ class KVBudgetApp(App[int]):
         table_rows: int = 100,
         launcher: ReplayLauncher | None = None,
         traces: Iterable[Path] | None = None,
+        playback: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         if render_hz <= 0:
@@ -162,16 +179,26 @@ class KVBudgetApp(App[int]):
         # Replays started from here talk to the daemon as the dashboard does, TLS included.
         self.launcher = launcher if launcher is not None else ReplayLauncher(target, token, tls=tls)
         self.traces = tuple(traces) if traces is not None else None
-        self.state = DashboardState.initial(target, limits)
+        self.playback = playback  # a recording: nothing goes stale, no replay to start
+        self.clock = clock  # dates updates: how stale the panels are (tests pass their own)
+        self.state = DashboardState.initial(target, limits, playback=playback)
         self.paused = False
+        # The state as it was when space was pressed: the paused table's rows, whatever
+        # arrives, whatever the terminal's size or the filter typed meanwhile.
+        self._frozen: DashboardState | None = None
         self.filter_text = ""
         self.renders = 0  # frames drawn (the bench reads it)
         self._drawn_version = -1
         self._drawn_layout: tuple[bool, bool, str] | None = None
+        self._status_shown: Text | None = None
         self._table_key: tuple | None = None
         self._table_drawn_at = 0.0
         self._table_stale = True
         self._table_height = -1  # the table's height when its rows were last built
+        # The rows the table shows now, by row key: `enter` opens what was shown (a paused
+        # row may be long gone from the state's buffer).
+        self._shown: dict[str, decisions.TableRow] = {}
+        self._signals: dict[int, object] = {}  # signal -> the handler it had before
 
     # -- layout ------------------------------------------------------------------------
 
@@ -199,6 +226,8 @@ class KVBudgetApp(App[int]):
         self._box = self.query_one("#decisions-box", Vertical)
         self._table = self.query_one("#decisions", DataTable)
         self._filter = self.query_one("#filter", Input)
+        self._grid = self.query_one("#panels", Grid)
+        self._install_signal_handlers()
         self.run_worker(self._consume(), name="watch", exclusive=True, group="source")
         self.set_interval(1.0 / self.render_hz, self.draw)
         self.set_interval(1.0, self._reap_replays)
@@ -206,7 +235,7 @@ class KVBudgetApp(App[int]):
 
     async def _consume(self) -> None:
         async for event in self.source.events():
-            self.state = fold(self.state, event)
+            self.state = fold(self.state, event, self.clock())
 
     # -- drawing -------------------------------------------------------------------------
 
@@ -218,15 +247,23 @@ class KVBudgetApp(App[int]):
     def draw(self) -> None:
         """Draw the latest state if it moved since the last frame (the timer calls this)."""
         state = self.state
+        now = self.clock()
+        # Every frame: the status line counts the age of the data and the retry down even
+        # when nothing arrives (that is when it matters). Cheap, and drawn only on change.
+        status = panels.status_line(state, self.paused, self.filter_text, now)
+        if status != self._status_shown:
+            self._status_shown = status
+            self._status.update(status)
+        self._grid.set_class(state.staleness(now) is not None, "-stale")
         layout = (self.compact, self.paused, self.filter_text)
         if state.version != self._drawn_version or layout != self._drawn_layout:
             self._drawn_version, self._drawn_layout = state.version, layout
-            self._status.update(panels.status_line(state, self.paused, self.filter_text))
             compact = self.compact
             for panel in self._panels:
                 panel.show(state, compact)
             self._draw_title(state)
-            self._table_stale = True
+            if not self.paused:
+                self._table_stale = True
             self.renders += 1
         if not self.paused and self._table.size.height != self._table_height:
             # The table grew or shrank without a terminal resize (the compact layout came
@@ -236,62 +273,70 @@ class KVBudgetApp(App[int]):
             self._draw_table(state)
 
     def _draw_title(self, state: DashboardState) -> None:
-        box = self._box
+        # Content, not markup: the filter is what the user typed ("[/" included).
         rate = state.decision_rate()
-        title = f"Decisions · {state.decisions_received:,} received"
+        parts: list[str | tuple[str, str]] = [
+            f"Decisions · {state.decisions_received:,} received"
+        ]
         if state.decisions_dropped:
             # The daemon sends the newest of each interval; under heavy load it skips some.
-            title += f" · {state.decisions_dropped:,} skipped"
-        title += f" · {rate:,.0f}/s"
+            parts.append(f" · {state.decisions_dropped:,} skipped")
+        parts.append(f" · {rate:,.0f}/s")
         if self.paused:
-            title += " · [b]PAUSED[/b] (space)"
+            parts += [" · ", ("PAUSED", "bold"), " (space)"]
         if self.filter_text:
-            title += f" · filter [b]{escape(self.filter_text)}[/b]"
-        box.border_title = title
+            parts += [" · filter ", (self.filter_text, "bold")]
+        self._box.border_title = Content.assemble(*parts)
 
     def _draw_table(self, state: DashboardState) -> None:
-        if self.paused and self._table_key is not None:
-            self._table_stale = False
-            return  # paused: the rows stay as they were when space was pressed
         now = time.monotonic()
-        if self._table_key is not None and now - self._table_drawn_at < self.TABLE_PERIOD_S:
+        recent = now - self._table_drawn_at < self.TABLE_PERIOD_S
+        if not self.paused and self._table_key is not None and recent:
             return
-        # Live, only the rows that fit are built (rebuilding the table is the costliest part
-        # of a frame); paused, every buffered row, to scroll through at leisure.
+        table = self._table
+        keep = self._highlighted(table)
         if self.paused:
-            limit = state.limits.max_decisions
+            # Every row buffered when space was pressed, to scroll through at leisure.
+            shown_state = self._frozen or state
+            limit = shown_state.limits.max_decisions
         else:
-            limit = min(self.table_rows, max(1, self._table.size.height - 1))
-        rows = decisions.visible_decisions(state, self.filter_text, limit)
-        key = (rows[0].seq if rows else None, len(rows), self.filter_text, self.paused)
-        self._table_stale, self._table_height = False, self._table.size.height
+            # Live, only the rows that fit (rebuilding the table is the costliest part of a
+            # frame), and down to the selected one.
+            shown_state = state
+            limit = min(self.table_rows, max(1, table.size.height - 1))
+        rows = decisions.visible_decisions(shown_state, self.filter_text, limit, keep)
+        key = (
+            rows[0].key if rows else None, len(rows), self.filter_text, self.paused,
+            keep.key if keep else None,
+        )
+        self._table_stale, self._table_height = False, table.size.height
         if key == self._table_key:
             return
         self._table_key, self._table_drawn_at = key, now
-        table = self._table
-        selected = self._selected_seq(table)
         table.clear()
         for row in rows:
-            table.add_row(*decisions.decision_cells(row), key=str(row.seq))
-        if selected is not None:
-            try:
-                table.move_cursor(row=table.get_row_index(selected), animate=False)
-            except Exception:  # the selected row scrolled out of the buffer
-                pass
+            table.add_row(*decisions.decision_cells(row.row), key=str(row.key))
+        self._shown = {str(row.key): row for row in rows}
+        if keep is not None and str(keep.key) in self._shown:
+            # The selected decision stays selected, wherever the new rows pushed it.
+            table.move_cursor(row=table.get_row_index(str(keep.key)), animate=False)
 
-    @staticmethod
-    def _selected_seq(table: DataTable) -> str | None:
+    def _highlighted(self, table: DataTable) -> decisions.TableRow | None:
+        """The row under the cursor, kept across rebuilds; None on the newest row, which
+        follows the new rows as they arrive."""
         if table.row_count == 0 or table.cursor_row <= 0:
-            return None  # on the newest row: stay on top as new rows arrive
-        try:
-            return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        except Exception:
             return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # noqa: BLE001 - a cursor past the rows: nothing selected
+            return None
+        return self._shown.get(key or "")
 
     def on_resize(self) -> None:
-        # Breakpoints may have changed compact mode, and the table's height its rows.
+        # Breakpoints may have changed compact mode, and the table's height its rows (a
+        # paused table shows all its frozen rows: its key stays, nothing is rebuilt).
         self._drawn_layout = None
-        self._table_key, self._table_stale = None, True
+        self._table_stale = True
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -300,25 +345,37 @@ class KVBudgetApp(App[int]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        self._table_key = None
+        self._frozen = self.state if self.paused else None
+        self._table_key, self._table_stale = None, True
         self.draw()
 
     def action_filter(self) -> None:
         self._filter.add_class("-visible")
-        self._filter.focus()
+        # Focus now, not `focus()` (which waits its turn behind the keys already queued):
+        # "/queue" typed fast or pasted had its "q" go to the table, and quit the app.
+        self.screen.set_focus(self._filter)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "filter":
+            # "/" opens the filter from the main screen only, and is a character like any
+            # other once typing in it ("[/" is a fine filter) or in a modal's input.
+            # (`screen.focused`, set at once, not `has_focus`: that follows a Focus event.)
+            main = getattr(self, "_main", None)
+            return main is not None and self.screen is main and main.focused is not self._filter
+        return True
 
     def action_clear_filter(self) -> None:
         self._filter.value = ""
         self._filter.remove_class("-visible")
         self.filter_text = ""
-        self._table_key = None
+        self._table_key, self._table_stale = None, True
         self._table.focus()
         self.draw()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.filter_text = event.value.strip()
-        self._table_key = None
+        self._table_key, self._table_stale = None, True
         self.draw()
 
     @on(Input.Submitted, "#filter")
@@ -330,12 +387,20 @@ class KVBudgetApp(App[int]):
 
     @on(DataTable.RowSelected, "#decisions")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
-        seq = int(event.row_key.value)
-        message = next((m for m in self.state.decisions if m.seq == seq), None)
-        if message is not None:
-            self.push_screen(DecisionScreen(DecisionRow.from_proto(message)))
+        # The row as it was shown, not looked up in the live buffer: a paused row may have
+        # left it long ago, and a restarted daemon repeats seqs.
+        shown = self._shown.get(event.row_key.value or "")
+        if shown is not None:
+            self.push_screen(DecisionScreen(shown.row))
 
     def action_start_replay(self) -> None:
+        if self.playback:
+            self.notify(
+                "playback of a recording: no daemon to replay against "
+                "(run kvbudget tui --target … to start replays)",
+                severity="warning", markup=False,
+            )
+            return
         traces = self.traces if self.traces is not None else shipped_traces()
         self.push_screen(ReplayScreen(traces, self.target), self._replay_chosen)
 
@@ -345,19 +410,21 @@ class KVBudgetApp(App[int]):
         try:
             child = self.launcher.start(request)
         except OSError as exc:
-            self.notify(f"could not start the replay: {exc}", severity="error")
+            self.notify(f"could not start the replay: {exc}", severity="error", markup=False)
             return
-        self.notify(f"replay of {request.trace.name} started (pid {child.pid})")
+        self.notify(f"replay of {request.trace.name} started (pid {child.pid})", markup=False)
 
     def _reap_replays(self) -> None:
+        # markup=False: trace names and the child's last line are not ours to parse.
         for ended in self.launcher.reap():
             if ended.returncode == 0:
-                self.notify(f"replay of {ended.trace} finished")
+                self.notify(f"replay of {ended.trace} finished", markup=False)
             else:
                 self.notify(
                     f"replay of {ended.trace} failed ({ended.returncode}): {ended.last_line}",
                     severity="error",
                     timeout=10,
+                    markup=False,
                 )
 
     async def action_quit(self) -> None:
@@ -365,7 +432,35 @@ class KVBudgetApp(App[int]):
         self.exit(0)
 
     def on_unmount(self) -> None:
+        self._restore_signal_handlers()
         self.launcher.stop_all()
+
+    # -- signals and the exit status --------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM and SIGHUP end the dashboard as `q` does; without this Python's default
+        kills it at once, leaving its replays running and the terminal in raw mode."""
+        loop = asyncio.get_running_loop()
+        for signum in STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            try:
+                loop.add_signal_handler(signum, self._stop_on_signal, signum)
+            except (ValueError, RuntimeError, NotImplementedError):
+                continue  # not the main thread (an embedder's), or no such signals here
+            self._signals[signum] = previous
+
+    def _restore_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum, previous in self._signals.items():
+            loop.remove_signal_handler(signum)
+            if previous is not None:  # None: set outside Python, nothing to put back
+                signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._signals.clear()
+
+    def _stop_on_signal(self, signum: int) -> None:
+        self.launcher.stop_all()
+        # 128 + N: what a shell reports for a process that signal N ended.
+        self.exit(return_code=128 + signum)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -376,7 +471,15 @@ class KVBudgetApp(App[int]):
         yield SystemCommand("Dashboard keys", "what each key does", self.action_help)
 
 
+def exit_status(app: App, result: object) -> int:
+    """The process's exit status once `app.run()` returned `result`: 0 after `q`, 1 after an
+    unhandled exception, 128 + N after signal N. Textual's `run()` returns None after a
+    crash, so `int(run() or 0)` would tell a supervisor that all went well; the app's
+    `return_code` says what happened (a stand-in app without one: its result)."""
+    return int(getattr(app, "return_code", None) or result or 0)
+
+
 def run_dashboard(target: str = DEFAULT_TARGET, token: str | None = None, tls: TlsFiles = NO_TLS) -> int:
     """Run the dashboard in this terminal until the user quits; returns the exit status."""
-    result = KVBudgetApp(target, token, tls=tls).run()
-    return int(result or 0)
+    app = KVBudgetApp(target, token, tls=tls)
+    return exit_status(app, app.run())

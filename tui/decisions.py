@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvbudget.tui.state import DashboardState, DecisionRow, decision_matches
+from kvbudget.tui.drawing import middle_ellipsis
+from kvbudget.tui.state import DashboardState, DecisionRow, decision_matches, words_match
 
 # (label, width): fixed, so the table does not jitter as rows come and go (and longer cells
 # are cut, not allowed to push the columns that matter off an 80-column screen).
@@ -53,8 +54,13 @@ def blocks_per_group(row: DecisionRow) -> str:
     return " ".join(f"{c}×{k}" if k > 1 else c for c, k in runs) or "—"
 
 
+# Cut in the middle: ids that share a long prefix (one per engine of a replay,
+# "4ea3818b-engine-0", "4ea3818b-engine-1") differ at their end.
+MIDDLE_CUT_COLUMNS = frozenset({"request", "engine", "tenant"})
+
+
 def decision_cells(row: DecisionRow) -> tuple[Text, ...]:
-    return (
+    cells = (
         Text(str(row.seq), style="dim"),
         Text(row.kind, style=KIND_STYLES.get(row.kind, "")),
         Text(row.reason),
@@ -63,17 +69,54 @@ def decision_cells(row: DecisionRow) -> tuple[Text, ...]:
         Text(row.tenant),
         Text(blocks_per_group(row)),
     )
+    return tuple(
+        middle_ellipsis(cell, width) if label in MIDDLE_CUT_COLUMNS else cell
+        for cell, (label, width) in zip(cells, DECISION_COLUMNS)
+    )
 
 
-def visible_decisions(state: DashboardState, query: str, limit: int) -> tuple[DecisionRow, ...]:
-    """The table's rows: newest first, filtered by the `/` query, at most `limit`."""
-    shown: list[DecisionRow] = []
-    for message in reversed(state.decisions):
-        if not query or decision_matches(message, query):
-            shown.append(DecisionRow.from_proto(message))
-            if len(shown) >= limit:
-                break
+@dataclass(frozen=True)
+class TableRow:
+    """One row of the decisions table: the decision and its key.
+
+    The key is the dashboard's own arrival number (`DashboardState.decision_number`), not
+    the daemon's `seq`: a restarted daemon numbers from 1 again, so seqs can repeat in one
+    table; arrival numbers never do, and they name the same decision on every redraw.
+    """
+
+    key: int
+    row: DecisionRow
+
+
+def visible_decisions(
+    state: DashboardState, query: str, limit: int, keep: TableRow | None = None
+) -> tuple[TableRow, ...]:
+    """The table's rows: newest first, filtered by the `/` query, at most `limit`.
+
+    `keep`: a row the user selected. It stays in the table (the rows go on past `limit`
+    down to it while it is buffered; once it has left the buffer it is kept as the last
+    row) so that a selection survives new rows arriving. Dropped when the query no longer
+    matches it.
+    """
+    shown: list[TableRow] = []
+    buffered = keep is not None and keep.key >= state.decision_number(0)
+    stop_at = keep.key if buffered and keep is not None else None  # go on down to it
+    for index in range(len(state.decisions) - 1, -1, -1):
+        key = state.decision_number(index)
+        if len(shown) >= limit and (stop_at is None or key < stop_at):
+            break
+        message = state.decisions[index]
+        if query and not decision_matches(message, query):
+            continue
+        shown.append(TableRow(key, DecisionRow.from_proto(message)))
+    if keep is not None and not buffered and row_matches(keep.row, query):
+        shown.append(keep)  # older than every buffered decision: it goes last
     return tuple(shown)
+
+
+def row_matches(row: DecisionRow, query: str) -> bool:
+    """The `/` filter on a row already converted (the fields `decision_matches` reads)."""
+    return words_match((row.kind, row.reason, row.request_id, row.engine_id, row.tenant), query)
 
 
 def decision_detail(row: DecisionRow) -> RenderableType:
@@ -91,5 +134,7 @@ def decision_detail(row: DecisionRow) -> RenderableType:
             value = datetime.fromtimestamp(value, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
         elif value == "":
             value = "—"
-        table.add_row(f.name, str(value))
+        # Text, not a str: a str cell is Rich markup, and a request id or detail such as
+        # "[/x]" would fail to parse (or "[b]" restyle the line).
+        table.add_row(f.name, Text(str(value)))
     return table

@@ -8,6 +8,7 @@ figures on fewer lines.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kvbudget.tui.drawing import (
+    Blocks,
+    Fitted,
     NameTable,
     StackedBar,
     n,
@@ -23,7 +26,7 @@ from kvbudget.tui.drawing import (
     plot_row,
     usage_style,
 )
-from kvbudget.tui.state import DashboardState, Link, policy_name
+from kvbudget.tui.state import Connection, DashboardState, Link, policy_name
 from kvbudget.tui.verdict import Bound, gib, verdict
 
 REPLAY_STALLED_S = 30.0  # a replay whose position has not moved for this long
@@ -251,13 +254,17 @@ def _lease(remaining_s: float) -> tuple[str, str]:
 
 
 def engines_panel(state: DashboardState, compact: bool = False) -> RenderableType:
-    """Engine sessions with their lease and blocks held; tenants against their quota."""
+    """Engine sessions with their lease and blocks held; tenants against their quota.
+
+    Names are cut in the middle (engine ids of one replay share a long prefix); rows that
+    do not fit the panel leave a "+N more" line.
+    """
     s = state.snapshot
     if s is None:
         return WAITING
     if compact:
         return _engines_compact(s)
-    parts: list[RenderableType] = []
+    parts: list[NameTable | Text] = []
     if s.engines:
         rows = []
         for engine in s.engines:
@@ -271,7 +278,12 @@ def engines_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
                     n(engine.waiting),
                 )
             )
-        parts.append(NameTable(("engine", "lease", "held", "run", "wait"), tuple(rows), frozenset({1})))
+        parts.append(
+            NameTable(
+                ("engine", "lease", "held", "run", "wait"), tuple(rows), frozenset({1}),
+                middle=True, sections=((len(rows), "engines"),),
+            )
+        )
     else:
         parts.append(Text("no engine sessions", style="dim"))
     if s.tenants:
@@ -288,8 +300,13 @@ def engines_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
                     n(tenant.waiting),
                 )
             )
-        parts.append(NameTable(("tenant", "held", "quota", "use", "run", "wait"), tuple(rows)))
-    return Group(*parts)
+        parts.append(
+            NameTable(
+                ("tenant", "held", "quota", "use", "run", "wait"), tuple(rows),
+                middle=True, sections=((len(rows), "tenants"),),
+            )
+        )
+    return Fitted(tuple(parts))
 
 
 def _quota(tenant) -> tuple[str, Text | str]:
@@ -312,75 +329,139 @@ def _engines_compact(s) -> RenderableType:
         rows.append((name, f"quota {quota}", n(tenant.blocks_held), use))
     if not rows:
         return Text("no engine sessions", style="dim")
-    return NameTable(None, tuple(rows), frozenset({1}))
+    sections = ((len(s.engines), "engines"), (len(s.tenants), "tenants"))
+    return NameTable(None, tuple(rows), frozenset({1}), middle=True, sections=sections)
 
 
 def replays_panel(state: DashboardState, compact: bool = False) -> RenderableType:
-    """Running (and finished) replays: trace, position, speed, policy."""
+    """Replays: trace, position, speed, status, policy. The unfinished ones first (running,
+    stalled, stopped short): when they do not all fit, the finished ones are what a
+    "+N more" line stands for."""
     s = state.snapshot
     if s is None:
         return WAITING
-    hint = Text("r: start a replay", style="dim")
+    if state.connection.playback:
+        hint = Text("playback: no replay from here", style="dim")
+    else:
+        hint = Text("r: start a replay", style="dim")
     if not s.replays:
         return Group(Text("no replay running", style="dim"), hint)
-    rows: list[RenderableType] = []
-    for replay in s.replays:
-        done = replay.done or (replay.total > 0 and replay.position >= replay.total)
-        fraction = replay.position / replay.total if replay.total else 0.0
-        head = Text(no_wrap=True, overflow="ellipsis")
-        head.append(replay.trace or replay.replay_id, style="bold")
+    blocks: list[RenderableType] = []
+    for replay in sorted(s.replays, key=_finished):
+        status = replay_status(state, replay)
+        name = Text(replay.trace or replay.replay_id, style="bold")
+        if compact:
+            # No line of its own for the status at 80x24: beside the name.
+            head = Table.grid(padding=(0, 1), expand=True)
+            head.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
+            head.add_column(justify="right", no_wrap=True)
+            head.add_row(name, Text(*status))
+        else:
+            head = name
+            head.no_wrap, head.overflow = True, "ellipsis"
         progress = Table.grid(padding=(0, 1), expand=True)
         progress.add_column(ratio=1, no_wrap=True)
         progress.add_column(justify="right", no_wrap=True)
         remaining = max(0, replay.total - replay.position)
         bar = StackedBar(((replay.position, "█", "cyan"), (remaining, "░", "dim")), replay.total)
         progress.add_row(bar, f"{n(replay.position)}/{n(replay.total)} {replay.speed:g}×")
-        rows += [head, progress]
-        still_s = state.replay_still_s(replay.replay_id)
-        if done:
-            status = ("done", "green")
-        elif still_s >= REPLAY_STALLED_S:
-            status = (f"stalled {still_s:.0f}s", "bold yellow")
-        else:
-            status = ("running", "cyan")
+        lines: list[RenderableType] = [head, progress]
         if not compact:
-            about = Text.assemble(
-                (f"{fraction:.0%} ", "bold"), status, ("  policy ", "dim"), (replay.policy or "—", "")
-            )
-            rows.append(about)
-    if not compact:
-        rows.append(hint)
-    return Group(*rows)
+            lines.append(Text.assemble(status, ("  policy ", "dim"), (replay.policy or "—", "")))
+        blocks.append(Group(*lines))
+    return Blocks(tuple(blocks), "replays", None if compact else hint)
+
+
+def _finished(replay) -> bool:
+    return replay.total > 0 and replay.position >= replay.total
+
+
+def replay_status(state: DashboardState, replay) -> tuple[str, str]:
+    """What a replay is doing, and its style: "25% running", "100% done", "20% stalled
+    31s", or "stopped at 37%".
+
+    A replayer reports `done` with position = total when it finishes. One that dies (or is
+    interrupted) sends no last report; the daemon marks it done after 30 s of silence with
+    its last position, short of the total: that one stopped, it did not finish.
+    """
+    fraction = replay.position / replay.total if replay.total else 0.0
+    if _finished(replay):
+        return f"{fraction:.0%} done", "green"
+    if replay.done:
+        return (f"stopped at {fraction:.0%}", "bold red") if replay.total else ("done", "green")
+    still_s = state.replay_still_s(replay.replay_id)
+    if still_s >= REPLAY_STALLED_S:
+        return f"{fraction:.0%} stalled {still_s:.0f}s", "bold yellow"
+    return f"{fraction:.0%} running", "cyan"
 
 
 # -- status line --------------------------------------------------------------------------
 
 
-def status_line(state: DashboardState, paused: bool = False, query: str = "") -> Text:
-    """The top line: where we are connected, how, and what the app is doing."""
+def status_line(
+    state: DashboardState, paused: bool = False, query: str = "", now: float | None = None
+) -> Text:
+    """The top line: the link's state first (a narrow terminal still shows it), then what
+    runs (model, policy), where, and what the app is doing; the whole reason of a
+    disconnection last.
+
+    `now` (the monotonic clock the state's times are on) dates the data: how long since
+    the last update, and the retry countdown. Without it neither is shown.
+    """
     c = state.connection
+    stale_s = state.staleness(now) if now is not None else None
+    # Under a second it says nothing (a disconnection is news of its own).
+    age = f"no update for {stale_s:.0f} s" if stale_s is not None and stale_s >= 1 else ""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" kvbudget ", style="bold reverse")
-    text.append(f" {c.target} ")
-    if c.link is Link.CONNECTED:
-        text.append("● connected", style="bold green")
+    text.append(" ")
+    cause = ""
+    if c.playback:
+        ended = c.link is Link.DISCONNECTED
+        text.append("▶ playback" + (", ended" if ended else ""), style="bold cyan")
+    elif c.link is Link.CONNECTED:
+        if age:
+            text.append(f"● connected, {age}", style="bold yellow")
+        else:
+            text.append("● connected", style="bold green")
     elif c.link is Link.DISCONNECTED:
-        text.append(f"● disconnected, retrying in {c.retry_in_s:.1f}s", style="bold red")
-        if c.detail:
-            text.append(f" ({c.detail})", style="red")
+        cause = essential_cause(c.detail)
+        line = "● disconnected" + (f": {cause}" if cause else "") + f", {_retry(c, now)}"
+        text.append(line + (f" · {age}" if age else ""), style="bold red")
     else:
         text.append("● connecting…", style="yellow")
     s = state.snapshot
-    if s is not None and c.link is Link.CONNECTED:
+    if s is not None and (c.link is Link.CONNECTED or c.playback):
+        # What runs before where: a socket path can be long, the model and policy are not.
         model = s.plan.model if s.HasField("plan") else ""
         if model:
             text.append(f"  {model}", style="bold")
         text.append(f"  {policy_name(s.policy)}")
+    text.append(f"  {c.target}")
     if paused:
         text.append("  ⏸ PAUSED", style="bold yellow")
     if query:
         text.append(f"  filter: {query}", style="bold cyan")
+    if c.link is Link.DISCONNECTED and c.detail and c.detail != cause:
+        text.append(f"  ({c.detail})", style="red")
     return text
+
+
+def essential_cause(detail: str) -> str:
+    """What failed, out of a gRPC status line: "Connection refused" out of "UNAVAILABLE:
+    failed to connect to all addresses; last error: FAILED_PRECONDITION: unix:/x.sock:
+    connect failed: addr: unix:/x.sock error: Connection refused". The line itself when it
+    has no such tail ("UNAVAILABLE: Socket closed")."""
+    if "error: " not in detail:
+        return detail
+    cause = detail.rsplit("error: ", 1)[1].rsplit(": ", 1)[-1].strip()
+    return cause or detail
+
+
+def _retry(c: Connection, now: float | None) -> str:
+    """"retrying in 3 s", counting down; "retrying…" once the attempt is under way."""
+    remaining = c.retry_in_s if c.retry_at is None or now is None else c.retry_at - now
+    return f"retrying in {math.ceil(remaining)} s" if remaining > 0 else "retrying…"
 
 
 def key_help(bindings: Sequence[tuple[str, str]]) -> RenderableType:

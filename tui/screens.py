@@ -1,13 +1,19 @@
-"""The dashboard's modal screens: key help, one decision's whole record, start a replay."""
+"""The dashboard's modal screens: key help, one decision's whole record, start a replay.
+
+Titles and option labels that carry someone's text (a target path, a request's reason, a
+trace file's name) are `Content`/`Text`, never markup: "[/x]" in a path must show as typed.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
@@ -44,7 +50,8 @@ class DecisionScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="decision-box", classes="modal-box") as box:
-            box.border_title = f"Decision {self.row.seq}: {self.row.kind} ({self.row.reason})"
+            row = self.row
+            box.border_title = Content(f"Decision {row.seq}: {row.kind} ({row.reason})")
             yield Static(decision_detail(self.row), id="decision-detail")
             yield Label("escape: close", classes="modal-hint")
 
@@ -61,12 +68,12 @@ class ReplayScreen(ModalScreen[ReplayRequest | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="replay-box", classes="modal-box") as box:
-            box.border_title = f"Start a replay against {self.target}"
+            box.border_title = Content(f"Start a replay against {self.target}")
             if not self.traces:
                 yield Label("No shipped traces found (package kvbudget.traces).")
             yield Label("trace")
             yield Select(
-                [(p.name, p) for p in self.traces],
+                [(Text(p.name), p) for p in self.traces],
                 id="replay-trace",
                 allow_blank=not self.traces,
                 prompt="no trace",

@@ -135,12 +135,18 @@ class WatchSource:
 
 
 def _short_error(exc) -> str:
-    """UNAVAILABLE rather than a page of C-core detail; the message's first line kept."""
+    """UNAVAILABLE rather than a page of C-core detail: the message's first line, whole.
+
+    Not cut to a fixed width: grpc puts the cause at the end ("... error: Connection
+    refused"); the status line shows that cause first and cuts the rest at the terminal's
+    edge. Bounded all the same, against a peer that sends a novel.
+    """
     details = (exc.details() or "").splitlines()
-    first = details[0] if details else ""
-    if len(first) > 80:
-        first = first[:77] + "..."
+    first = details[0][:MAX_DETAIL] if details else ""
     return f"{exc.code().name}: {first}" if first else exc.code().name
+
+
+MAX_DETAIL = 1000
 
 
 class RecordingSource:

@@ -141,10 +141,29 @@ class DecisionRow:
 
 
 
+STALE_MIN_S = 2.0
+STALE_INTERVALS = 5
+
+
+def _restarted(before: common_pb2.Snapshot | None, after: common_pb2.Snapshot) -> bool:
+    """True when `after` comes from a daemon that restarted since `before`: its clock or
+    its cumulative counters (which start at 0 in every process) went backwards."""
+    if before is None:
+        return False
+    return (
+        after.time_unix_s < before.time_unix_s
+        or after.num_preemptions < before.num_preemptions
+        or sum(after.decisions_by_kind.values()) < sum(before.decisions_by_kind.values())
+    )
+
+
 def decision_matches(m: common_pb2.Decision, query: str) -> bool:
     """The `/` filter: every word must appear in kind, reason, request, engine or tenant."""
-    haystack = " ".join((kind_name(m.kind), m.reason, m.request_id, m.engine_id, m.tenant))
-    haystack = haystack.lower()
+    return words_match((kind_name(m.kind), m.reason, m.request_id, m.engine_id, m.tenant), query)
+
+
+def words_match(fields: tuple[str, ...], query: str) -> bool:
+    haystack = " ".join(fields).lower()
     return all(word in haystack for word in query.lower().split())
 
 
@@ -173,7 +192,13 @@ class Connection:
     link: Link = Link.CONNECTING
     detail: str = ""  # why the last stream ended
     retry_in_s: float = 0.0
+    # When the next attempt starts (the app's monotonic clock; None: not told), so the
+    # status line can count down rather than repeat the delay it was given.
+    retry_at: float | None = None
     reconnects: int = 0  # streams that ended since the dashboard started
+    # A recording played back (`kvbudget tui --recording`): no daemon, nothing to retry,
+    # nothing goes stale, no replay to start.
+    playback: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,42 +213,67 @@ class DashboardState:
     # replay id -> (position, daemon time it last moved): a replayer that died never says
     # "done", so the panel marks a replay whose position stands still.
     replay_moves: tuple[tuple[str, int, float], ...] = ()
+    # Every decision this dashboard received, counted across daemon restarts. The buffered
+    # decision i is number `decisions_received - len(decisions) + i`: a key for the table
+    # that no restart can repeat (a restarted daemon numbers its `seq` from 1 again).
     decisions_received: int = 0
     decisions_dropped: int = 0  # dropped by the daemon because this watcher was slow
+    # When the last update arrived (the app's monotonic clock; None: not told) and the
+    # daemon-clock gap between the last two snapshots: together they say how stale the
+    # panels are (`staleness`).
+    updated_at: float | None = None
+    update_gap_s: float = 0.0
+    restarts: int = 0  # daemon restarts seen (counters or decision numbers went backwards)
     version: int = 0  # bumped by every change, so the app renders only when it moved
 
     @classmethod
-    def initial(cls, target: str, limits: Limits | None = None) -> DashboardState:
-        return cls(connection=Connection(target=target), limits=limits or Limits())
+    def initial(
+        cls, target: str, limits: Limits | None = None, *, playback: bool = False
+    ) -> DashboardState:
+        connection = Connection(target=target, playback=playback)
+        return cls(connection=connection, limits=limits or Limits())
 
     # -- folding events in -------------------------------------------------------------
 
-    def with_response(self, response: observer_pb2.WatchResponse) -> DashboardState:
-        """Fold one Watch update in: new snapshot, one more sample, newest decisions."""
+    def with_response(
+        self, response: observer_pb2.WatchResponse, now: float | None = None
+    ) -> DashboardState:
+        """Fold one Watch update in: new snapshot, one more sample, newest decisions.
+
+        `now`: when it arrived, on the app's monotonic clock (what staleness is measured
+        against); None leaves the arrival time as it was.
+        """
         limits = self.limits
         history = self.history
-        snapshot = response.snapshot if response.HasField("snapshot") else self.snapshot
-        if response.HasField("snapshot"):
+        has_snapshot = response.HasField("snapshot")
+        snapshot = response.snapshot if has_snapshot else self.snapshot
+        incoming = response.decisions
+        restarted = (has_snapshot and _restarted(self.snapshot, response.snapshot)) or bool(
+            # The decision numbers went backwards: a new daemon counting from 1 again.
+            incoming and self.decisions and incoming[0].seq <= self.decisions[-1].seq
+        )
+        # A daemon that restarted has a clock, counters and decision numbers of its own:
+        # start the plots and the decision buffer over rather than mix two runs.
+        kept = () if restarted else self.decisions
+        gap_s = self.update_gap_s
+        if has_snapshot:
             sample = sample_of(response.snapshot)
             last = history[-1] if history else None
-            # A daemon that restarted has a clock and counters of its own: start the plots over
-            # rather than draw a line between two different runs.
-            restarted = last is not None and (
-                sample.time_s < last.time_s or sample.preemptions < last.preemptions
-            )
             if restarted:
                 history = (sample,)
             elif last is None or sample.time_s - last.time_s >= limits.sample_period_s:
                 history = (history + (sample,))[-limits.history_len :]
+            if self.snapshot is not None and not restarted:
+                gap_s = max(0.0, response.snapshot.time_unix_s - self.snapshot.time_unix_s)
         replay_moves = self.replay_moves
-        if response.HasField("snapshot"):
-            replay_moves = _replay_moves(self.replay_moves, response.snapshot)
-        incoming = response.decisions
+        if has_snapshot:
+            previous_moves = () if restarted else self.replay_moves
+            replay_moves = _replay_moves(previous_moves, response.snapshot)
         if incoming:
             newest = tuple(incoming[-limits.max_decisions :])
-            decisions = (self.decisions + newest)[-limits.max_decisions :]
+            decisions = (kept + newest)[-limits.max_decisions :]
         else:
-            decisions = self.decisions
+            decisions = kept
         return replace(
             self,
             snapshot=snapshot,
@@ -232,20 +282,46 @@ class DashboardState:
             decisions=decisions,
             decisions_received=self.decisions_received + len(incoming),
             decisions_dropped=self.decisions_dropped + response.dropped_decisions,
+            updated_at=self.updated_at if now is None else now,
+            update_gap_s=gap_s,
+            restarts=self.restarts + restarted,
             version=self.version + 1,
         )
 
-    def with_link(self, link: Link, detail: str = "", retry_in_s: float = 0.0) -> DashboardState:
+    def with_link(
+        self, link: Link, detail: str = "", retry_in_s: float = 0.0, now: float | None = None
+    ) -> DashboardState:
+        """The stream's state changed; `now` (monotonic) dates the retry countdown."""
         previous = self.connection
         reconnects = previous.reconnects + (
             link is Link.DISCONNECTED and previous.link is not Link.DISCONNECTED
         )
+        retry_at = None if now is None or link is not Link.DISCONNECTED else now + retry_in_s
         connection = replace(
-            previous, link=link, detail=detail, retry_in_s=retry_in_s, reconnects=reconnects
+            previous, link=link, detail=detail, retry_in_s=retry_in_s, retry_at=retry_at,
+            reconnects=reconnects,
         )
         return replace(self, connection=connection, version=self.version + 1)
 
     # -- derived figures ---------------------------------------------------------------
+
+    def decision_number(self, index: int) -> int:
+        """The arrival number of `decisions[index]` (see `decisions_received`)."""
+        return self.decisions_received - len(self.decisions) + index
+
+    def staleness(self, now: float) -> float | None:
+        """Seconds since the last update when the panels no longer show the daemon live:
+        disconnected, or no update for `STALE_INTERVALS` update intervals (at least
+        `STALE_MIN_S`: a busy host delays a few updates without anything being wrong).
+        None when they are live, before the first update, and in playback."""
+        if self.connection.playback or self.updated_at is None:
+            return None
+        age = max(0.0, now - self.updated_at)
+        if self.connection.link is Link.DISCONNECTED:
+            return age
+        if age >= max(STALE_MIN_S, STALE_INTERVALS * self.update_gap_s):
+            return age
+        return None
 
     def _window(self) -> tuple[Sample, Sample] | None:
         """The oldest sample inside the rate window and the current one, on the daemon clock."""
