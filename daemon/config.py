@@ -411,6 +411,8 @@ def _check_pool(c: DaemonConfig, fail: _Fail) -> None:
         raise fail("gpu_memory_utilization", f"must be in (0, 1], got {c.gpu_memory_utilization}")
     if c.kv_cache_memory_bytes is not None and c.num_gpu_blocks is not None:
         raise fail("num_gpu_blocks", "set either kv_cache_memory_bytes or num_gpu_blocks, not both")
+    if c.num_gpu_blocks is not None and c.num_gpu_blocks < 2:
+        raise fail("num_gpu_blocks", f"must be at least 2 (one is the null block), got {c.num_gpu_blocks}")
     # The rule `kvbudget estimate` applies to its flags (sizing's): one memory source, and
     # the GPU-only settings only with GPU memory, never silently ignored. (A utilization
     # at its default cannot be told from one written down: the shipped file writes 0.9.)

@@ -74,8 +74,9 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         raise PoolSetupError(str(exc)) from None
     if sized.num_blocks < 2:
         short = f" (short by {sized.shortfall_bytes} bytes)" if sized.shortfall_bytes else ""
+        lower = ("give kv_cache_memory_bytes more" if sized.source == "kv_cache_memory_bytes" else
+                 "lower weights_bytes / activation_reserve_bytes or give kv_cache_memory_bytes")
         raise PoolSetupError(
-            f"the pool gets {sized.num_blocks} blocks{short}; it needs at least 2 (one is the "
-            "null block): lower weights_bytes / activation_reserve_bytes or give kv_cache_memory_bytes"
+            f"the pool gets {sized.num_blocks} blocks{short}; it needs at least 2 (one is the null block): {lower}"
         )
     return PoolSetup(model, sized, max_model_len)

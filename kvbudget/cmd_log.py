@@ -151,6 +151,7 @@ def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: i
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     first = True
+    table_header = True  # over the first rows printed (none may match at first)
     while True:
         if rows or first:
             if args.json:
@@ -158,7 +159,8 @@ def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: i
             elif args.csv:
                 _print_csv(rows, header=first)
             else:
-                _print_table(rows, args.db, following=True, header=first)
+                _print_table(rows, args.db, following=True, header=table_header)
+                table_header = table_header and not rows
             sys.stdout.flush()  # (a pipe would otherwise hold them back)
             first = False
         time.sleep(FOLLOW_POLL_S)

@@ -129,12 +129,19 @@ def _policies(args: argparse.Namespace) -> list[str]:
     return [args.policy or "optimistic"]
 
 
-def _load(args: argparse.Namespace):
-    from kvbudget.traces.loaders import TraceError, load_trace, resolve_trace_path
+def _trace_path(args: argparse.Namespace) -> Path:
+    from kvbudget.traces.loaders import resolve_trace_path
 
     path = resolve_trace_path(args.trace)
     if not path.exists():
         raise CLIError(f"no trace {args.trace!r}: not a file and not one of mooncake, azure")
+    return path
+
+
+def _load(args: argparse.Namespace):
+    from kvbudget.traces.loaders import TraceError, load_trace
+
+    path = _trace_path(args)
     start = _int(args.start, "--start", minimum=0) or 0
     try:
         trace = load_trace(path, skip_bad_rows=args.skip_bad_rows, limit=_int(args.limit, "--limit"), start=start)
@@ -253,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--speed / --as-fast-as-possible pace a live replay; offline runs at full speed")
     if not args.offline and args.compare:
         raise CLIError("--compare needs --offline (one daemon runs one policy at a time)")
+    _trace_path(args)  # a typo in the trace's name is said first, whatever else is wrong
     if not args.offline:
         _refuse_offline_only(args)
         # Checked before the trace is even read: a typo or a daemon that is not there is

@@ -125,6 +125,21 @@ def test_follow_as_a_table_prints_one_header_and_lines_up_every_batch(live_log: 
     assert follower.lines.empty()  # no second header
 
 
+def test_follow_as_a_table_heads_the_first_rows_even_when_none_matched_at_first(live_log: DecisionLog) -> None:
+    live_log.append([decision(1)]).result()  # an admit: no match
+    follower = Follower(live_log.path, "--kind", "release")
+    try:
+        (waiting,) = follower.take(1)
+        live_log.append([decision(2, DecisionKind.RELEASE)]).result()
+        header, rule, row = follower.take(3)
+        follower.interrupt()
+    finally:
+        follower.kill()
+    assert waiting.startswith("following ") and waiting.endswith(": no matching decisions yet")
+    assert header.split()[:4] == ["time", "┃", "seq", "┃"] and set(rule) <= {"━", "╇"}  # (it had none)
+    assert row.split("│")[4].strip() == "req-2"
+
+
 def test_follow_as_csv_writes_the_header_once(live_log: DecisionLog) -> None:
     live_log.append([decision(1)]).result()
     follower = Follower(live_log.path, "--csv")

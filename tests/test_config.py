@@ -104,6 +104,7 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[pool]\nkv_cache_memory_bytes = 1000000\nnum_gpu_blocks = 100\n", "pool.num_gpu_blocks",
          "not both"),
         (MODEL + "[pool]\nweights_bytes = -1\n", "pool.weights_bytes", "must be zero or more"),
+        (MODEL + "[pool]\nnum_gpu_blocks = 1\n", "pool.num_gpu_blocks", "must be at least 2 (one is the null block), got 1"),
         (MODEL + "[admission]\npolicy = 'greedy'\n", "admission.policy", "unknown policy 'greedy'"),
         (MODEL + "[admission]\nwatermark = 1.0\n", "admission.watermark", "must be in [0, 1)"),
         (MODEL + "[admission]\nenable_prefix_caching = 'yes'\n", "admission.enable_prefix_caching",
