@@ -31,8 +31,12 @@ class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes come out as one line (`kvbudget CMD: error: ...`), exit 2, as other
     errors do; `--help` still prints the full usage."""
 
+    chosen: str | None = None  # the command given, on the top parser
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # argparse reports a subcommand's unknown flag from the top parser: name the command.
+        prog = f"{self.prog} {self.chosen}" if self.chosen and message.startswith("unrecognized") else self.prog
+        self.exit(2, f"{prog}: error: {message} (see {prog} --help)\n")
 
 
 def _chosen_command(argv: list[str]) -> str | None:
@@ -48,7 +52,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = OneLineParser(prog="kvbudget", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvbudget {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = _chosen_command(argv)
+    chosen = parser.chosen = _chosen_command(argv)
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:

@@ -115,12 +115,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drain = actions.add_parser("drain", help="stop admitting; running requests finish (cannot be undone)")
     drain.add_argument("--wait", action="store_true", help="wait until no request is running")
     drain.add_argument(
-        "--timeout", type=_seconds, default=0.0, metavar="S", help="with --wait: give up after S seconds (0: never)"
+        "--timeout", type=_seconds, default=None, metavar="S", help="with --wait: give up after S seconds (0: never)"
     )
     _connection_options(drain, defaults=False)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "drain" and args.timeout is not None and not args.wait:
+        # (a drain cannot be undone: not started on a flag that does nothing without --wait)
+        raise CLIError("drain --timeout: only with --wait")
     target = check_target(resolve_target(args.target))
     credentials = channel_credentials(resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key))
     with AdminConnection(target, resolve_token(args.token), credentials) as daemon:
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.action == "set-quota":
             result, text, code = _set_quota(daemon, args.tenant, args.max_share, args.weight)
         else:
-            result, text, code = _drain(daemon, args.wait, args.timeout)
+            result, text, code = _drain(daemon, args.wait, args.timeout or 0.0)
     if args.json:
         print(json.dumps({"target": target, "action": args.action, **result}, indent=2))
     else:

@@ -146,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
             args.model, kv_dtype=args.kv_dtype, block_size=block_size, token_cap=token_cap
         )
     except ValueError as exc:
-        raise CLIError(str(exc)) from None
+        message = str(exc)
+        if message.startswith("token_cap "):  # (the model's reader names the setting; here it is a flag)
+            message = "--token-cap " + message.removeprefix("token_cap ")
+        raise CLIError(message) from None
 
     sizing = _size_pool(args, model)
     if not sizing.fits:

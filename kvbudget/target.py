@@ -106,8 +106,19 @@ def add_target_arguments(
 
 
 def resolve_target(flag: str | None) -> str:
-    """--target if given, else $KVBUDGET_TARGET, else the packaged unix socket."""
-    return flag or os.environ.get(TARGET_ENV) or DEFAULT_TARGET
+    """--target if given (an empty one too: `check_target` names it), else $KVBUDGET_TARGET,
+    else the packaged unix socket. A malformed $KVBUDGET_TARGET is named as such here, not
+    as a --target the user never gave."""
+    if flag is not None:
+        return flag
+    value = os.environ.get(TARGET_ENV)
+    if value is None:
+        return DEFAULT_TARGET
+    try:
+        check_target(value, require_socket=False)
+    except CLIError as exc:
+        raise CLIError(str(exc).replace("--target", f"${TARGET_ENV}", 1)) from None
+    return value
 
 
 def resolve_token(flag: str | None) -> str | None:

@@ -169,6 +169,13 @@ def test_the_daemons_refusal_is_one_line_with_the_status_code(daemon, capsys) ->
     )
 
 
+def test_drain_timeout_without_wait_is_refused_before_anything_drains(daemon, capsys) -> None:
+    # --timeout alone did nothing, and the drain (which cannot be undone) went ahead.
+    code, out, err = admin(capsys, "--target", daemon.target, "drain", "--timeout", "5")
+    assert (code, out, err) == (2, "", "kvbudget admin: error: drain --timeout: only with --wait\n")
+    assert status(capsys, daemon.target)["draining"] is False
+
+
 def test_a_share_of_less_than_one_block_is_refused_not_a_ban(daemon, capsys) -> None:
     # int(1e-300 x 64) = 0 blocks: every request of the tenant was rejected, while the
     # snapshot showed quota 0, which reads "no quota".

@@ -225,6 +225,7 @@ BAD_INPUTS = [
     (["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes must be"),
     (["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "8XB"], "unknown unit 'XB'"),
     (["--model", "llama-3.1-8b", "--kv-cache-memory-bytes", "1e400"], "--kv-cache-memory-bytes '1e400': too large"),
+    (["--model", "deepseek-v3", "--num-gpu-blocks", "100", "--token-cap", "100"], "--token-cap applies to K/V attention"),
     (["--model", "llama-3.1-8b", "--gpu-memory-bytes", "1e308"], "--gpu-memory-bytes '1e308': too large"),
     (["--model", "llama-3.1-8b", "--gpu-memory-bytes", "eighty"], "expected a size"),
     (
@@ -413,6 +414,9 @@ def test_usage_mistakes_are_one_line_too() -> None:
         assert result.returncode == 2
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert "error:" in result.stderr and "Traceback" not in result.stderr
+    # A command's unknown flag points at that command's help, not the top level's.
+    result = subprocess.run([sys.executable, "-m", "kvbudget", "estimate", "--bogus", "1"], capture_output=True, text=True)
+    assert result.stderr == "kvbudget estimate: error: unrecognized arguments: --bogus 1 (see kvbudget estimate --help)\n"
 
 
 # The CLI in a fresh interpreter where importing torch or pynvml (or any part of them)

@@ -81,6 +81,20 @@ def test_flags_win_over_the_environment_which_wins_over_the_default(monkeypatch)
     assert (resolve_target("h:1"), resolve_token("flag")) == ("h:1", "flag")
 
 
+def test_a_bad_environment_target_is_named_as_the_environment(monkeypatch):
+    # It was called "--target 'garbage'" though no flag was given; an empty flag fell back
+    # to the environment and the default without a word.
+    monkeypatch.setenv("KVBUDGET_TARGET", "garbage")
+    with pytest.raises(CLIError, match=r"^\$KVBUDGET_TARGET 'garbage': expected "):
+        resolve_target(None)
+    monkeypatch.setenv("KVBUDGET_TARGET", "")
+    with pytest.raises(CLIError, match=r"^\$KVBUDGET_TARGET is empty"):
+        resolve_target(None)
+    assert resolve_target("") == ""  # the flag as given: check_target says it is empty
+    with pytest.raises(CLIError, match="^--target is empty"):
+        check_target(resolve_target(""))
+
+
 def test_arguments_default_to_none_so_the_environment_is_read_at_run_time():
     parser = argparse.ArgumentParser()
     add_target_arguments(parser)
