@@ -63,6 +63,16 @@ def test_pool_panel_bar_numbers_and_history():
     )
 
 
+def test_pool_parts_make_the_pool_when_promises_take_cached_blocks():
+    # 100 blocks: 80 held, 15 reserved, 10 evictable (20 free in all, cached ones included).
+    # The reservation takes 15 of the 20 free: 5 left cached, 0 free. Shown as 10 cached and
+    # a free of max(0, ...) = 0, the parts came to 105 of 100.
+    state = state_of(snapshot(num_held_blocks=80, num_reserved_blocks=15, num_evictable_blocks=10,
+                              num_free_blocks=20))
+    lines = text_of(panels.pool_panel(state)).splitlines()
+    assert lines[1:3] == ["held 80  reserved 15", "cached 5  free 0 /100"]
+
+
 def test_stacked_bar_segments_at_a_known_width():
     # 100 blocks on 20 cells: 40 held -> 8; 50 -> 10 (2 reserved); 70 -> 14 (4 cached);
     # 100 -> 20 (6 free).
