@@ -284,6 +284,8 @@ def load_config(
     source = ""
     if path is not None:
         source = str(path)
+        if not source:  # (Path("") is ".": "config file . is a directory")
+            raise ConfigError(FILE_KEY, "the config file's path is empty")
         document = _read_file(Path(path))
         for section, body in document.items():
             if section not in _SECTIONS:

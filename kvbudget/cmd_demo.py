@@ -52,13 +52,13 @@ def _headless(args: argparse.Namespace) -> bool:
 def run(args: argparse.Namespace) -> int:
     if args.num_gpu_blocks < 2:
         raise CLIError(f"--num-gpu-blocks must be at least 2, got {args.num_gpu_blocks}")
-    if args.speed is not None and not args.speed > 0:
-        raise CLIError(f"--speed must be > 0, got {args.speed}")
+    if args.speed is not None and not 0 < args.speed < float("inf"):  # (as replay's --speed)
+        raise CLIError(f"--speed must be > 0 and finite, got {args.speed}")
     if args.limit is not None and args.limit < 1:
         raise CLIError(f"--limit must be >= 1, got {args.limit}")
     from kvbudget.traces.loaders import resolve_trace_path
 
-    if not resolve_trace_path(args.trace).exists():
+    if not resolve_trace_path(args.trace).is_file():
         raise CLIError(f"--trace {args.trace!r}: not a file and not one of mooncake, azure")
     workdir = Path(tempfile.mkdtemp(prefix="kvbudget-demo-"))
     daemon = None

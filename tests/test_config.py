@@ -304,6 +304,8 @@ def test_missing_or_unreadable_config_file(tmp_path: Path) -> None:
         load_config(tmp_path / "none.toml")
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
+    with pytest.raises(ConfigError, match="^the config file's path is empty$"):  # (not "config file . is a directory")
+        load_config("")
 
 
 # ----------------------------------------------------------------------- tokens

@@ -51,3 +51,18 @@ def test_demo_bad_input_is_one_line(capsys):
     assert main(["demo", "--trace", "nope"]) == 2
     err = capsys.readouterr().err
     assert "--trace 'nope'" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # Both passed the checks, started the daemon (seconds), then failed in the replay.
+        (["--speed", "inf"], "--speed must be > 0 and finite, got inf"),
+        (["--trace", "/"], "--trace '/': not a file and not one of mooncake, azure"),
+    ],
+)
+def test_demo_refuses_before_it_starts_anything(capsys, argv: list[str], message: str) -> None:
+    before = _demo_dirs()
+    assert main(["demo", *argv]) == 2
+    assert capsys.readouterr().err == f"kvbudget demo: error: {message}\n"
+    assert _demo_dirs() == before
