@@ -135,11 +135,12 @@ async def test_every_panel_shows_the_stream_at_120x40():
         text = screen_text(app)
         # Newest decision on top: 40 updates of 5 decisions, seq 200 down.
         assert table_seqs(app)[:3] == [200, 199, 198]
-    # The last recorded snapshot: 4,056 of 4,096 blocks held, 40 reserved, 120 cached;
+    # The last recorded snapshot: 4,056 of 4,096 blocks held, 40 reserved (nothing left:
+    # none of its 120 evictable blocks is shown cached, they are promised);
     # 45 running, 19 waiting, 30 preemptions; GPU 100 + 2 GiB with an 80 GiB pool.
     for shown in (
         "● connected", "google/gemma-3-4b-it",
-        "held 4,056  reserved 40", "cached 120  free 0 /4,096", "usage 99.0%",
+        "held 4,056  reserved 40", "cached 0  free 0 /4,096", "usage 99.0%",
         "running 45  waiting 19", "preempted 30",
         "swa 1024", "full ",
         "102.0 GiB of 141.0 GiB", "memory growing outside the pool",
