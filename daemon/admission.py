@@ -595,6 +595,7 @@ class AdmissionController:
         freed = self.ledger.release(v)
         del self._running[v.request_id]
         self._enqueue(v, now, preempted=True)
+        v.wait_reason = Reason.QUEUE_AHEAD  # until it is tried again (it kept the reason of its last wait)
         self._preemptions[reason] = self._preemptions.get(reason, 0) + 1
         self._dirty = True
         detail = f"{detail}; resumes at {v.resume_len} tokens"

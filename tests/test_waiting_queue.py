@@ -112,3 +112,23 @@ def test_many_tenants_cost_a_pass_no_more_than_a_few() -> None:
         TenantAccount.usage = original  # type: ignore[method-assign]
     assert calls <= 2 * 3000  # one at each push (its place); none per tenant per look
     ctrl.check_integrity()
+
+
+def test_a_preempted_request_not_yet_tried_waits_behind_the_others_not_for_none() -> None:
+    # One full-attention group, B = 8, 9 blocks, no backfill. a, b: 2 blocks each; c (48
+    # tokens, 6 blocks > 5 free) waits for room. a grows to 48 tokens (+4 of 5), then b
+    # (priority 1, the least important) preempts itself growing: it waits behind c, untried.
+    # It kept the reason of its admission: the snapshot said it waited for "none".
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 9,
+        AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, watermark=0.0, policy="optimistic",
+                        backfill_depth=0),
+    )
+    for request_id, prompt, priority in (("a", 16, 0), ("b", 16, 1), ("c", 48, 0)):
+        ctrl.submit(RequestSpec(request_id, prompt, 32, priority=priority), 0.0)
+    ctrl.progress("a", 16, 1.0)
+    ctrl.progress("b", 16, 1.0)
+    assert kinds(ctrl.grow("a", 48, 2.0) + ctrl.grow("b", 48, 2.0)) == [
+        ("grow", "fits", "a"), ("preempt", "growth", "b")]
+    assert ctrl.snapshot(2.0).waiting_by_reason == {"pool_full": 1, "queue_ahead": 1}
+    ctrl.check_integrity()
