@@ -358,10 +358,16 @@ class AdmissionController:
         return self.schedule(now)
 
     def set_policy(self, policy: str, now: float) -> list[Decision]:
-        """Switch the policy for new admissions; running requests keep their promises."""
+        """Switch the policy for new admissions; running requests keep their promises.
+
+        The POLICY decision comes first, then what the new policy does to the queue at
+        once (a looser one may admit; naive may REJECT what its charge can never fit).
+        The policy in force already: no decision at all (a no-op is not a switch)."""
         if policy not in policies.POLICIES:
             raise AdmissionError("policy", f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
         previous = self.policy.name
+        if policy == previous:
+            return []
         self.policy = policies.POLICIES[policy]
         self._dirty = True
         self._epoch += 1

@@ -368,13 +368,20 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             await context.abort(INVALID, f"policy: unspecified or unknown value {request.policy}")
         if self.core.log.num_unwritten:
             await _refuse_while_unwritten(context, self.core.log, "the policy")
-        previous = self.core.snapshot().policy
-        decisions = self.core.set_policy(policy)
+        previous = self.core.controller.policy.name
+        decisions = self.core.set_policy(policy)  # [] when `policy` is in force already
         try:
             await self.core.record(decisions)
         except Exception as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {exc}")
-        return admin_pb2.SetPolicyResponse(previous=convert.policy_to_proto(previous))
+        # The operator hears what the switch did to the queue (naive can reject all of it).
+        reply = admin_pb2.SetPolicyResponse(previous=convert.policy_to_proto(previous))
+        for decision in decisions:
+            if decision.kind is DecisionKind.ADMIT:
+                reply.num_admitted += 1
+            elif decision.kind is DecisionKind.REJECT:
+                reply.rejected_by_reason[decision.reason.value] += 1
+        return reply
 
     async def SetTenantQuota(self, request, context):
         await self.auth.require(context, Role.ADMIN)

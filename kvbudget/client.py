@@ -28,6 +28,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -104,6 +105,26 @@ def step_message(
     for request_id in aborts:
         add(request_id=request_id)
     return message
+
+
+@dataclass(frozen=True)
+class PolicySwitch:
+    """What `set_policy` did: the policy before, and what the switch did to the waiting
+    queue at once (admitted; rejected by reason). `changed` is False when the policy asked
+    for was in force already (nothing logged, nothing moved)."""
+
+    previous: str
+    policy: str
+    num_admitted: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.previous != self.policy
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(self.rejected_by_reason.values())
 
 
 class StepBatch:
@@ -384,12 +405,12 @@ class ObserverClient:
             observer_pb2.ReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
         )
 
-    async def set_policy(self, policy: str) -> str:
-        """Switches the admission policy; returns the previous one."""
+    async def set_policy(self, policy: str) -> PolicySwitch:
+        """Switches the admission policy; says the previous one and what it did to the queue."""
         response = await self._admin.SetPolicy(
             admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)), metadata=self._metadata, timeout=10.0
         )
-        return convert.policy_from_proto(response.previous) or ""
+        return policy_switch(policy, response)
 
     async def set_tenant_quota(self, tenant: str, max_share: float = 0.0, weight: float = 0.0) -> None:
         await self._admin.SetTenantQuota(
@@ -402,3 +423,13 @@ class ObserverClient:
         response = await self._admin.Drain(admin_pb2.DrainRequest(), metadata=self._metadata, timeout=10.0)
         return response.running
 
+
+
+def policy_switch(policy: str, response: admin_pb2.SetPolicyResponse) -> PolicySwitch:
+    """A SetPolicy reply as a `PolicySwitch` (the CLI's blocking call reads it too)."""
+    return PolicySwitch(
+        previous=convert.policy_from_proto(response.previous) or "",
+        policy=policy,
+        num_admitted=response.num_admitted,
+        rejected_by_reason=dict(sorted(response.rejected_by_reason.items())),
+    )

@@ -2,6 +2,7 @@
 
     kvbudget admin status                              # one screen: policy, blocks, requests, tenants
     kvbudget admin set-policy guaranteed               # prints "policy: optimistic -> guaranteed"
+                                                       #   and what the switch did to the queue
     kvbudget admin set-quota team-a --max-share 0.25 --weight 2
     kvbudget admin set-quota team-a --max-share 0      # clears team-a's quota
     kvbudget admin drain --wait --timeout 120          # stop admitting, wait for running requests
@@ -182,9 +183,30 @@ def _set_policy(daemon: AdminConnection, policy: str) -> Outcome:
     from kvbudget.daemon import convert
     from kvbudget.v1 import admin_pb2
 
+    from kvbudget.client import policy_switch
+
     response = daemon.call(daemon.admin.SetPolicy, admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)))
-    previous = convert.policy_from_proto(response.previous) or "unknown"
-    return {"previous": previous, "policy": policy}, f"policy: {previous} -> {policy}", 0
+    switch = policy_switch(policy, response)
+    previous = switch.previous or "unknown"
+    result = {
+        "previous": previous, "policy": policy, "changed": switch.changed,
+        "admitted": switch.num_admitted, "rejected_by_reason": switch.rejected_by_reason,
+    }  # fmt: skip
+    if not switch.changed:
+        return result, f"policy: {policy} already (nothing changed)", 0
+    return result, f"policy: {previous} -> {policy}{_queue_moves(switch.num_admitted, switch.rejected_by_reason)}", 0
+
+
+def _queue_moves(admitted: int, rejected_by_reason: dict[str, int]) -> str:
+    """What a switch did to the waiting queue, said after the switch ("" when nothing)."""
+    parts = []
+    if admitted:
+        parts.append(f"{admitted} waiting request{'s' if admitted != 1 else ''} admitted")
+    rejected = sum(rejected_by_reason.values())
+    if rejected:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in rejected_by_reason.items())
+        parts.append(f"{rejected} waiting request{'s' if rejected != 1 else ''} rejected ({reasons})")
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def _set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: float) -> Outcome:

@@ -155,6 +155,17 @@ def test_set_policy_applies_to_new_admissions_only():
     ctrl.check_integrity()
 
 
+def test_set_policy_to_the_policy_in_force_is_no_decision():
+    ctrl = make(policy="guaranteed")
+    [a] = ctrl.submit(RequestSpec("a", 8, 24), 0.0)
+    assert ctrl.set_policy("guaranteed", 1.0) == []
+    # Nothing numbered, nothing counted: the next decision follows a's.
+    [b] = ctrl.submit(RequestSpec("b", 8, 24), 1.0)
+    assert b.seq == a.seq + 1
+    assert "policy" not in ctrl.snapshot(1.0).decisions_by_kind
+    ctrl.check_integrity()
+
+
 def test_snapshot_counts_without_walking_the_pool():
     ctrl = make(policy="guaranteed")
     ctrl.submit(RequestSpec("a", 20, 12, tenant="t"), 0.0)

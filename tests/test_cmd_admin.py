@@ -87,7 +87,72 @@ def test_set_policy_json_gives_previous_and_new(daemon, capsys) -> None:
     assert code == 0, err
     assert json.loads(out) == {
         "target": daemon.target, "action": "set-policy", "previous": "optimistic", "policy": "predictive",
+        "changed": True, "admitted": 0, "rejected_by_reason": {},
     }
+
+
+def _policy_rows(db_path) -> list[dict]:
+    log = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "log", "--kind", "policy", "--db", str(db_path), "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    return [json.loads(line) for line in log.stdout.splitlines()]
+
+
+def test_set_policy_to_the_policy_in_force_changes_nothing_and_logs_nothing(daemon, capsys) -> None:
+    admin(capsys, "--target", daemon.target, "set-policy", "optimistic")
+    rows_before = _policy_rows(daemon.db_path)
+
+    code, out, err = admin(capsys, "--target", daemon.target, "set-policy", "optimistic")
+
+    assert (code, out, err) == (0, "policy: optimistic already (nothing changed)\n", "")
+    assert _policy_rows(daemon.db_path) == rows_before  # no no-op POLICY row
+    code, out, err = admin(capsys, "--target", daemon.target, "--json", "set-policy", "optimistic")
+    assert json.loads(out)["changed"] is False and json.loads(out)["previous"] == "optimistic"
+
+
+async def test_switching_to_naive_says_which_waiting_requests_it_rejected(tmp_path, capsys) -> None:
+    # The harness pool: 64 blocks of 16 tokens, max_model_len 2048. Naive charges every
+    # request cdiv(2048, 16) = 128 blocks > 64: a waiting request can never fit under it.
+    with DaemonProcess(tmp_path, "--policy", "guaranteed") as process:
+        async with EngineClient(process.target, "engine-0") as engine:
+            # r1: 16 + 1008 = 1024 tokens = 64 blocks reserved, the whole pool; r2 waits.
+            [r1, r2] = await engine.step(submits=[RequestSpec("r1", 16, 1008), RequestSpec("r2", 16, 16)])
+            assert (r1.kind, r2.kind) == (DecisionKind.ADMIT, DecisionKind.QUEUE)
+
+            code, out, err = await asyncio.to_thread(
+                admin, capsys, "--target", process.target, "set-policy", "naive")
+
+            assert (code, err) == (0, "")
+            assert out == "policy: guaranteed -> naive; 1 waiting request rejected (never_fits 1)\n"
+            # The engine hears of it on its Events stream: r2 is rejected, not left waiting.
+            events = engine.events()
+            rejected = await asyncio.wait_for(anext(events), 10)
+            assert (rejected.kind, rejected.reason.value, rejected.request_id) == (
+                DecisionKind.REJECT, "never_fits", "r2")
+            await events.aclose()
+            snapshot = await asyncio.to_thread(status, capsys, process.target)
+            assert snapshot["requests"]["waiting"] == 0 and snapshot["requests"]["running"] == 1
+
+
+async def test_switching_to_a_looser_policy_says_which_waiting_requests_it_admitted(tmp_path, capsys) -> None:
+    with DaemonProcess(tmp_path, "--policy", "guaranteed") as process:
+        async with EngineClient(process.target, "engine-0") as engine:
+            # r1: 16 + 496 = 512 tokens, 32 blocks reserved (1 held), which it keeps after the
+            # switch. r2, r3: 1024 tokens = 64 blocks each > the 32 spare: they wait. Optimistic
+            # charges what a request holds at first (16 prompt tokens: 1 block): both fit at once.
+            decisions = await engine.step(
+                submits=[RequestSpec("r1", 16, 496), RequestSpec("r2", 16, 1008), RequestSpec("r3", 16, 1008)])
+            assert [d.kind for d in decisions] == [DecisionKind.ADMIT, DecisionKind.QUEUE, DecisionKind.QUEUE]
+
+            code, out, err = await asyncio.to_thread(
+                admin, capsys, "--target", process.target, "--json", "set-policy", "optimistic")
+
+            assert (code, err) == (0, "")
+            assert json.loads(out) == {
+                "target": process.target, "action": "set-policy", "previous": "guaranteed", "policy": "optimistic",
+                "changed": True, "admitted": 2, "rejected_by_reason": {},
+            }
 
 
 def test_status_text_is_one_screen_with_the_pool_figures(daemon, capsys) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+import kvbudget
+from kvbudget.cli import main
 from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.records import DecisionKind, RequestSpec
-from kvbudget.v1 import common_pb2
+from kvbudget.tui.state import DashboardState
+from kvbudget.v1 import common_pb2, observer_pb2
 
 from daemon_harness import DaemonProcess
 
@@ -58,5 +62,38 @@ async def test_query_estimate_and_replays(daemon) -> None:
         # The log's upkeep rides along (doctor reads it): 2 admits + 1 release committed, no stall.
         assert snapshot.decision_log.rows_written == 3 and snapshot.decision_log.stalls == 0
         assert snapshot.decision_log.database_bytes > 0
-        assert await observer.set_policy("optimistic") == "guaranteed"
+        switch = await observer.set_policy("optimistic")
+        assert (switch.previous, switch.changed, switch.num_admitted, switch.num_rejected) == (
+            "guaranteed", True, 0, 0)
+        assert not (await observer.set_policy("optimistic")).changed  # in force already: a no-op
         assert (await observer.snapshot()).policy == common_pb2.POLICY_OPTIMISTIC
+
+
+async def test_snapshots_say_which_daemon_process_took_them(tmp_path, capsys) -> None:
+    """Its start (once, at start-up: the same in every snapshot) and its version; a daemon
+    restarted on the same log starts anew. Both daemons idle, so their counters are equal
+    and the clock goes forward: only the start time tells the dashboard it restarted."""
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    printed_version = capsys.readouterr().out.split()[-1]  # "kvbudget 0.1.0"
+    before = time.time()
+    with DaemonProcess(tmp_path) as daemon:
+        after = time.time()
+        async with ObserverClient(daemon.target) as observer:
+            first = await observer.snapshot()
+            await asyncio.sleep(0.05)
+            second = await observer.snapshot()
+    assert before <= first.started_unix_s <= after
+    assert second.time_unix_s > first.time_unix_s  # a snapshot taken later...
+    assert second.started_unix_s == first.started_unix_s  # ...by the same process
+    assert first.daemon_version == second.daemon_version == kvbudget.__version__ == printed_version
+
+    with DaemonProcess(tmp_path) as restarted:
+        async with ObserverClient(restarted.target) as observer:
+            third = await observer.snapshot()
+    assert third.started_unix_s > first.started_unix_s
+    assert sum(third.decisions_by_kind.values()) == sum(second.decisions_by_kind.values()) == 0
+    state = DashboardState.initial(daemon.target)
+    for snapshot in (first, second, third):
+        state = state.with_response(observer_pb2.WatchResponse(snapshot=snapshot))
+    assert state.restarts == 1

@@ -1,6 +1,8 @@
 from kvbudget.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -12,10 +14,21 @@ class SetPolicyRequest(_message.Message):
     def __init__(self, policy: _Optional[_Union[_common_pb2.Policy, str]] = ...) -> None: ...
 
 class SetPolicyResponse(_message.Message):
-    __slots__ = ("previous",)
+    __slots__ = ("previous", "num_admitted", "rejected_by_reason")
+    class RejectedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     previous: _common_pb2.Policy
-    def __init__(self, previous: _Optional[_Union[_common_pb2.Policy, str]] = ...) -> None: ...
+    num_admitted: int
+    rejected_by_reason: _containers.ScalarMap[str, int]
+    def __init__(self, previous: _Optional[_Union[_common_pb2.Policy, str]] = ..., num_admitted: _Optional[int] = ..., rejected_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class SetTenantQuotaRequest(_message.Message):
     __slots__ = ("tenant", "max_share", "weight")
