@@ -96,6 +96,10 @@ class PoolSample:
     log_disk_total_bytes: int = 0
     log_unwritten: int = 0  # decisions a failed write left, waiting (steps are refused meanwhile)
     log_write_error: str = ""
+    # Which daemon process answered: when it started (wall clock) and the kvbudget version
+    # it runs. 0 and "": an older daemon that does not say.
+    daemon_started_s: float = 0.0
+    daemon_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class PoolExpectation:
 
 @dataclass(frozen=True)
 class Thresholds:
-    full_share: float = 0.95  # held (or committed) share that counts as full, as on the dashboard
+    full_share: float = 0.95  # held (or committed) share that counts as full (the dashboard: 0.90, on a mean)
     mostly_free_share: float = 0.5  # held share under which the pool counts as mostly free
     reservation_ratio: float = 4.0  # reserved >= ratio x held: max_model_len-style reservations
     memory_growth_bytes: int = 256 * MiB  # GPU memory rise that is not noise
@@ -134,6 +138,8 @@ class Diagnosis:
     findings: tuple[Finding, ...]
     num_samples: int
     window_s: float
+    daemon_version: str = ""  # "": the daemon does not say
+    daemon_uptime_s: float | None = None  # at the last sample, on the daemon's clock; None: not said
 
     @property
     def ok(self) -> bool:
@@ -148,6 +154,8 @@ class Diagnosis:
             "knob": self.knob,
             "num_samples": self.num_samples,
             "window_s": round(self.window_s, 3),
+            "daemon_version": self.daemon_version,
+            "daemon_uptime_s": None if self.daemon_uptime_s is None else round(self.daemon_uptime_s, 3),
             "findings": [
                 {**asdict(f), "status": f.status.value, "data": dict(f.data)} for f in self.findings
             ],
@@ -212,6 +220,8 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         log_disk_total_bytes=int(msg.decision_log.disk_total_bytes),
         log_unwritten=int(msg.decision_log.num_unwritten_decisions),
         log_write_error=msg.decision_log.write_error,
+        daemon_started_s=float(msg.started_unix_s),
+        daemon_version=msg.daemon_version,
     )
 
 
