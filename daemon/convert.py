@@ -263,8 +263,12 @@ def snapshot_to_proto(
     draining: bool = False,
     plan: common_pb2.PoolPlan | None = None,
     decision_log: Any = None,
+    started_unix_s: float = 0.0,
+    daemon_version: str = "",
 ) -> common_pb2.Snapshot:
-    """`decision_log`: a decision_log.LogFigures (duck-typed), the log's upkeep so far."""
+    """`decision_log`: a decision_log.LogFigures (duck-typed), the log's upkeep so far.
+    `started_unix_s` and `daemon_version` say which daemon process took the snapshot (0 and
+    "": not told, as in a core built without a daemon around it)."""
     msg = common_pb2.Snapshot(
         time_unix_s=s.time_s,
         policy=policy_to_proto(s.policy),
@@ -308,6 +312,8 @@ def snapshot_to_proto(
         prefix_hit_blocks=s.prefix_hit_blocks,
         prefix_query_blocks=s.prefix_query_blocks,
         draining=draining,
+        started_unix_s=started_unix_s,
+        daemon_version=daemon_version,
     )
     if gpu is not None:
         msg.gpu.CopyFrom(gpu)

@@ -71,7 +71,12 @@ class CoreService:
         gpu: object | None = None,  # the first probe's result (gpu.GPUProbe)
         options: CoreOptions = CoreOptions(),
         pool_bytes: int = 0,
+        started_unix_s: float = 0.0,
+        daemon_version: str = "",
     ) -> None:
+        """`started_unix_s` (when the daemon process started, wall clock) and
+        `daemon_version` go into every snapshot: they tell a watcher which process it
+        hears, so a restart shows even when the new daemon's counters are higher."""
         self.controller = controller
         self.log = decision_log
         self.plan = plan
@@ -84,6 +89,8 @@ class CoreService:
         self._gpu_probe = gpu_probe
         self._gpu = gpu
         self._pool_bytes = pool_bytes
+        self._started_unix_s = started_unix_s
+        self._daemon_version = daemon_version
         self._dispatch: asyncio.Queue[tuple[list[Decision], asyncio.Future, str, float | None] | None] = (
             asyncio.Queue()
         )
@@ -346,6 +353,8 @@ class CoreService:
             draining=self.draining,
             plan=self.plan,
             decision_log=self.log.figures(),
+            started_unix_s=self._started_unix_s,
+            daemon_version=self._daemon_version,
         )
         self._snapshot_cache = (now_mono, msg)
         return msg

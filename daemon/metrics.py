@@ -28,6 +28,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
+from kvbudget import __version__
 from kvbudget.daemon.records import Decision, DecisionKind, Snapshot
 
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
+        # An info metric, as vLLM's *_info gauges: the value is always 1, the labels are the
+        # facts. `* on(instance) group_left(version)` puts the version on any other series,
+        # so a dashboard can tell which hosts still run an old daemon after an upgrade.
+        Gauge("kvbudget_build_info", "The kvbudget version this daemon runs (always 1)", ["version"],
+              registry=r).labels(version=__version__).set(1)
         self.kv_cache_usage = Gauge(
             "kvbudget_kv_cache_usage_perc", "KV-cache usage: held blocks / pool blocks (0-1 ratio)", registry=r
         )

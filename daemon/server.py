@@ -37,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from kvbudget import __version__
 from kvbudget.daemon import convert, sdnotify
 from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.auth import Authorizer
@@ -371,6 +372,9 @@ class Daemon:
         from kvbudget.daemon.decision_schema import DecisionLogError
 
         config = self.config
+        # Taken once, before the pool is sized (that can take a while): every snapshot of
+        # this process carries it, and a watcher that sees it change knows it restarted.
+        started_unix_s = time.time()
         for address in config.listen:  # fail fast, before any expensive setup
             path = _unix_path(address) if listen_kind(address) == "unix" else None
             if path is not None:
@@ -448,6 +452,8 @@ class Daemon:
                 gpu_refresh_s=config.gpu_probe_interval_s,
             ),
             pool_bytes=setup.sizing.pool_bytes if memory is not None else 0,
+            started_unix_s=started_unix_s,
+            daemon_version=__version__,
         )
         health = health_aio.HealthServicer()
         await self._set_health(health, False)

@@ -28,6 +28,7 @@ from kvbudget.target import (
     resolve_token,
     rpc_error_line,
 )
+from kvbudget.units import format_duration
 
 if TYPE_CHECKING:
     import grpc
@@ -115,7 +116,12 @@ def _expectation(path: str, last: doctor_samples.PoolSample) -> doctor_samples.P
 
 def render(diagnosis: doctor_samples.Diagnosis, target: str) -> str:
     """The human report: one line per check, the knob under each that has one, the verdict."""
-    lines = [f"kvbudget doctor: {target}, {diagnosis.num_samples} samples over {diagnosis.window_s:.1f} s", ""]
+    daemon = _daemon_facts(diagnosis)
+    lines = [
+        f"kvbudget doctor: {target}{f' ({daemon})' if daemon else ''}, "
+        f"{diagnosis.num_samples} samples over {diagnosis.window_s:.1f} s",
+        "",
+    ]
     width = max(len(f.check) for f in diagnosis.findings)
     for finding in diagnosis.findings:
         lines.append(f"  {finding.status.value:<8} {finding.check:<{width}}  {finding.summary}")
@@ -128,3 +134,13 @@ def render(diagnosis: doctor_samples.Diagnosis, target: str) -> str:
         lines.append(f"knob:    {diagnosis.knob}")
     return "\n".join(lines)
 
+
+def _daemon_facts(diagnosis: doctor_samples.Diagnosis) -> str:
+    """"daemon 0.4.0, up 2h13m": which daemon answered (a host still on an old version after
+    an upgrade; one that restarted a minute ago). What it does not say is left out."""
+    facts = []
+    if diagnosis.daemon_version:
+        facts.append(f"daemon {diagnosis.daemon_version}")
+    if diagnosis.daemon_uptime_s is not None:
+        facts.append(f"up {format_duration(diagnosis.daemon_uptime_s)}")
+    return ", ".join(facts)

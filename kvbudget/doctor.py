@@ -424,4 +424,14 @@ def diagnose(
         findings=tuple(findings),
         num_samples=len(ordered),
         window_s=last.time_s - first.time_s,
+        daemon_version=last.daemon_version,
+        daemon_uptime_s=_uptime_s(last),
     )
+
+
+def _uptime_s(sample: PoolSample) -> float | None:
+    """How long the daemon had run at `sample` (its own clock, stepped back: 0); None when
+    it does not say when it started."""
+    if not sample.daemon_started_s:
+        return None
+    return max(0.0, sample.time_s - sample.daemon_started_s)

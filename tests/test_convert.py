@@ -95,3 +95,16 @@ def test_submit_to_spec_reads_presence_and_hashes_as_the_plain_way(max_new_token
     assert spec.max_new_tokens == max_new_tokens
     assert spec.prefix_hashes == tuple(hashes)
     assert spec.deadline_s == (deadline or None)
+
+
+def test_a_snapshot_says_which_daemon_process_took_it() -> None:
+    from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
+
+    from test_admission_support import SMALL_LAYOUTS
+
+    controller = AdmissionController(SMALL_LAYOUTS["full"], 30, AdmissionConfig(max_model_len=64))
+    msg = convert.snapshot_to_proto(controller.snapshot(1005.0), started_unix_s=1000.0, daemon_version="0.4.0")
+    assert (msg.time_unix_s, msg.started_unix_s, msg.daemon_version) == (1005.0, 1000.0, "0.4.0")
+    # A core with no daemon around it (tests, benches) does not say: 0 and "", as an older daemon.
+    bare = convert.snapshot_to_proto(controller.snapshot(1005.0))
+    assert (bare.started_unix_s, bare.daemon_version) == (0.0, "")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kvbudget import doctor, doctor_samples
 from kvbudget.cli import main
+from kvbudget.cmd_doctor import render
 from kvbudget.doctor_samples import GpuSample, PlanView, PoolSample, Status, TenantSample, Verdict
 from kvbudget.v1 import common_pb2
 
@@ -320,6 +321,8 @@ def test_sample_from_a_snapshot_message() -> None:
                                                  database_bytes=3000, wal_bytes=1000, max_bytes=10_000,
                                                  disk_free_bytes=70_000, disk_total_bytes=100_000,
                                                  num_unwritten_decisions=7, write_error="disk full"),
+        started_unix_s=2.5,
+        daemon_version="0.4.0",
     )
     s = doctor_samples.sample_from_snapshot(msg)
     assert (s.log_stalls, s.log_stall_s, s.log_unindexed) == (2, 0.75, 120)
@@ -333,6 +336,25 @@ def test_sample_from_a_snapshot_message() -> None:
     assert s.tenants == (TenantSample("a", 40, 0, 500, 6),)
     assert s.rejections_by_reason == {"never_fits": 1}
     assert s.waiting_by_reason == {"tenant_quota": 2, "queue_ahead": 4}
+    assert (s.daemon_started_s, s.daemon_version) == (2.5, "0.4.0")
+
+
+def test_the_report_names_the_daemon_and_its_uptime() -> None:
+    """Which daemon answered: its version (a host still on the old one after an upgrade)
+    and how long it has run (at the last sample, on its own clock)."""
+    started = 1000.0 - (2 * 3600 + 13 * 60)  # the series' samples are at t = 1000 .. 1004
+    samples = [replace(sample, daemon_started_s=started, daemon_version="0.4.0") for sample in series(held=300)]
+    d = doctor.diagnose(samples)
+    assert (d.daemon_version, d.daemon_uptime_s) == ("0.4.0", 2 * 3600 + 13 * 60 + 4)
+    decoded = json.loads(json.dumps(d.as_dict()))
+    assert (decoded["daemon_version"], decoded["daemon_uptime_s"]) == ("0.4.0", 7984.0)
+    assert render(d, "unix:///k.sock").splitlines()[0] == (
+        "kvbudget doctor: unix:///k.sock (daemon 0.4.0, up 2h13m), 5 samples over 4.0 s"
+    )
+    # An older daemon says neither: the line is as it was.
+    older = doctor.diagnose(series(held=300))
+    assert (older.daemon_version, older.daemon_uptime_s) == ("", None)
+    assert render(older, "unix:///k.sock").splitlines()[0] == "kvbudget doctor: unix:///k.sock, 5 samples over 4.0 s"
 
 
 def test_commits_waiting_for_the_log_are_a_finding_of_their_own() -> None:

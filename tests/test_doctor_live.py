@@ -27,6 +27,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import kvbudget
 from kvbudget.client import EngineClient
 from kvbudget.daemon.records import DecisionKind, RequestSpec
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
@@ -142,6 +143,9 @@ async def test_doctor_says_healthy_with_room_to_spare(tmp_path: Path) -> None:
             code, report = await doctor(target, "--config", str(config))
     assert report["verdict"] == "healthy", report
     assert code == 0
+    # Which daemon answered: this package's version, up for the few seconds of the test.
+    assert report["daemon_version"] == kvbudget.__version__
+    assert 0 < report["daemon_uptime_s"] < 120
     (size,) = [f for f in report["findings"] if f["check"] == "pool size"]
     assert size["status"] == "ok", size
     assert size["data"]["config_num_blocks"] == size["data"]["plan_num_blocks"] == POOL_BLOCKS - 1

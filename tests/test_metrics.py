@@ -286,3 +286,12 @@ def test_the_client_ca_expiry_is_exported_only_with_mutual_tls() -> None:
     metrics.set_client_ca_expiry(1_700_000_000.0)
     metrics.set_client_ca_expiry(1_750_000_000.0)  # a reload read a renewed bundle
     assert "kvbudget_tls_client_ca_expiry_timestamp_seconds 1.75e+09" in metrics.render().decode()
+
+
+def test_the_version_the_daemon_runs_is_an_info_metric() -> None:
+    """vLLM's form: always 1, the fact in a label (joined onto other series by instance)."""
+    from kvbudget import __version__
+
+    metrics = Metrics()  # before any feed: known from the start
+    assert value(metrics, "kvbudget_build_info", version=__version__) == 1.0
+    assert f'kvbudget_build_info{{version="{__version__}"}} 1.0' in metrics.render().decode()

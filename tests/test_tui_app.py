@@ -281,7 +281,7 @@ async def test_disconnected_shows_why_counts_down_and_resumes():
         await shown(pilot, "retrying… · no update for 8 s")
         await source.queue.put(Update(STREAM[1]))
         await wait_until(pilot, lambda: app.state.connection.link is Link.CONNECTED, "up")
-        text = await shown(pilot, "● connected  google/gemma-3-4b-it  optimistic  unix://")
+        text = await shown(pilot, "● connected  google/gemma-3-4b-it  optimistic  daemon 0.1.0 · up 2h13m  unix://")
         assert "no update" not in text and not app._grid.has_class("-stale")
         assert app.state.connection.reconnects == 1
 
@@ -339,6 +339,25 @@ async def test_a_restarted_daemon_numbering_from_1_again_does_not_crash_the_tabl
         await pilot.pause(0.3)
         assert app.return_code is None  # still running: no DuplicateKey
         assert app.state.restarts == 1
+
+
+async def test_the_top_line_names_the_daemon_and_its_uptime_and_a_new_start_is_a_restart():
+    # The recorded daemon started 2 h 13 min before the recording. Then another process
+    # answers, up 45 s, busier than the old one (higher counters): only its start time says
+    # it is another daemon; the uptime on the line is its own.
+    source = QueueSource()
+    app = recorded_app(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        await source.queue.put(Update(STREAM[0]))
+        await shown(pilot, "optimistic  daemon 0.1.0 · up 2h13m  unix://")
+        busier = observer_pb2.WatchResponse(snapshot=STREAM[1].snapshot)
+        busier.snapshot.started_unix_s = busier.snapshot.time_unix_s - 45.9
+        busier.snapshot.daemon_version = "0.2.0"
+        busier.snapshot.num_preemptions += 100
+        await source.queue.put(Update(busier))
+        await shown(pilot, "optimistic  daemon 0.2.0 · up 45s  unix://")
+        assert app.state.restarts == 1 and len(app.state.history) == 1
 
 
 async def test_filter_and_target_text_are_shown_as_typed_never_as_markup(tmp_path: Path):
@@ -551,7 +570,8 @@ async def test_playback_says_so_and_r_explains_why_it_does_nothing():
     async with app.run_test(size=(120, 40)) as pilot:
         await played(pilot)
         text = screen_text(app)
-        assert "▶ playback  google/gemma-3-4b-it  optimistic  unix:///test/kvbudget.sock" in text
+        assert ("▶ playback  google/gemma-3-4b-it  optimistic  daemon 0.1.0 · up 2h13m  "
+                "unix:///test/kvbudget.sock") in text
         assert "● connected" not in text
         assert "playback: no replay from here" in text
         told: list[str] = []

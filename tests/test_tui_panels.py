@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tui_helpers import GIB, snapshot, state_of, text_of
 
 from kvbudget.tui import decisions, drawing, panels
-from kvbudget.tui.state import DashboardState, DecisionRow, Limits, Link
+from kvbudget.tui.state import DashboardState, DecisionRow, Limits, Link, daemon_uptime_s
 from kvbudget.tui.verdict import Bound, verdict
 from kvbudget.v1 import common_pb2, observer_pb2
 
@@ -277,8 +277,10 @@ class TestVerdict:
         )
         waiting = state_of(held_at(95, 1000.0, num_waiting=3, decision_log=stalled[0]),
                            held_at(95, 1010.0, num_waiting=3, decision_log=stalled[2]))
+        # Two samples under pressure, both 95% held: the verdict says it judged their mean.
         assert verdict(waiting).line == (
-            "pool-bound: 3 waiting with 95% of blocks held; commits waited 1.2 s in 10 s for the decision log"
+            "pool-bound: 3 waiting with 95% of blocks held (mean under pressure, 10 s); "
+            "commits waited 1.2 s in 10 s for the decision log"
         )
         # Stalls before the window (the figure stands still): not said.
         still = state_of(held_at(50, 1000.0, decision_log=stalled[2]), held_at(50, 1010.0, decision_log=stalled[2]))
@@ -724,3 +726,77 @@ def test_replays_that_do_not_fit_are_counted_the_finished_ones_last():
     assert text_of(panels.replays_panel(state)).splitlines()[6:] == [
         "done.csv", "█" * 24 + " 100/100 20×", "100% done  policy —", "r: start a replay",
     ]
+
+
+# -- which daemon: its start time tells a restart, its version and uptime head the screen ---
+
+STARTED = 1_700_000_000.0
+
+
+def test_another_start_time_is_a_restart_even_when_the_counters_went_up():
+    """A busy new daemon whose counters already passed an idle old one's: the counters
+    alone cannot tell, the start time does."""
+    old = snapshot(time_unix_s=STARTED + 100, started_unix_s=STARTED, num_preemptions=2,
+                   decisions_by_kind={"DECISION_KIND_ADMIT": 5})
+    new = snapshot(time_unix_s=STARTED + 160, started_unix_s=STARTED + 150, num_preemptions=40,
+                   decisions_by_kind={"DECISION_KIND_ADMIT": 900})
+    state = state_of(old, new)
+    assert state.restarts == 1
+    assert [s.time_s for s in state.history] == [STARTED + 160]  # the plots start over
+
+
+def test_the_same_start_time_is_the_same_daemon_whatever_its_clock_and_counters_do():
+    """Decided: the start time, when both snapshots carry it, is the whole answer. One
+    process's cumulative counters never go backwards; its wall clock may (an NTP step), and
+    that must not wipe the plots and the decisions as if it had restarted."""
+    made = [decision(seq, common_pb2.DECISION_KIND_ADMIT, "fits", f"r{seq}") for seq in (1, 2)]
+    before = snapshot(time_unix_s=STARTED + 100, started_unix_s=STARTED, num_preemptions=7,
+                      decisions_by_kind={"DECISION_KIND_ADMIT": 9})
+    stepped_back = snapshot(time_unix_s=STARTED + 40, started_unix_s=STARTED, num_preemptions=3,
+                            decisions_by_kind={"DECISION_KIND_ADMIT": 2})
+    state = state_of(before, decisions=made).with_response(
+        observer_pb2.WatchResponse(snapshot=stepped_back)
+    )
+    assert state.restarts == 0
+    assert [d.request_id for d in state.decisions] == ["r1", "r2"]
+    # The plots are on the daemon's clock: they start over from the stepped-back time
+    # rather than wait 60 s for it to pass their last point.
+    assert [s.time_s for s in state.history] == [STARTED + 40]
+
+
+@pytest.mark.parametrize("started_before, started_after", [(0.0, 0.0), (STARTED, 0.0), (0.0, STARTED)])
+def test_without_a_start_time_on_either_side_the_counters_guess(started_before, started_after):
+    """An older daemon (or recording) says no start time: the clock or the counters going
+    backwards is the guess, and a restart with higher counters goes unseen."""
+    before = snapshot(time_unix_s=1000.0, started_unix_s=started_before, num_preemptions=5)
+    went_back = snapshot(time_unix_s=1001.0, started_unix_s=started_after, num_preemptions=0)
+    went_up = snapshot(time_unix_s=1001.0, started_unix_s=started_after, num_preemptions=6)
+    assert state_of(before, went_back).restarts == 1
+    assert state_of(before, went_up).restarts == 0
+
+
+def test_uptime_is_the_snapshots_own_time_since_the_start():
+    assert daemon_uptime_s(snapshot(time_unix_s=STARTED + 7980.5, started_unix_s=STARTED)) == 7980.5
+    assert daemon_uptime_s(snapshot(time_unix_s=STARTED - 3, started_unix_s=STARTED)) == 0.0  # clock stepped back
+    assert daemon_uptime_s(snapshot(time_unix_s=STARTED)) is None  # an older daemon: not said
+
+
+def test_status_line_names_the_daemons_version_and_uptime():
+    up = snapshot(time_unix_s=STARTED + 2 * 3600 + 13 * 60 + 5, started_unix_s=STARTED,
+                  daemon_version="0.4.0", plan=common_pb2.PoolPlan(model="m"))
+    state = state_of(up).with_link(Link.CONNECTED)
+    assert text_of(panels.status_line(state), width=100) == (
+        " kvbudget  ● connected  m  optimistic  daemon 0.4.0 · up 2h13m  unix:///test.sock"
+    )
+    # Drawn from the state alone: the same state, the same line, whenever it is drawn.
+    assert text_of(panels.status_line(state, now=1e9), width=100) == text_of(panels.status_line(state), width=100)
+    # What an older daemon does not say is left out.
+    no_start = state_of(snapshot(daemon_version="0.4.0"))
+    assert text_of(panels.status_line(no_start.with_link(Link.CONNECTED)), width=100) == (
+        " kvbudget  ● connected  optimistic  daemon 0.4.0  unix:///test.sock"
+    )
+    older = state_of(snapshot()).with_link(Link.CONNECTED)
+    assert text_of(panels.status_line(older), width=100) == " kvbudget  ● connected  optimistic  unix:///test.sock"
+    # Disconnected: the last snapshot's uptime would stand still; it is not shown.
+    down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: Socket closed", 1.0)
+    assert "up " not in text_of(panels.status_line(down), width=200)

@@ -41,6 +41,9 @@ def _decision(seq: int, t: float, kind: int, reason: str, request: str, engine: 
 
 def synthetic_stream(updates: int = 40) -> list[observer_pb2.WatchResponse]:
     start = 1_764_400_000.0  # a fixed daemon clock
+    # The daemon started 2 h 13 min before the recording: the status line says "up 2h13m"
+    # throughout its 20 s. A fixed version, not this package's: the recording stays put.
+    started = start - (2 * 3600 + 13 * 60)
     capacity = 4096
     plan = common_pb2.PoolPlan(
         model="google/gemma-3-4b-it", block_size_tokens=16, num_blocks=capacity,
@@ -122,6 +125,7 @@ def synthetic_stream(updates: int = 40) -> list[observer_pb2.WatchResponse]:
                                             position=50 * i, total=2000, speed=10.0,
                                             policy="optimistic")],
             prefix_hit_blocks=300, prefix_query_blocks=1200, plan=plan,
+            started_unix_s=started, daemon_version="0.1.0",
         )
         stream.append(observer_pb2.WatchResponse(snapshot=snapshot, decisions=decisions))
     return stream

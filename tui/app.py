@@ -388,7 +388,7 @@ class KVBudgetApp(App[int]):
     @on(DataTable.RowSelected, "#decisions")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
         # The row as it was shown, not looked up in the live buffer: a paused row may have
-        # left it long ago, and a restarted daemon repeats seqs.
+        # left it long ago, and a daemon restarted on a fresh log repeats seqs.
         shown = self._shown.get(event.row_key.value or "")
         if shown is not None:
             self.push_screen(DecisionScreen(shown.row))

@@ -80,8 +80,9 @@ class TableRow:
     """One row of the decisions table: the decision and its key.
 
     The key is the dashboard's own arrival number (`DashboardState.decision_number`), not
-    the daemon's `seq`: a restarted daemon numbers from 1 again, so seqs can repeat in one
-    table; arrival numbers never do, and they name the same decision on every redraw.
+    the daemon's `seq`: a daemon restarted on a fresh log numbers from 1 again, so seqs can
+    repeat in one table; arrival numbers never do, and they name the same decision on every
+    redraw.
     """
 
     key: int

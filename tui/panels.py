@@ -26,8 +26,10 @@ from kvbudget.tui.drawing import (
     plot_row,
     usage_style,
 )
-from kvbudget.tui.state import Connection, DashboardState, Link, policy_name
+from kvbudget.tui.state import Connection, DashboardState, Link, daemon_uptime_s, policy_name
 from kvbudget.tui.verdict import Bound, gib, verdict
+from kvbudget.units import format_duration
+from kvbudget.v1 import common_pb2
 
 REPLAY_STALLED_S = 30.0  # a replay whose position has not moved for this long
 WAITING = Text("waiting for the first snapshot…", style="dim")
@@ -441,6 +443,9 @@ def status_line(
         if model:
             text.append(f"  {model}", style="bold")
         text.append(f"  {policy_name(s.policy)}")
+        identity = daemon_identity(s)
+        if identity:
+            text.append(f"  {identity}", style="dim")
     text.append(f"  {c.target}")
     if paused:
         text.append("  ⏸ PAUSED", style="bold yellow")
@@ -449,6 +454,20 @@ def status_line(
     if c.link is Link.DISCONNECTED and c.detail and c.detail != cause:
         text.append(f"  ({c.detail})", style="red")
     return text
+
+
+def daemon_identity(s: common_pb2.Snapshot) -> str:
+    """"daemon 0.4.0 · up 2h13m": which daemon answers and how long it has run, as htop's
+    uptime or `systemctl status`'s "since". "daemon", not "kvbudget": the daemon may run
+    another version than this dashboard. Either part is left out when the daemon does not
+    say it (an older one)."""
+    parts = []
+    if s.daemon_version:
+        parts.append(f"daemon {s.daemon_version}")
+    uptime_s = daemon_uptime_s(s)
+    if uptime_s is not None:
+        parts.append(f"up {format_duration(uptime_s)}")
+    return " · ".join(parts)
 
 
 def essential_cause(detail: str) -> str:

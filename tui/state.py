@@ -14,6 +14,7 @@ would only copy them); they are never mutated after they arrive.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 
 from kvbudget.v1 import common_pb2, observer_pb2
@@ -146,15 +147,33 @@ STALE_INTERVALS = 5
 
 
 def _restarted(before: common_pb2.Snapshot | None, after: common_pb2.Snapshot) -> bool:
-    """True when `after` comes from a daemon that restarted since `before`: its clock or
-    its cumulative counters (which start at 0 in every process) went backwards."""
+    """True when `after` comes from another daemon process than `before`.
+
+    Both say when their process started: they differ, or not; nothing else counts. So a
+    busy new daemon whose counters already passed an idle old one's is seen, and the same
+    daemon whose wall clock was stepped back (NTP) is not taken for a new one: its counters
+    never go backwards, its clock may. When either does not say (0: an older daemon, an
+    older recording), a guess: the clock or the cumulative counters (which start at 0 in
+    every process) went backwards."""
     if before is None:
         return False
+    if before.started_unix_s and after.started_unix_s:
+        return after.started_unix_s != before.started_unix_s
     return (
         after.time_unix_s < before.time_unix_s
         or after.num_preemptions < before.num_preemptions
         or sum(after.decisions_by_kind.values()) < sum(before.decisions_by_kind.values())
     )
+
+
+def daemon_uptime_s(snapshot: common_pb2.Snapshot) -> float | None:
+    """How long the daemon had been up when it took `snapshot`, on its own clock (so drawing
+    it needs no clock here); None when it does not say when it started."""
+    started = snapshot.started_unix_s
+    uptime = snapshot.time_unix_s - started
+    if not started or not math.isfinite(uptime):
+        return None
+    return max(0.0, uptime)
 
 
 def decision_matches(m: common_pb2.Decision, query: str) -> bool:
@@ -215,7 +234,9 @@ class DashboardState:
     replay_moves: tuple[tuple[str, int, float], ...] = ()
     # Every decision this dashboard received, counted across daemon restarts. The buffered
     # decision i is number `decisions_received - len(decisions) + i`: a key for the table
-    # that no restart can repeat (a restarted daemon numbers its `seq` from 1 again).
+    # that nothing can repeat. `seq` is no such key: a restarted daemon numbers on from its
+    # log's last (AdmissionController.number_from), but one started on a fresh or another
+    # log numbers from 1 again.
     decisions_received: int = 0
     decisions_dropped: int = 0  # dropped by the daemon because this watcher was slow
     # When the last update arrived (the app's monotonic clock; None: not told) and the
@@ -223,7 +244,9 @@ class DashboardState:
     # panels are (`staleness`).
     updated_at: float | None = None
     update_gap_s: float = 0.0
-    restarts: int = 0  # daemon restarts seen (counters or decision numbers went backwards)
+    # Daemon restarts seen: another start time, or (a daemon that does not say it) counters
+    # or decision numbers that went backwards.
+    restarts: int = 0
     version: int = 0  # bumped by every change, so the app renders only when it moved
 
     @classmethod
@@ -249,17 +272,25 @@ class DashboardState:
         snapshot = response.snapshot if has_snapshot else self.snapshot
         incoming = response.decisions
         restarted = (has_snapshot and _restarted(self.snapshot, response.snapshot)) or bool(
-            # The decision numbers went backwards: a new daemon counting from 1 again.
+            # The decision numbers went backwards: a new daemon on a fresh log, counting from
+            # 1 again. (One on the same log numbers on: its snapshot's start time tells.)
             incoming and self.decisions and incoming[0].seq <= self.decisions[-1].seq
         )
         # A daemon that restarted has a clock, counters and decision numbers of its own:
         # start the plots and the decision buffer over rather than mix two runs.
         kept = () if restarted else self.decisions
+        # The same daemon's wall clock stepped back (NTP): the plots are on that clock, so
+        # they start over too (else no sample joins them until the clock catches up); its
+        # decisions stay.
+        clock_stepped_back = (
+            has_snapshot and self.snapshot is not None
+            and response.snapshot.time_unix_s < self.snapshot.time_unix_s
+        )
         gap_s = self.update_gap_s
         if has_snapshot:
             sample = sample_of(response.snapshot)
             last = history[-1] if history else None
-            if restarted:
+            if restarted or clock_stepped_back:
                 history = (sample,)
             elif last is None or sample.time_s - last.time_s >= limits.sample_period_s:
                 history = (history + (sample,))[-limits.history_len :]
