@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
+from operator import attrgetter
 from dataclasses import dataclass
 
 from kvbudget.daemon import policies
@@ -69,6 +70,7 @@ from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.daemon.waiting_queue import WaitingQueue
 
+_wait_reason = attrgetter("wait_reason")  # (a C call per waiting request: snapshots)
 POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive", "naive")
 # Hot enum members as module constants: `Status.RUNNING` is a ~70 ns metaclass lookup on
 # Python 3.11 and a submit + finish makes a dozen of them.
@@ -420,6 +422,9 @@ class AdmissionController:
     def snapshot(self, now: float) -> Snapshot:
         ledger, pool = self.ledger, self.pool
         capacity = pool.capacity
+        # The queue may hold tens of thousands: counted in C (a reason changes at each try,
+        # so it is not kept as they come and go, as the counts per engine are).
+        by_reason = Counter(map(_wait_reason, self._queue.all()))
         return Snapshot(
             time_s=now,
             policy=self.policy.name,
@@ -438,7 +443,8 @@ class AdmissionController:
             tenants=ledger.tenant_snapshots(),
             prefix_hit_blocks=self._prefix_hit_blocks,
             prefix_query_blocks=self._prefix_query_blocks,
-            waiting_by_reason=dict(Counter(r.wait_reason.value for r in self._queue.all())),
+            waiting_by_reason={reason.value: n for reason, n in by_reason.items()},
+            waiting_by_engine=dict(self._queue.num_by_engine),
         )
 
     def check_integrity(self) -> None:
@@ -477,6 +483,7 @@ class AdmissionController:
 
     def waiting_requests(self) -> list[RequestState]:
         return list(self._queue.in_order(self.ledger.tenants))
+
 
     # ================================================================ internals
     def _get(self, request_id: str) -> RequestState:

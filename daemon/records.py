@@ -133,6 +133,7 @@ class Snapshot:
     # Waiting requests by why their last try failed (pool_full, budget_full, watermark,
     # tenant_quota; queue_ahead: not tried yet, others are ahead): what holds the queue.
     waiting_by_reason: dict[str, int] = field(default_factory=dict)
+    waiting_by_engine: dict[str, int] = field(default_factory=dict)  # engine id -> waiting requests
 
     @property
     def usage(self) -> float:

@@ -1,9 +1,12 @@
 """The waiting queue's order, kept incrementally (sorted tenant heads, moved only when a
 tenant's first request or usage changes), always equals the plain definition: every
 waiting request sorted by (priority, class, usage of its tenant, arrival), or by
-(priority, class, arrival) without fair share. And a pass costs no more for many tenants."""
+(priority, class, arrival) without fair share; and its count per engine is the plain
+count. And a pass costs no more for many tenants."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,7 +47,8 @@ def test_in_order_is_the_sorted_definition_after_any_changes(ops, fair_share: bo
     waiting: list[RequestState] = []
     for n, (kind, tenant, value, preempted) in enumerate(ops):
         if kind == "push":
-            r = RequestState(RequestSpec(f"r{n}", 8, priority=value, tenant=tenant), 8, n, 1)
+            spec = RequestSpec(f"r{n}", 8, priority=value, tenant=tenant, engine_id=f"e{n % 3}")
+            r = RequestState(spec, 8, n, 1)
             queue.push(r, preempted, tenants[tenant].usage())
             waiting.append(r)
         elif kind == "remove" and waiting:
@@ -58,6 +62,8 @@ def test_in_order_is_the_sorted_definition_after_any_changes(ops, fair_share: bo
             queue.usage_changed.add(tenant)  # as the ledger and the controller say so
         assert [r.request_id for r in queue.in_order(tenants)] == expected_order(waiting, tenants, fair_share)
         assert len(queue) == len(waiting)
+        # Kept as requests come and go (snapshots read it): the count of each engine's waiting.
+        assert queue.num_by_engine == Counter(r.spec.engine_id for r in waiting)
 
 
 def test_a_tenant_whose_running_request_grows_moves_back_in_the_queue() -> None:
