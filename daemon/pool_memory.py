@@ -30,6 +30,7 @@ from multiprocessing import shared_memory
 from typing import Any
 
 SHM_DIR = "/dev/shm"
+SHM_MODE = 0o660  # the CPU pool: the daemon's user and group read and write it, as its socket
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
 
@@ -138,6 +139,9 @@ def _allocate_shared_cpu(torch: Any, size_bytes: int, layout: str) -> PoolMemory
             )
     name = f"kvbudget_{os.getpid()}_{secrets.token_hex(4)}"
     shm = shared_memory.SharedMemory(name=name, create=True, size=size_bytes)
+    # Python creates it 0600: only the daemon's user could map it. Engines run as other
+    # users in the daemon's group (the systemd unit's socket is 0660 for them): same here.
+    os.fchmod(shm._fd, SHM_MODE)  # type: ignore[attr-defined]
     tensor = torch.frombuffer(shm.buf, dtype=torch.uint8, count=size_bytes)
     return PoolMemory(
         device="cpu", size_bytes=size_bytes, shm_name=shm.name, layout=layout, tensor=tensor, _shm=shm

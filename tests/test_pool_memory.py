@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -38,6 +39,8 @@ def test_cpu_pool_is_shared_memory_another_process_maps_by_name() -> None:
         assert pool.size_bytes == size and pool.cuda_ipc_handle == b""
         assert pool.tensor.dtype == torch.uint8 and pool.tensor.numel() == size
         assert pool.layout.startswith("[num_blocks=4][layers_per_group=2][page_size_bytes=8388608]")
+        # Engines of the daemon's group map it too (Python alone would create it 0600).
+        assert stat.S_IMODE(os.stat(os.path.join(SHM_DIR, pool.shm_name)).st_mode) == 0o660
         pool.tensor[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
         pool.tensor[-2:] = torch.tensor([254, 255], dtype=torch.uint8)
         # The engine's side: a separate process attaches by name, reads what the daemon
