@@ -3,7 +3,8 @@
 Names are `kvbudget_` plus vLLM's where one exists, so dashboards built for vLLM read the
 same way: `kv_cache_usage_perc` (a 0-1 ratio, like vLLM's despite the name),
 `num_requests_waiting`, `num_requests_running`, `num_preemptions_total`. The rest break the
-pool down by state, layer group and tenant, and count decisions by kind and reason.
+pool down by state, layer group and tenant (the MAX_TENANT_SERIES that matter most, the rest
+summed), and count decisions by kind and reason (every pair the core decides at 0 from the start).
 
 Two feeds: `record()` with each batch of decisions (counters, latency) and `update()` with a
 periodic snapshot (gauges). Cumulative figures the core keeps in its snapshot (prefix-cache
@@ -12,6 +13,7 @@ queries, blocks reclaimed) become counters by adding the increase since the last
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -29,7 +31,7 @@ from prometheus_client import (
 from prometheus_client.exposition import start_http_server
 
 from kvbudget import __version__
-from kvbudget.daemon.records import Decision, DecisionKind, Snapshot
+from kvbudget.daemon.records import Decision, DecisionKind, Reason, Snapshot, TenantSnapshot
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -38,6 +40,48 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )
+
+
+# Every (kind, reason) the admission core decides. Their series exist from the start, at 0:
+# a counter series that first appears at 37 has its first 37 lost to rate() and increase()
+# (the first preemption burst, say), and an alert on `rate(...{kind="admit"}) == 0` has
+# nothing to compare while nothing was ever admitted. Both labels are closed enums, so this
+# is a fixed, small set; a pair missing here is still counted, from its first decision on.
+DECISION_PAIRS: tuple[tuple[DecisionKind, Reason], ...] = (
+    (DecisionKind.ADMIT, Reason.FITS),
+    (DecisionKind.ADMIT, Reason.PREFIX_HIT),
+    (DecisionKind.QUEUE, Reason.QUEUE_AHEAD),
+    (DecisionKind.QUEUE, Reason.POOL_FULL),
+    (DecisionKind.QUEUE, Reason.BUDGET_FULL),
+    (DecisionKind.QUEUE, Reason.WATERMARK),
+    (DecisionKind.QUEUE, Reason.TENANT_QUOTA),
+    (DecisionKind.REJECT, Reason.PROMPT_TOO_LONG),
+    (DecisionKind.REJECT, Reason.NEVER_FITS),
+    (DecisionKind.REJECT, Reason.TENANT_QUOTA),
+    (DecisionKind.REJECT, Reason.QUEUE_FULL),
+    (DecisionKind.REJECT, Reason.DEADLINE),
+    (DecisionKind.REJECT, Reason.DRAINING),
+    (DecisionKind.GROW, Reason.FITS),
+    (DecisionKind.DENY, Reason.POOL_FULL),
+    (DecisionKind.DENY, Reason.OVER_RESERVATION),
+    (DecisionKind.DENY, Reason.NOT_RUNNING),
+    (DecisionKind.PREEMPT, Reason.GROWTH),
+    (DecisionKind.PREEMPT, Reason.PRIORITY),
+    (DecisionKind.RECLAIM, Reason.WINDOW),
+    (DecisionKind.RELEASE, Reason.FINISHED),
+    (DecisionKind.RELEASE, Reason.ABORTED),
+    (DecisionKind.EXPIRE, Reason.LEASE_EXPIRED),
+    (DecisionKind.POLICY, Reason.SWITCH),
+)
+
+# Tenant names come from the engines' requests (often an end user or API key), not from
+# the config, and an unbounded queue may hold any number of them: one series per tenant
+# would let traffic decide the exporter's size (20,000 queued tenants made 80,000 series, a
+# 5 MB scrape taking 4 s, and 0.4 s of every second spent on the event loop setting them).
+# The largest tenants get their own series; the rest are summed into one, so a sum over
+# tenants stays exact.
+MAX_TENANT_SERIES = 50
+OTHER_TENANTS = "(other)"  # parentheses: not a name a tenant would be given
 
 
 class GpuMemory(Protocol):
@@ -76,19 +120,23 @@ class Metrics:
         # so a dashboard can tell which hosts still run an old daemon after an upgrade.
         Gauge("kvbudget_build_info", "The kvbudget version this daemon runs (always 1)", ["version"],
               registry=r).labels(version=__version__).set(1)
+        # The gauges only a snapshot (or the GPU probe, or the log's figures) can set are
+        # registered by the first update() that has it (see _register_once): the HTTP server
+        # serves before the core's first metrics tick, and until then these would read 0 (a
+        # pool of 0 blocks, no GPU), which is a value, not the absence of one.
         self.kv_cache_usage = Gauge(
-            "kvbudget_kv_cache_usage_perc", "KV-cache usage: held blocks / pool blocks (0-1 ratio)", registry=r
+            "kvbudget_kv_cache_usage_perc", "KV-cache usage: held blocks / pool blocks (0-1 ratio)", registry=None
         )
         self.requests_waiting = Gauge(
-            "kvbudget_num_requests_waiting", "Requests waiting for admission", registry=r
+            "kvbudget_num_requests_waiting", "Requests waiting for admission", registry=None
         )
         self.requests_running = Gauge(
-            "kvbudget_num_requests_running", "Requests admitted and holding blocks", registry=r
+            "kvbudget_num_requests_running", "Requests admitted and holding blocks", registry=None
         )
         self.preemptions = Counter(
             "kvbudget_num_preemptions", "Running requests preempted, by reason", ["reason"], registry=r
         )
-        self.num_blocks = Gauge("kvbudget_num_blocks", "Pool capacity in blocks (null block excluded)", registry=r)
+        self.num_blocks = Gauge("kvbudget_num_blocks", "Pool capacity in blocks (null block excluded)", registry=None)
         self.blocks = Gauge(
             "kvbudget_blocks",
             "Pool blocks by state: free (never cached) + evictable (cached, unreferenced) + held "
@@ -148,18 +196,21 @@ class Metrics:
         self.log_unwritten = Gauge(
             "kvbudget_decision_log_unwritten_decisions",
             "Decisions a failed log write left (a full disk), waiting to be written first; steps are refused while > 0",
-            registry=r,
+            registry=None,
         )
         self.policy = Gauge("kvbudget_policy", "The admission policy in force (1 for it)", ["policy"], registry=r)
-        self.gpu_present = Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=r)
+        self.gpu_present = Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=None)
         self.gpu_memory = Gauge(
             "kvbudget_gpu_memory_bytes", "GPU memory by state (total, used, free), from NVML", ["state"], registry=r
         )
         self._lock = threading.Lock()  # update() reads and writes the "last seen" figures
+        self._registered: set[int] = set()  # ids of the gauges _register_once registered
         self._last_cumulative: dict[tuple[str, ...], float] = {}
         self._last_labels: dict[str, set[tuple[str, ...]]] = {}
         # (kind, reason) -> its decisions child and, for preempts, its preemptions child
         self._decision_children: dict[tuple[object, object], tuple[Counter, Counter | None]] = {}
+        for kind, reason in DECISION_PAIRS:
+            self._decision_children[(kind, reason)] = self._children_of(kind, reason)
         self._server: WSGIServer | None = None
         self._server_thread: threading.Thread | None = None
 
@@ -219,6 +270,7 @@ class Metrics:
     def update(self, snapshot: Snapshot, gpu: GpuMemory | None = None, log: LogFigures | None = None) -> None:
         """Set the gauges from a snapshot (and the GPU probe and the decision log, when given)."""
         with self._lock:
+            self._register_once(self.kv_cache_usage, self.requests_waiting, self.requests_running, self.num_blocks)
             self.kv_cache_usage.set(snapshot.usage)
             self.requests_waiting.set(snapshot.num_waiting)
             self.requests_running.set(snapshot.num_running)
@@ -238,13 +290,7 @@ class Metrics:
                                    group.blocks_reclaimed)
             self._set_labelled(self.group_blocks, group_values)
 
-            tenant_blocks: dict[tuple[str, ...], float] = {}
-            tenant_requests: dict[tuple[str, ...], float] = {}
-            for tenant in snapshot.tenants:
-                tenant_blocks[(tenant.tenant, "held")] = tenant.blocks_held
-                tenant_blocks[(tenant.tenant, "reserved")] = tenant.blocks_reserved
-                tenant_requests[(tenant.tenant, "running")] = tenant.running
-                tenant_requests[(tenant.tenant, "waiting")] = tenant.waiting
+            tenant_blocks, tenant_requests = _tenant_series(snapshot.tenants)
             self._set_labelled(self.tenant_blocks, tenant_blocks)
             self._set_labelled(self.tenant_requests, tenant_requests)
 
@@ -252,6 +298,7 @@ class Metrics:
             self._add_increase(self.prefix_hits, ("prefix_hits",), snapshot.prefix_hit_blocks)
 
             if log is not None:
+                self._register_once(self.log_unwritten)
                 self.log_bytes.labels(file="database").set(log.database_bytes)
                 self.log_bytes.labels(file="wal").set(log.wal_bytes)
                 self.log_unwritten.set(log.num_unwritten)
@@ -262,11 +309,19 @@ class Metrics:
                 self._add_increase(self.log_stall_seconds, ("log_stall_seconds",), log.stall_seconds)
 
             if gpu is not None:
+                self._register_once(self.gpu_present)
                 self.gpu_present.set(1.0 if gpu.present else 0.0)
                 if gpu.present:
                     self.gpu_memory.labels(state="total").set(gpu.total_bytes)
                     self.gpu_memory.labels(state="used").set(gpu.used_bytes)
                     self.gpu_memory.labels(state="free").set(gpu.free_bytes)
+
+    def _register_once(self, *gauges: Gauge) -> None:
+        """Registers each gauge the first time it has a value (see __init__)."""
+        for gauge in gauges:
+            if id(gauge) not in self._registered:
+                self.registry.register(gauge)
+                self._registered.add(id(gauge))
 
     def _add_increase(self, counter: Counter, key: tuple[str, ...], cumulative: float) -> None:
         last = self._last_cumulative.get(key, 0)
@@ -307,6 +362,43 @@ class Metrics:
             server.server_close()
         if thread is not None:
             thread.join(timeout=5.0)
+
+
+TenantSeries = dict[tuple[str, ...], float]
+
+
+def _tenant_series(tenants: Sequence[TenantSnapshot]) -> tuple[TenantSeries, TenantSeries]:
+    """The (tenant, state) values of the blocks and requests gauges: the MAX_TENANT_SERIES
+    tenants that matter most by name, the others summed under OTHER_TENANTS."""
+    blocks: TenantSeries = {}
+    requests: TenantSeries = {}
+    named = tenants
+    if len(tenants) > MAX_TENANT_SERIES:
+        # One slot goes to the sum of the rest. nsmallest: O(n log k), and a fixed order for
+        # ties (by name), so the same tenants keep their series from one update to the next.
+        candidates = [t for t in tenants if t.tenant != OTHER_TENANTS]  # a tenant of that name joins the sum
+        named = heapq.nsmallest(MAX_TENANT_SERIES - 1, candidates, key=_tenant_rank)
+        kept = {t.tenant for t in named}
+        rest = [t for t in tenants if t.tenant not in kept]
+        _add_tenant(blocks, requests, OTHER_TENANTS, rest)
+    for tenant in named:
+        _add_tenant(blocks, requests, tenant.tenant, (tenant,))
+    return blocks, requests
+
+
+def _tenant_rank(tenant: TenantSnapshot) -> tuple[bool, int, int, str]:
+    """Smallest first: tenants the config names (a quota or a weight: the operator's own
+    dashboards name them), then by blocks held and reserved, then by requests."""
+    configured = tenant.quota_blocks is not None or tenant.weight != 1.0
+    return (not configured, -(tenant.blocks_held + tenant.blocks_reserved), -(tenant.running + tenant.waiting),
+            tenant.tenant)
+
+
+def _add_tenant(blocks: TenantSeries, requests: TenantSeries, name: str, tenants: Sequence[TenantSnapshot]) -> None:
+    blocks[(name, "held")] = sum(t.blocks_held for t in tenants)
+    blocks[(name, "reserved")] = sum(t.blocks_reserved for t in tenants)
+    requests[(name, "running")] = sum(t.running for t in tenants)
+    requests[(name, "waiting")] = sum(t.waiting for t in tenants)
 
 
 def _value(enum_or_str: object) -> str:

@@ -195,7 +195,7 @@ def test_each_instance_has_its_own_registry() -> None:
     first, second = Metrics(), Metrics()
     first.record([decision(1, DecisionKind.ADMIT, Reason.FITS)])
     assert value(first, "kvbudget_decisions_total", kind="admit", reason="fits") == 1.0
-    assert value(second, "kvbudget_decisions_total", kind="admit", reason="fits") is None
+    assert value(second, "kvbudget_decisions_total", kind="admit", reason="fits") == 0.0  # (at 0 from the start)
 
 
 def test_http_endpoint_on_an_ephemeral_loopback_port() -> None:
@@ -231,18 +231,90 @@ def test_labelled_children_are_looked_up_once_per_pair_not_per_decision(monkeypa
 
     monkeypatch.setattr(metrics.decisions, "labels", counting(real_decisions_labels))
     monkeypatch.setattr(metrics.preemptions, "labels", counting(real_preemptions_labels))
-    batch = [decision(i, DecisionKind.ADMIT, Reason.FITS) for i in range(50)]
-    batch += [decision(50 + i, DecisionKind.PREEMPT, Reason.GROWTH) for i in range(3)]
+    # Pairs outside DECISION_PAIRS (those exist from the start, and are looked up then).
+    batch = [decision(i, DecisionKind.ADMIT, Reason.NONE) for i in range(50)]
+    batch += [decision(50 + i, DecisionKind.PREEMPT, Reason.WINDOW) for i in range(3)]
     metrics.record(batch)
-    # Two pairs: (admit, fits) and (preempt, growth), plus the preemptions child: 3 lookups.
+    # Two pairs: (admit, none) and (preempt, window), plus the preemptions child: 3 lookups.
     assert len(lookups) == 3
     metrics.record(batch)
-    metrics.record([decision(99, "admit", "fits")])  # plain strings are the same series
+    metrics.record([decision(99, "admit", "none")])  # plain strings are the same series
+    metrics.record([decision(100, DecisionKind.ADMIT, Reason.FITS)])  # made at the start
     assert len(lookups) == 3  # the children are kept
     # 50 + 50 + 1 admits; 3 + 3 preempts.
-    assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="fits") == 101.0
-    assert value(metrics, "kvbudget_decisions_total", kind="preempt", reason="growth") == 6.0
-    assert value(metrics, "kvbudget_num_preemptions_total", reason="growth") == 6.0
+    assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="none") == 101.0
+    assert value(metrics, "kvbudget_decisions_total", kind="preempt", reason="window") == 6.0
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="window") == 6.0
+    assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="fits") == 1.0
+
+
+def test_decision_and_preemption_series_exist_at_zero_before_the_first_decision() -> None:
+    """A series born at 37 has its first 37 lost to rate() and increase(): the first
+    preemption burst would not show, and the guide's stuck-queue alert (no admit in 5
+    minutes) had no series to compare while nothing had ever been admitted."""
+    metrics = Metrics()
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="growth") == 0.0
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="priority") == 0.0
+    assert value(metrics, "kvbudget_decisions_total", kind="admit", reason="fits") == 0.0
+    assert value(metrics, "kvbudget_decisions_total", kind="preempt", reason="growth") == 0.0
+    assert value(metrics, "kvbudget_decisions_total", kind="reject", reason="draining") == 0.0
+    # Only the preempt reasons are preemptions: no admit reason there.
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="fits") is None
+    metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)])
+    assert value(metrics, "kvbudget_num_preemptions_total", reason="growth") == 1.0
+
+
+def tenants(count: int, **overrides: TenantSnapshot) -> tuple[TenantSnapshot, ...]:
+    """`count` tenants "u0".."u{count-1}": tenant i holds i blocks and reserves 1, runs 1
+    request and has 2 waiting; `overrides` replace some by name."""
+    made = {f"u{i}": TenantSnapshot(f"u{i}", i, 1, None, 1.0, 1, 2) for i in range(count)}
+    made.update(overrides)
+    return tuple(made.values())
+
+
+def tenant_label_values(metrics: Metrics) -> set[str]:
+    return {sample.labels["tenant"] for family in metrics.registry.collect()
+            if family.name in ("kvbudget_tenant_blocks", "kvbudget_tenant_requests") for sample in family.samples}
+
+
+def test_tenant_series_are_bounded_and_the_rest_summed() -> None:
+    """Tenant names come from requests: 200 tenants waiting must not make 800 series."""
+    from kvbudget.daemon.metrics import MAX_TENANT_SERIES, OTHER_TENANTS
+
+    assert MAX_TENANT_SERIES == 50
+    # u3 is small but the config gives it a quota: the operator's dashboards name it.
+    quota = TenantSnapshot("u3", 3, 1, 100, 1.0, 1, 2)
+    metrics = Metrics()
+    metrics.update(snapshot(tenants=tenants(200, u3=quota)))
+    # u3, then the 48 largest (u199..u152), and the sum of the other 151.
+    expected = {"u3", OTHER_TENANTS} | {f"u{i}" for i in range(152, 200)}
+    assert tenant_label_values(metrics) == expected
+    assert value(metrics, "kvbudget_tenant_blocks", tenant="u199", state="held") == 199.0
+    assert value(metrics, "kvbudget_tenant_blocks", tenant="u3", state="held") == 3.0
+    # The rest, u0..u151 without u3: sums stay exact.
+    assert value(metrics, "kvbudget_tenant_blocks", tenant=OTHER_TENANTS, state="held") == sum(range(152)) - 3
+    assert value(metrics, "kvbudget_tenant_blocks", tenant=OTHER_TENANTS, state="reserved") == 151.0
+    assert value(metrics, "kvbudget_tenant_requests", tenant=OTHER_TENANTS, state="running") == 151.0
+    assert value(metrics, "kvbudget_tenant_requests", tenant=OTHER_TENANTS, state="waiting") == 302.0
+
+    # Back under the bound: every tenant by name again, and no sum left behind.
+    metrics.update(snapshot(tenants=tenants(3)))
+    assert tenant_label_values(metrics) == {"u0", "u1", "u2"}
+    # At the bound exactly, no tenant is folded.
+    metrics.update(snapshot(tenants=tenants(MAX_TENANT_SERIES)))
+    assert len(tenant_label_values(metrics)) == MAX_TENANT_SERIES
+    assert OTHER_TENANTS not in tenant_label_values(metrics)
+
+
+def test_a_tenant_named_like_the_sum_is_part_of_the_sum() -> None:
+    from kvbudget.daemon.metrics import OTHER_TENANTS
+
+    big = TenantSnapshot(OTHER_TENANTS, 1000, 0, None, 1.0, 1, 0)  # the largest: ranked first
+    metrics = Metrics()
+    metrics.update(snapshot(tenants=tenants(60, **{OTHER_TENANTS: big})))
+    # It and the eleven smallest (u0..u10): one series, their sum.
+    assert value(metrics, "kvbudget_tenant_blocks", tenant=OTHER_TENANTS, state="held") == 1000 + sum(range(11))
+    assert len(tenant_label_values(metrics)) == 50
 
 
 def test_every_metric_the_operators_guide_alerts_on_is_exposed() -> None:
@@ -295,3 +367,52 @@ def test_the_version_the_daemon_runs_is_an_info_metric() -> None:
     metrics = Metrics()  # before any feed: known from the start
     assert value(metrics, "kvbudget_build_info", version=__version__) == 1.0
     assert f'kvbudget_build_info{{version="{__version__}"}} 1.0' in metrics.render().decode()
+
+
+def test_the_operators_guide_table_lists_every_metric_with_its_type() -> None:
+    """The Prometheus table is what operators build dashboards from: a metric left out of
+    it (the log's unwritten decisions were, though an alert reads them) is one nobody finds."""
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "operators-guide.md").read_text()
+    section = guide.split("\n## Prometheus", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, str] = {}
+    for row in section.splitlines():
+        if row.startswith("| `kvbudget_"):
+            names, kind = (cell.strip() for cell in row.strip("|").split("|")[:2])
+            documented.update(dict.fromkeys(re.findall(r"`(kvbudget_[a-z_]+)", names), kind))
+    metrics = Metrics()
+    metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
+    metrics.update(snapshot(), FakeGpu(), FakeLog())
+    metrics.set_certificate_expiry(1_800_000_000.0)
+    metrics.set_client_ca_expiry(1_800_000_000.0)
+    families = list(text_string_to_metric_families(metrics.render().decode()))
+    # prometheus-client's own `_created` companions of counters and histograms are no metric of ours.
+    with_created = {f.name + "_created" for f in families if f.type in ("counter", "histogram")}
+    exposed = {f.name + ("_total" if f.type == "counter" else ""): f.type for f in families
+               if f.name.startswith("kvbudget_") and f.name not in with_created}
+    assert documented == exposed
+
+
+def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
+    """/metrics serves before the core's first metrics tick: a scrape then read a pool of 0
+    blocks and no GPU. Absent is the truth: nothing is known yet."""
+    metrics = Metrics()
+    unknown = ("kvbudget_num_blocks", "kvbudget_kv_cache_usage_perc", "kvbudget_num_requests_waiting",
+               "kvbudget_num_requests_running", "kvbudget_gpu_present", "kvbudget_decision_log_unwritten_decisions")
+    for name in unknown:
+        assert value(metrics, name) is None, name
+    assert f"\n{unknown[0]} " not in metrics.render().decode()
+    metrics.update(snapshot())  # a snapshot, without the GPU probe or the log's figures yet
+    assert value(metrics, "kvbudget_num_blocks") == 1000.0
+    assert value(metrics, "kvbudget_num_requests_waiting") == 2.0
+    assert value(metrics, "kvbudget_gpu_present") is None
+    assert value(metrics, "kvbudget_decision_log_unwritten_decisions") is None
+    metrics.update(snapshot(), FakeGpu(present=False), FakeLog())
+    metrics.update(snapshot(), FakeGpu(present=False), FakeLog())  # registered once, not twice
+    assert value(metrics, "kvbudget_gpu_present") == 0.0
+    assert value(metrics, "kvbudget_decision_log_unwritten_decisions") == 0.0
+    assert metrics.render().decode().count("# TYPE kvbudget_num_blocks gauge") == 1
