@@ -12,10 +12,14 @@ Engine use, one Step per scheduler step:
 
 The client heartbeats its lease in the background and follows the Events stream across
 daemon restarts. When the daemon no longer knows the session (it restarted, or the lease
-lapsed), the client opens a new one and raises `SessionLost` from the call that found
-out: the engine's requests are gone on the daemon side and must be submitted again.
-If another process has taken the engine id meanwhile (`replace_existing`), the re-open is
-refused with ALREADY_EXISTS: the client never takes an engine id back by itself.
+lapsed), the client opens a new one and the next `step()` raises `SessionLost` (once, and
+without sending that step, if the heartbeat found out first): the engine's requests are
+gone on the daemon side and must be submitted again. `events()` does not say so; it just
+follows the new session. If another process has taken the engine id meanwhile
+(`replace_existing`), the re-open is refused with ALREADY_EXISTS and `step()` raises that:
+the client never takes an engine id back by itself.
+Refusals are `grpc.aio.AioRpcError`s: read `.code()` (NOT_FOUND, ALREADY_EXISTS,
+UNAVAILABLE while draining, ...) and `.details()` (the field at fault).
 A step that fails with UNAVAILABLE "decision log: ..." (the daemon's disk is full) may be
 sent again as it is, with the same arguments: a step the daemon applied gets its reply
 then, one it refused is applied then (docs/engine-integration.md).
@@ -50,6 +54,11 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 
 class SessionLost(Exception):
     """The daemon forgot this engine's session; a new one is open, requests must be resent."""
+
+
+class ClientClosed(RuntimeError):
+    """A step on a closed EngineClient, or one in flight when close() was called (whether
+    the daemon applied that one is unknown; close() released the session's requests)."""
 
 
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -128,7 +137,15 @@ class PolicySwitch:
 
 
 class StepBatch:
-    """Accumulates one scheduler step's operations; `flush()` sends them as one Step."""
+    """Accumulates one scheduler step's operations; `flush()` sends them as one Step.
+
+    A flush that raises leaves its ops in the batch (ahead of any added meanwhile), so the
+    engine can send the same step again (what UNAVAILABLE "decision log: ..." asks for) or
+    take out the op that was refused: a refused step applied nothing, and its submits must
+    not be forgotten. Only `SessionLost` empties it: its ops were for the lost session.
+    One refusal comes after the step was applied: RESOURCE_EXHAUSTED "this step was applied
+    and logged" (its reply was too large; its decisions come on Events): `clear()` then.
+    """
 
     def __init__(self, client: EngineClient) -> None:
         self._client = client
@@ -160,12 +177,37 @@ class StepBatch:
         return len(self.submits) + len(self.grows) + len(self.progress) + len(self.finishes) + len(self.aborts)
 
     async def flush(self) -> list[Decision]:
+        """Sends the ops as one Step (an empty one too: it renews the lease and is how an
+        idle engine hears `SessionLost`); returns this engine's decisions, in order."""
         ops = (self.submits, self.grows, self.progress, self.finishes, self.aborts)
-        self.clear()
-        return await self._client.step(*ops)
+        self.clear()  # ops added while the step is in flight belong to the next one
+        try:
+            return await self._client.step(*ops)
+        except SessionLost:
+            raise
+        except Exception:  # (not a cancellation: whether that step was applied is unknown)
+            self._put_back(*ops)
+            raise
+
+    def _put_back(
+        self,
+        submits: list[RequestSpec | engine_pb2.Submit],
+        grows: list[tuple[str, int]],
+        progress: list[tuple[str, int]],
+        finishes: list[str],
+        aborts: list[str],
+    ) -> None:
+        self.submits[:0] = submits
+        self.grows[:0] = grows
+        self.progress[:0] = progress
+        self.finishes[:0] = finishes
+        self.aborts[:0] = aborts
 
 
 class EngineClient:
+    """One engine's session with the daemon: `open()` (or `async with`), one `step()` per
+    scheduler step, `events()` for what is decided later, `close()`."""
+
     def __init__(
         self,
         target: str,
@@ -199,9 +241,15 @@ class EngineClient:
         self._closed = False
         self._lost: str | None = None  # a loss the heartbeat found, not yet told to the engine
         self._reopen_lock = asyncio.Lock()
+        self._closing = asyncio.Event()  # wakes events() out of its reconnect pause
+        self._events_reader: object | None = None  # the newest events() iteration
 
     async def __aenter__(self) -> EngineClient:
-        await self.open()
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # `async with` does not call __aexit__ when entering fails
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -226,7 +274,7 @@ class EngineClient:
         # A re-open after a loss never replaces: if another session holds this engine id now,
         # another process took over, and this one gets ALREADY_EXISTS instead of a tug of war.
         self._replace = False
-        if self._heartbeat_enabled and self._heartbeat_task is None:
+        if self._heartbeat_enabled and (self._heartbeat_task is None or self._heartbeat_task.done()):
             self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         return response.plan
 
@@ -236,8 +284,10 @@ class EngineClient:
             if self.session_id != used_session_id:
                 return
             log.warning("session of %s lost (%s); opening a new one", self.engine_id, error.details())
-            self._lost = error.details()  # step() tells the engine, once
             await self.open()
+            # Only once the new one is open: a refused re-open (ALREADY_EXISTS) is what the
+            # next step must report, not a SessionLost that says a new session is open.
+            self._lost = error.details()  # step() tells the engine, once
 
     def _session_gone(self, error: grpc.aio.AioRpcError) -> bool:
         return error.code() == grpc.StatusCode.FAILED_PRECONDITION and "session_id" in (error.details() or "")
@@ -247,6 +297,7 @@ class EngineClient:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -277,6 +328,8 @@ class EngineClient:
         return [convert.decision_from_proto(d) for d in response.decisions]
 
     async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
+        if self._closed:  # (else grpc's UsageError "Channel is closed.")
+            raise ClientClosed(f"the client of engine {self.engine_id!r} is closed")
         if self._lost is not None:  # the heartbeat re-opened the session meanwhile
             reason, self._lost = self._lost, None
             raise SessionLost(reason)
@@ -288,6 +341,11 @@ class EngineClient:
                 await self._reopen_once(used, error)
                 self._lost = None
                 raise SessionLost(error.details()) from error
+            raise
+        except asyncio.CancelledError:
+            # close() closing the channel cancels the call: not a cancellation of the caller.
+            if self._closed and not _task_cancelling():
+                raise ClientClosed(f"the client of engine {self.engine_id!r} was closed during this step") from None
             raise
 
     # ------------------------------------------------------------------ background
@@ -305,16 +363,27 @@ class EngineClient:
                 backoff = 0.05
             except grpc.aio.AioRpcError as error:
                 if self._session_gone(error):
-                    with contextlib.suppress(grpc.aio.AioRpcError):
+                    try:
                         await self._reopen_once(used, error)
+                    except grpc.aio.AioRpcError as refused:
+                        if refused.code() == grpc.StatusCode.ALREADY_EXISTS:
+                            # Another process took the engine id over: nothing left to keep
+                            # alive (a re-open every lease / 3, a warning each, for ever).
+                            # A step that re-opens the session later starts heartbeats again.
+                            log.error("heartbeats of %s stop: %s", self.engine_id, refused.details())
+                            return
                 else:
                     await asyncio.sleep(backoff)
                     backoff = min(self._max_backoff, backoff * 2)
 
     async def events(self) -> AsyncIterator[Decision]:
-        """Decisions taken later for this engine's requests, across reconnects, until close()."""
+        """Decisions taken later for this engine's requests, across reconnects, until close().
+
+        One reader per session, as on the daemon: a newer `events()` iteration of this
+        client takes over, and this one ends. close() ends it too (it does not raise)."""
+        reader = self._events_reader = object()
         backoff = 0.05
-        while not self._closed:
+        while not self._closed and self._events_reader is reader:
             call = self._stub.Events(
                 engine_pb2.EventsRequest(session_id=self.session_id), metadata=self._metadata, wait_for_ready=True
             )
@@ -327,11 +396,26 @@ class EngineClient:
                     return
                 if not (self._session_gone(error) or error.code() in _RETRYABLE):
                     raise
+            except asyncio.CancelledError:
+                # close() closing the channel cancels the call: that ends the iteration. A
+                # cancellation of the reader's own task goes on.
+                if self._closed and not _task_cancelling():
+                    return
+                raise
             finally:
                 call.cancel()
-            # The stream ended (daemon stopping or restarting): follow it after a pause.
-            await asyncio.sleep(backoff * (1 + random.random()))
+            if self._events_reader is not reader:  # taken over: the stream ended for that
+                return
+            # The stream ended (daemon stopping or restarting): follow it after a pause,
+            # unless close() comes first.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), backoff * (1 + random.random()))
             backoff = min(self._max_backoff, backoff * 2)
+
+
+def _task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class ObserverClient:
@@ -344,6 +428,7 @@ class ObserverClient:
         self._channel = _channel(target, credentials)
         self._observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._closed = False
 
     async def __aenter__(self) -> ObserverClient:
         return self
@@ -352,6 +437,7 @@ class ObserverClient:
         await self.close()
 
     async def close(self) -> None:
+        self._closed = True
         await self._channel.close()
 
     async def snapshot(self, *, timeout: float = 10.0) -> common_pb2.Snapshot:
@@ -361,6 +447,7 @@ class ObserverClient:
         return response.snapshot
 
     async def watch(self, interval_ms: int = 100, max_decisions: int = 200) -> AsyncIterator[observer_pb2.WatchResponse]:
+        """The snapshot, then an update every `interval_ms`, until the stream or close() ends it."""
         call = self._observer.Watch(
             observer_pb2.WatchRequest(interval_ms=interval_ms, max_decisions=max_decisions),
             metadata=self._metadata,
@@ -369,6 +456,11 @@ class ObserverClient:
         try:
             async for message in call:
                 yield message
+        except asyncio.CancelledError:
+            # close() closing the channel cancels the call: that ends the iteration.
+            if self._closed and not _task_cancelling():
+                return
+            raise
         finally:
             call.cancel()
 
