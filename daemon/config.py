@@ -51,7 +51,11 @@ MIN_TOKEN_LENGTH = 8
 # journald's SystemMaxUse: whichever of age and size comes first.
 DEFAULT_RETENTION_MAX_BYTES = 10 * 2**30
 MIN_RETENTION_MAX_BYTES = 2**20  # below this the schema and indexes alone would not fit
+MIN_LEASE_TTL_S = 1.0  # the wire says TTLs in whole seconds (OpenSessionResponse.lease_ttl_s)
 FILE_KEY = "config"  # ConfigError.key for a file that cannot be read or parsed
+# Block ids and counts, and the plan's token counts, travel as uint32 (protos/): a larger
+# value passed every check and then failed start-up with a traceback ("Value out of range").
+MAX_WIRE_COUNT = 2**32 - 1
 
 
 class ConfigError(Exception):
@@ -254,8 +258,40 @@ def _parse_tenants(raw: object, source: str, key_prefix: str) -> dict[str, Tenan
         if max_share is not None:
             max_share = _coerce(max_share, float, f"{key}.max_share", source)
         weight = _coerce(body.get("weight", 1.0), float, f"{key}.weight", source)
-        tenants[name] = TenantQuota(max_share=max_share, weight=weight)  # type: ignore[arg-type]
+        quota = TenantQuota(max_share=max_share, weight=weight)  # type: ignore[arg-type]
+        # Checked here, where the source is known: the file's tenants and the flags' are merged.
+        problem = _tenant_problem(name, quota)
+        if problem is not None:
+            raise ConfigError(problem[0], problem[1], source=source)
+        tenants[name] = quota
     return tenants
+
+
+def _tenant_problem(name: str, quota: TenantQuota) -> tuple[str, str] | None:
+    """(key, message) of a tenant's bad value, or None."""
+    key = f"tenants.{name}"
+    if not name:
+        return "tenants", "a tenant name must not be empty"
+    if quota.max_share is not None and not 0.0 < quota.max_share <= 1.0:
+        return f"{key}.max_share", f"must be in (0, 1], got {quota.max_share}"
+    if quota.weight <= 0:
+        return f"{key}.weight", f"must be positive, got {quota.weight}"
+    return None
+
+
+def _tenants_with_flags(
+    from_file: Mapping[str, TenantQuota], flags: Mapping[str, object]
+) -> dict[str, TenantQuota]:
+    """The file's tenants with the flags' over them, tenant by tenant and value by value:
+    `--tenant batch=0.2` sets batch's share and keeps its weight from the file, and the
+    file's other tenants stay (they were all dropped, silently, also at every reload)."""
+    merged = dict(from_file)
+    for name, quota in _parse_tenants(flags, "", "tenants").items():
+        given = flags[name]
+        if isinstance(given, Mapping) and name in merged:
+            quota = dataclasses.replace(merged[name], **{k: getattr(quota, k) for k in given})
+        merged[name] = quota
+    return merged
 
 
 def _read_file(path: Path, what: str = "config file") -> dict[str, Any]:
@@ -315,7 +351,7 @@ def load_config(
         if value is None:
             continue
         if name == "tenants":
-            values["tenants"] = _parse_tenants(value, "", "tenants")
+            values["tenants"] = _tenants_with_flags(values.get("tenants", {}), value)  # type: ignore[arg-type]
         elif name not in _KEY_BY_FIELD:
             raise ConfigError(name, "unknown setting")
         else:
@@ -415,6 +451,10 @@ def _check_pool(c: DaemonConfig, fail: _Fail) -> None:
         raise fail("num_gpu_blocks", "set either kv_cache_memory_bytes or num_gpu_blocks, not both")
     if c.num_gpu_blocks is not None and c.num_gpu_blocks < 2:
         raise fail("num_gpu_blocks", f"must be at least 2 (one is the null block), got {c.num_gpu_blocks}")
+    if c.num_gpu_blocks is not None and c.num_gpu_blocks - 1 > MAX_WIRE_COUNT:  # (the null block is not sent)
+        raise fail("num_gpu_blocks", f"must be at most {MAX_WIRE_COUNT + 1}, got {c.num_gpu_blocks}")
+    if c.max_num_batched_tokens > MAX_WIRE_COUNT:
+        raise fail("max_num_batched_tokens", f"must be at most {MAX_WIRE_COUNT}, got {c.max_num_batched_tokens}")
     # The rule `kvbudget estimate` applies to its flags (sizing's): one memory source, and
     # the GPU-only settings only with GPU memory, never silently ignored. (A utilization
     # at its default cannot be told from one written down: the shipped file writes 0.9.)
@@ -432,23 +472,18 @@ def _check_admission(c: DaemonConfig, fail: _Fail) -> None:
         raise fail("policy", f"unknown policy {c.policy!r} (expected one of {', '.join(POLICIES)})")
     if not 0.0 <= c.watermark < 1.0:
         raise fail("watermark", f"must be in [0, 1), got {c.watermark}")
-    for name, quota in c.tenants.items():
-        key = f"tenants.{name}"
-        if not name:
-            raise fail("tenants", "a tenant name must not be empty")
-        if quota.max_share is not None and not 0.0 < quota.max_share <= 1.0:
-            raise ConfigError(f"{key}.max_share", f"must be in (0, 1], got {quota.max_share}",
-                              source=_source_of(fail, "tenants"))
-        if quota.weight <= 0:
-            raise ConfigError(f"{key}.weight", f"must be positive, got {quota.weight}",
-                              source=_source_of(fail, "tenants"))
-
-
-def _source_of(fail: _Fail, field_name: str) -> str:
-    return fail(field_name, "").source
+    for name, quota in c.tenants.items():  # (TenantQuota values given as such skip _parse_tenants)
+        problem = _tenant_problem(name, quota)
+        if problem is not None:
+            raise ConfigError(problem[0], problem[1], source=fail("tenants", "").source)
 
 
 def _check_server(c: DaemonConfig, fail: _Fail) -> None:
+    if c.lease_ttl_s < MIN_LEASE_TTL_S:  # (after _positive: a bad type or sign is said there)
+        # Engines hear the TTL in whole seconds and heartbeat at a third of it: under a
+        # second, the lease would lapse between heartbeats.
+        raise fail("lease_ttl_s", f"at least {MIN_LEASE_TTL_S:g} s (engines are told it in whole seconds), "
+                   f"got {c.lease_ttl_s:g}")
     if c.log_level not in LOG_LEVELS:
         raise fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {c.log_level!r}")
     if not c.listen:
@@ -594,6 +629,12 @@ def _by_role(
                 raise ConfigError(key, f"{what} already listed for role {found[value]!r}", source=source)
             found[value] = role
     return found
+
+
+def file_key(field_name: str) -> str:
+    """The file's key ("pool.num_gpu_blocks") of a DaemonConfig field, for flags' help."""
+    spec = _KEY_BY_FIELD[field_name]
+    return f"{spec.section}.{spec.name}"
 
 
 def config_keys() -> tuple[str, ...]:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -58,6 +59,9 @@ from kvbudget.daemon.tls import (
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
+if TYPE_CHECKING:
+    from kvbudget.daemon.reload import ReloadPlan
+
 log = logging.getLogger("kvbudget.daemon")
 
 SERVICE_NAMES = (
@@ -67,10 +71,21 @@ SERVICE_NAMES = (
 )
 MAX_SESSIONS = 1024
 MAX_WATCHERS = 64
+MIN_TICK_S = 0.01  # the core loop's shortest tick (lease expiry, GPU probe, metrics)
+
+
+def core_tick_s(default_s: float, lease_ttl_s: float) -> float:
+    """The core loop's tick: a quarter of the lease TTL at most, so a lapsed lease is seen
+    soon after; never under MIN_TICK_S, else an absurd TTL (1e-300) spins the loop."""
+    return max(MIN_TICK_S, min(default_s, lease_ttl_s / 4))
 
 
 class StartupError(Exception):
     """One line for the operator; the CLI prints it and exits non-zero."""
+
+
+class _StoppedWhileStarting(Exception):
+    """SIGTERM / SIGINT came during start-up: unwind what was acquired, exit as a stop does."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +266,19 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)  # systemctl reload
+
+    def _stop_if_asked(self) -> None:
+        """Between the steps of start-up: a SIGTERM that came meanwhile ends it here (what
+        was acquired is released, no READY=1 is sent) rather than after a start that may
+        still take minutes."""
+        if self._stop.is_set():
+            raise _StoppedWhileStarting
+
     def request_reload(self) -> None:
         reload = asyncio.ensure_future(self._reload())
         self._reloads.add(reload)  # (a task nobody holds may be collected mid-run)
@@ -259,7 +287,7 @@ class Daemon:
     async def _reload(self) -> None:
         """SIGHUP: read the config again and apply what may change live (daemon/reload.py)."""
         from kvbudget.daemon.config import ConfigError
-        from kvbudget.daemon.reload import RETUNE_KEYS, plan_reload, tenant_updates
+        from kvbudget.daemon.reload import plan_reload
 
         core = self._core
         if core is None or self._stop.is_set():
@@ -282,44 +310,55 @@ class Daemon:
                 log.exception("reload failed, nothing changed")
                 sdnotify.ready("reload failed, still running the previous config")
                 return
-            running, target = self.config, plan.config
-            if target.policy != running.policy:
-                try:
-                    await core.record(core.set_policy(target.policy))
-                except Exception as exc:  # applied; its POLICY decision waits to be written
-                    log.error("reload: policy %s: decision log: %s", target.policy, exc)
-            if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
-                core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
-            for tenant, max_share, weight in tenant_updates(running, target):
-                try:
-                    core.controller.set_tenant_quota(tenant, max_share, weight)
-                except AdmissionError as exc:  # (the rest of the reload stands)
-                    log.error("reload: tenants.%s.%s; that tenant keeps its quota", tenant, exc)
-            core.log.retention_s = target.retention_s  # (read by the writer at each pass)
-            core.log.max_rows = target.retention_rows
-            core.log.max_bytes = target.retention_bytes
-            core.sessions.default_ttl_s = target.lease_ttl_s  # new sessions; open ones keep theirs
-            if plan.roles is not None and self._auth is not None:
-                self._auth.replace_tokens(plan.roles.tokens, plan.roles.certificate_names)
-                self.roles = plan.roles
-            if self._certificate is not None and (plan.certificate or plan.client_ca) is not None:
-                self._certificate.replace(plan.certificate, plan.client_ca)  # new connections get them
-            _warn_if_expired(plan.certificate, plan.client_ca)
-            if core.metrics is not None:
-                core.metrics.set_certificate_expiry(plan.certificate.not_after_unix_s if plan.certificate else 0.0)
-                core.metrics.set_client_ca_expiry(plan.client_ca.not_after_unix_s if plan.client_ca else 0.0)
-            if target.log_level != running.log_level:
-                # The process's messages, as `kvbudget daemon` set them up (the root
-                # logger); set first, so that the summary below obeys the new level.
-                logging.getLogger().setLevel(target.log_level.upper())
-            self.config = target
-            log.info("reloaded: %s", "; ".join(plan.changes) or "nothing changed")
-            if plan.at_restart:
-                log.warning("reload: %s changed; that takes a restart (systemctl restart kvbudget)",
-                            ", ".join(plan.at_restart))
-            if target.retention_max_bytes != running.retention_max_bytes:
-                _warn_if_the_log_outgrows_its_disk(core.log.figures(), target.db_path)
+            try:
+                await self._apply_reload(core, plan)
+            except Exception:  # a bug: systemd, told RELOADING=1, must still hear READY=1
+                log.exception("reload failed part-way; what was applied before the error stands")
+                sdnotify.ready("reload failed part-way, see the journal")
+                return
             sdnotify.ready("reloaded")
+
+    async def _apply_reload(self, core: CoreService, plan: ReloadPlan) -> None:
+        """What a reload changes live, from a plan that loaded (daemon/reload.py)."""
+        from kvbudget.daemon.reload import RETUNE_KEYS, tenant_updates
+
+        running, target = self.config, plan.config
+        if target.policy != running.policy:
+            try:
+                await core.record(core.set_policy(target.policy))
+            except Exception as exc:  # applied; its POLICY decision waits to be written
+                log.error("reload: policy %s: decision log: %s", target.policy, exc)
+        if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
+            core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
+        for tenant, max_share, weight in tenant_updates(running, target):
+            try:
+                core.controller.set_tenant_quota(tenant, max_share, weight)
+            except AdmissionError as exc:  # (the rest of the reload stands)
+                log.error("reload: tenants.%s.%s; that tenant keeps its quota", tenant, exc)
+        core.log.retention_s = target.retention_s  # (read by the writer at each pass)
+        core.log.max_rows = target.retention_rows
+        core.log.max_bytes = target.retention_bytes
+        core.sessions.default_ttl_s = target.lease_ttl_s  # new sessions; open ones keep theirs
+        if plan.roles is not None and self._auth is not None:
+            self._auth.replace_tokens(plan.roles.tokens, plan.roles.certificate_names)
+            self.roles = plan.roles
+        if self._certificate is not None and (plan.certificate or plan.client_ca) is not None:
+            self._certificate.replace(plan.certificate, plan.client_ca)  # new connections get them
+        _warn_if_expired(plan.certificate, plan.client_ca)
+        if core.metrics is not None:
+            core.metrics.set_certificate_expiry(plan.certificate.not_after_unix_s if plan.certificate else 0.0)
+            core.metrics.set_client_ca_expiry(plan.client_ca.not_after_unix_s if plan.client_ca else 0.0)
+        if target.log_level != running.log_level:
+            # The process's messages, as `kvbudget daemon` set them up (the root
+            # logger); set first, so that the summary below obeys the new level.
+            logging.getLogger().setLevel(target.log_level.upper())
+        self.config = target
+        log.info("reloaded: %s", "; ".join(plan.changes) or "nothing changed")
+        if plan.at_restart:
+            log.warning("reload: %s changed; that takes a restart (systemctl restart kvbudget)",
+                        ", ".join(plan.at_restart))
+        if target.retention_max_bytes != running.retention_max_bytes:
+            _warn_if_the_log_outgrows_its_disk(core.log.figures(), target.db_path)
 
     def _log_writer_stopped(self, why: str) -> None:
         """The decision log can commit nothing more, so nothing can be decided: stop (the
@@ -347,8 +386,16 @@ class Daemon:
         """Runs until SIGTERM / SIGINT; every resource acquired is released on the way out,
         in reverse order, also when start-up fails half-way (no shared-memory segment or
         open log is left behind)."""
+        # The handlers come first: a signal's default action during start-up (which can
+        # take minutes: CUDA, a large pool, a log to upgrade) killed the process, even a
+        # SIGHUP from `systemctl reload`, and left what it had acquired to the kernel.
+        self._install_signal_handlers()
         async with contextlib.AsyncExitStack() as stack:
-            core, health, server, summary = await self._start(stack)
+            try:
+                core, health, server, summary = await self._start(stack)
+            except _StoppedWhileStarting:
+                log.info("stopped before serving (a stop was asked for during start-up)")
+                return self._exit_status
             log.info("%s", summary)
             if self._on_ready is not None:
                 self._on_ready()
@@ -380,6 +427,7 @@ class Daemon:
             if path is not None:
                 prepare_unix_socket(path)
         gpu = await asyncio.to_thread(self.probe_gpu)
+        self._stop_if_asked()
         if gpu is None:
             log.info("no GPU: device=cpu, the pool lives in host memory")
         elif not getattr(gpu, "present", False):
@@ -394,11 +442,18 @@ class Daemon:
         memory = await asyncio.to_thread(self._allocate_memory, setup)
         if memory is not None:
             stack.callback(memory.close)  # unlinks the shared-memory segment
+        self._stop_if_asked()
         # Sizing counts blocks as vLLM's num_gpu_blocks does (the null block included);
         # the controller takes the usable ones.
-        controller = AdmissionController(
-            setup.model.layout, setup.num_blocks - 1, config.admission_config(setup.model.max_model_len)
-        )
+        try:
+            controller = AdmissionController(
+                setup.model.layout, setup.num_blocks - 1, config.admission_config(setup.model.max_model_len)
+            )
+        except MemoryError:  # (the pool's free list and block tables live in this process)
+            raise StartupError(
+                f"{setup.num_blocks} blocks ({setup.sizing.source}): this host has not the memory to track "
+                "that many blocks; lower num_gpu_blocks or kv_cache_memory_bytes"
+            ) from None
         for tenant, quota in config.tenants.items():
             try:
                 controller.set_tenant_quota(tenant, quota.max_share, quota.weight)
@@ -426,6 +481,7 @@ class Daemon:
             decision_log.close()
             raise StartupError(f"db_path: cannot use {config.db_path}: {exc}") from None
         stack.push_async_callback(self._close_log, decision_log)
+        self._stop_if_asked()
         # A restart numbers its decisions on from the log's last: seq stays unique in the log
         # (from 1 again, a dashboard keyed on it met the same seq twice and crashed).
         from kvbudget.daemon.decision_query import newest_seq
@@ -448,7 +504,7 @@ class Daemon:
             gpu_probe=self.probe_gpu if config.device != "cpu" else None,
             gpu=gpu,
             options=CoreOptions(
-                tick_s=min(self.core_options.tick_s, config.lease_ttl_s / 4),
+                tick_s=core_tick_s(self.core_options.tick_s, config.lease_ttl_s),
                 gpu_refresh_s=config.gpu_probe_interval_s,
             ),
             pool_bytes=setup.sizing.pool_bytes if memory is not None else 0,
@@ -462,9 +518,7 @@ class Daemon:
             metrics.set_certificate_expiry(self._certificate.pair.not_after_unix_s)
             if self._certificate.client_ca is not None:
                 metrics.set_client_ca_expiry(self._certificate.client_ca.not_after_unix_s)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, self.request_reload)  # systemctl reload
+        self._stop_if_asked()
         await server.start()
         stack.callback(self._remove_sockets)
         stack.push_async_callback(server.stop, 0)  # no-op after the graceful stop
@@ -509,7 +563,8 @@ class Daemon:
             bound = metrics.start_http(host, port)
         except OSError as exc:
             raise StartupError(f"metrics_address: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
-        log.info("metrics on http://%s:%d/metrics", host, bound)
+        url_host = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL
+        log.info("metrics on http://%s:%d/metrics", url_host, bound)
         return metrics
 
     async def _notify_loop(self, core: CoreService, status_every_s: float = 5.0) -> None:

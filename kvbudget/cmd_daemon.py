@@ -34,7 +34,7 @@ def _flag_type(annotation: str):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvbudget.daemon.config import LOG_LEVELS, DaemonConfig
+    from kvbudget.daemon.config import LOG_LEVELS, DaemonConfig, file_key
 
     parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
     parser.add_argument(
@@ -44,25 +44,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen",
         action="append",
         metavar="ADDRESS",
-        help="unix:///PATH or HOST:PORT (repeat for several; default unix:///run/kvbudget/kvbudget.sock)",
+        help="server.listen: unix:///PATH or HOST:PORT (repeat for several; default "
+             "unix:///run/kvbudget/kvbudget.sock)",
     )
     parser.add_argument(
         "--tenant",
         action="append",
         metavar="NAME=SHARE[:WEIGHT]",
-        help="tenant quota: share of the pool (0-1) and fair-share weight",
+        help="tenants.NAME: share of the pool (0-1) and fair-share weight; overrides that tenant "
+             "of the file, the others stay",
     )
     for f in dataclasses.fields(DaemonConfig):
         if f.name in _SPECIAL:
             continue
         kind = _flag_type(str(f.type))
         flag = "--" + f.name.replace("_", "-")
-        default_text = f"(default {f.default})" if f.default not in (None, "") else ""
+        # The file's key in every flag's help: most names match, some do not (--model is
+        # model.name, --metrics-address is metrics.address).
+        default_text = f" (default {f.default})" if f.default not in (None, "") else ""
+        help_text = file_key(f.name) + default_text
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                help=default_text or None)
+                                help=help_text)
         else:
-            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=default_text or None,
+            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=help_text,
                                 choices=LOG_LEVELS if f.name == "log_level" else None)
 
 

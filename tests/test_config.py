@@ -121,6 +121,9 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[server]\nlisten = [1]\n", "server.listen", "must be a list of strings"),
         (MODEL + "[server]\ntokens_file = '/nonexistent/tokens.toml'\n", "server.tokens_file", "no tokens file at"),
         (MODEL + "[server]\nlease_ttl_s = 0\n", "server.lease_ttl_s", "must be positive"),
+        # Engines are told the TTL in whole seconds and heartbeat at a third of it.
+        (MODEL + "[server]\nlease_ttl_s = 0.3\n", "server.lease_ttl_s",
+         "at least 1 s (engines are told it in whole seconds), got 0.3"),
         (MODEL + "[server]\nwatch_max_hz = -1\n", "server.watch_max_hz", "must be positive"),
         (MODEL + "[server]\nlog_level = 'loud'\n", "server.log_level",
          "must be one of debug, info, warning, error, got 'loud'"),
@@ -410,3 +413,47 @@ def test_insecure_tcp_is_refused_off_loopback(tmp_path: Path) -> None:
         assert "loopback" in str(caught.value)
     config = load_config(write(tmp_path, MODEL + "[server]\nlisten = ['localhost:7777']\nallow_insecure_tcp = true\n"))
     assert config.listen == ("localhost:7777",)
+
+
+# ----------------------------------------------------------------------- bounds of the wire
+def test_counts_past_the_wire_format_are_refused_naming_the_key(tmp_path: Path) -> None:
+    """Block counts and the plan's token counts travel as uint32: a larger value passed
+    every check (`--check-config` said OK) and then failed start-up with a traceback."""
+    largest_blocks = 2**32  # 2**32 - 1 usable, the most a uint32 holds, + the null block
+    assert load_config(None, {"model": "llama-3.1-8b", "num_gpu_blocks": largest_blocks}).num_gpu_blocks == largest_blocks
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {"model": "llama-3.1-8b", "num_gpu_blocks": largest_blocks + 1})
+    assert str(caught.value) == "num_gpu_blocks: must be at most 4294967296, got 4294967297"
+    path = write(tmp_path, MODEL + "max_num_batched_tokens = 4294967296\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {"num_gpu_blocks": 100})
+    assert caught.value.key == "model.max_num_batched_tokens"
+    assert str(caught.value) == f"{path}: model.max_num_batched_tokens: must be at most 4294967295, got 4294967296"
+
+
+# ----------------------------------------------------------------------- tenants: flags over the file
+TWO_TENANTS = "[tenants.a]\nmax_share = 0.5\n[tenants.b]\nmax_share = 0.25\nweight = 3.0\n"
+
+
+def test_a_tenant_flag_overrides_that_tenant_and_keeps_the_others(tmp_path: Path) -> None:
+    """`--tenant c=0.1` dropped the file's tenants a and b (their quotas silently gone, at
+    start and at every reload); a flag overrides the tenant it names, and what it gives."""
+    path = write(tmp_path, MODEL + TWO_TENANTS)
+    config = load_config(path, {"tenants": {"c": {"max_share": 0.1}}})
+    assert dict(config.tenants) == {"a": TenantQuota(0.5, 1.0), "b": TenantQuota(0.25, 3.0), "c": TenantQuota(0.1, 1.0)}
+    # b's share from the flag, its weight (not given) from the file
+    config = load_config(path, {"tenants": {"b": {"max_share": 0.1}}})
+    assert dict(config.tenants) == {"a": TenantQuota(0.5, 1.0), "b": TenantQuota(0.1, 3.0)}
+    config = load_config(path, {"tenants": {"b": {"max_share": 0.1, "weight": 2.0}}})
+    assert config.tenants["b"] == TenantQuota(0.1, 2.0)
+
+
+def test_a_bad_tenant_value_names_where_it_came_from(tmp_path: Path) -> None:
+    path = write(tmp_path, MODEL + TWO_TENANTS)
+    with pytest.raises(ConfigError) as caught:  # the flag's, not the file's
+        load_config(path, {"tenants": {"a": {"max_share": 2.0}}})
+    assert str(caught.value) == "tenants.a.max_share: must be in (0, 1], got 2.0"
+    bad_file = write(tmp_path, MODEL + "[tenants.a]\nweight = 0\n", name="bad.toml")
+    with pytest.raises(ConfigError) as caught:  # the file's, with a good flag beside it
+        load_config(bad_file, {"tenants": {"b": {"max_share": 0.5}}})
+    assert str(caught.value) == f"{bad_file}: tenants.a.weight: must be positive, got 0.0"

@@ -75,3 +75,27 @@ def test_a_tenant_share_of_less_than_one_block_is_one_line(tmp_path: Path) -> No
     assert result.returncode == 2
     assert error_lines(result.stderr) == [
         "kvbudget daemon: error: tenants.batch.max_share: 0.01 of the 64 blocks is less than one block"]
+
+
+def _limit_address_space() -> None:
+    import resource
+
+    # 4 GiB of address space: the daemon itself runs in far less (accounting mode, no torch),
+    # and a billion blocks' free list alone (8 bytes a block) cannot fit.
+    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+
+def test_a_pool_too_large_to_track_is_one_line(tmp_path: Path) -> None:
+    """A typo of a few zeros in num_gpu_blocks (within the wire's bound) ran the process out
+    of memory building the block tables: a MemoryError traceback, exit 1."""
+    args = [arg if arg != "65" else "1000000000" for arg in DEFAULT_ARGS]  # --num-gpu-blocks
+    result = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "daemon", *args,
+         "--listen", f"unix://{tmp_path}/d.sock", "--db-path", str(tmp_path / "d.db")],
+        capture_output=True, text=True, timeout=120, preexec_fn=_limit_address_space,
+    )
+    assert result.returncode == 2, result.stderr
+    assert error_lines(result.stderr) == [
+        "kvbudget daemon: error: 1000000000 blocks (num_gpu_blocks): this host has not the memory to track "
+        "that many blocks; lower num_gpu_blocks or kv_cache_memory_bytes"]
+    assert not (tmp_path / "d.sock").exists()

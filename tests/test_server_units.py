@@ -244,3 +244,11 @@ def test_submit_to_spec_reads_every_field() -> None:
     # Unset max_new_tokens and deadline: None (up to max_model_len, no deadline).
     bare = convert.submit_to_spec(engine_pb2.Submit(request_id="b", prompt_tokens=1), "e", 0.0)
     assert (bare.max_new_tokens, bare.deadline_s, bare.prefix_hashes) == (None, None, ())
+
+
+def test_the_core_tick_follows_a_short_lease_but_never_spins() -> None:
+    from kvbudget.daemon.server import MIN_TICK_S, core_tick_s
+
+    assert core_tick_s(0.1, 30.0) == 0.1  # the default tick: leases of seconds lapse on time
+    assert core_tick_s(0.1, 0.2) == 0.05  # a quarter of a short TTL: seen soon after it lapses
+    assert core_tick_s(0.1, 1e-300) == MIN_TICK_S == 0.01  # an absurd TTL: no busy loop
