@@ -19,6 +19,7 @@ from kvbudget.daemon.hf_fields import (
     FULL,
     MAMBA,
     MLA,
+    NONE,
     SLIDING,
     checkpoint_dtype,
     head_dim,
@@ -43,6 +44,7 @@ from kvbudget.daemon.spec import (
     group_layers,
 )
 from kvbudget.daemon.spec import kv_dtype as parse_kv_dtype
+from kvbudget.daemon.spec import weight_dtype
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_BLOCK_SIZE = 16
@@ -145,12 +147,47 @@ def resolve_max_model_len(
 
 
 def mamba_state_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int:
-    """One Mamba-1 layer's state for one request (Jamba's fields).
+    """One state layer's conv + recurrent state for one request, in bytes (vLLM's shapes).
 
-    d_inner = mamba_expand x hidden_size; conv state (d_conv - 1) x d_inner elements,
-    SSM state d_inner x d_state elements; both in the model dtype (vLLM's
-    mamba_cache_dtype=auto), whatever the attention KV cache dtype is.
+    `dtype_bytes` is the model dtype's, which vLLM's mamba_cache_dtype=auto keeps the state
+    in, whatever the attention KV cache dtype is. Three kinds of state layer:
+    - gated delta net (Qwen3-Next, `linear_num_value_heads`): conv (kernel - 1) x
+      (2 x k_heads x k_dim + v_heads x v_dim), recurrent v_heads x k_dim x v_dim;
+    - Mamba-2 (Bamba, granite-4.0-h: `mamba_n_heads`; Nemotron-H: `mamba_num_heads`):
+      conv (d_conv - 1) x (d_inner + 2 x n_groups x d_state), SSM heads x head_dim x
+      d_state; Nemotron-H keeps the SSM state in `mamba_ssm_cache_dtype`, float32 when the
+      config does not say (vLLM's default for that model);
+    - Mamba-1 (Jamba): d_inner = mamba_expand x hidden_size, conv (d_conv - 1) x d_inner,
+      SSM d_inner x d_state.
     """
+    if cfg.get("linear_num_value_heads") is not None:
+        k_heads = int_field(cfg, "linear_num_key_heads")
+        v_heads = int_field(cfg, "linear_num_value_heads")
+        k_dim = int_field(cfg, "linear_key_head_dim")
+        v_dim = int_field(cfg, "linear_value_head_dim")
+        kernel = int_field(cfg, "linear_conv_kernel_dim", 4)
+        conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim)
+        return (conv + v_heads * k_dim * v_dim) * dtype_bytes
+    if cfg.get("mamba_num_heads") is not None:  # Nemotron-H's names
+        heads, head = int_field(cfg, "mamba_num_heads"), int_field(cfg, "mamba_head_dim")
+        d_inner, groups = heads * head, int_field(cfg, "n_groups", 1)
+        d_state, d_conv = int_field(cfg, "ssm_state_size"), int_field(cfg, "conv_kernel", 4)
+        ssm_name = cfg.get("mamba_ssm_cache_dtype") or "float32"
+        try:
+            ssm_bytes = weight_dtype(str(ssm_name)).bits // 8
+        except ValueError:
+            raise ValueError(
+                f"config field 'mamba_ssm_cache_dtype' has unsupported value {ssm_name!r}"
+            ) from None
+        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state)
+        return conv * dtype_bytes + heads * head * d_state * ssm_bytes
+    if cfg.get("mamba_n_heads") is not None:  # Bamba, granite-4.0-h
+        heads, head = int_field(cfg, "mamba_n_heads"), int_field(cfg, "mamba_d_head")
+        d_inner = int_field(cfg, "mamba_expand", 2) * int_field(cfg, "hidden_size")
+        groups = int_field(cfg, "mamba_n_groups", 1)
+        d_state, d_conv = int_field(cfg, "mamba_d_state"), int_field(cfg, "mamba_d_conv", 4)
+        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state)
+        return (conv + heads * head * d_state) * dtype_bytes
     d_inner = int_field(cfg, "mamba_expand", 2) * int_field(cfg, "hidden_size")
     conv = (int_field(cfg, "mamba_d_conv", 4) - 1) * d_inner
     ssm = d_inner * int_field(cfg, "mamba_d_state", 16)
@@ -177,7 +214,7 @@ def model_from_config(
     served = served_dtype(cfg)
     cache_dtype = parse_kv_dtype(kv_dtype) if kv_dtype is not None else served
     notes = [f"layer kinds from {rule}"]
-    if set(kinds) == {MAMBA}:
+    if not set(kinds) - {MAMBA, NONE}:
         raise ValueError(
             f"config fields make every layer mamba ({rule}): with no attention layer there "
             "is no page to size blocks by"
@@ -202,7 +239,10 @@ def model_from_config(
         notes.extend(mamba_notes)
 
     specs: list[LayerSpec] = []
-    for kind in kinds:
+    cached = [i for i, kind in enumerate(kinds) if kind != NONE]
+    if len(cached) < len(kinds):
+        notes.append(f"{len(kinds) - len(cached)} layers hold no cache (MLP / MoE only)")
+    for kind in (kinds[i] for i in cached):
         if kind == MAMBA:
             assert mamba is not None
             specs.append(mamba)
@@ -218,7 +258,9 @@ def model_from_config(
         notes.append(f"every attention layer capped at {token_cap} tokens")
 
     name = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
-    layout = group_layers(specs, model_name=name, notes=tuple(notes))
+    layout = group_layers(
+        specs, model_name=name, notes=tuple(notes), layer_ids=tuple(cached), num_layers=len(kinds)
+    )
     return ModelInfo(
         name=name,
         architecture=_architecture(config),

@@ -7,7 +7,11 @@ message, naming it, wherever it is used.
 Layer kinds, first rule that applies:
 1. `layer_types` ("full_attention", "sliding_attention", "chunked_attention", "mamba"...).
 2. MLA (`kv_lora_rank`, DeepSeek V2/V3): every layer one latent cache.
-3. Mamba hybrids: `layers_block_type`, or Jamba's `attn_layer_period`/`attn_layer_offset`.
+3. State-space / linear-attention hybrids: `layers_block_type`; Jamba's
+   `attn_layer_period`/`attn_layer_offset`; Nemotron-H's `hybrid_override_pattern` (one
+   letter a layer: M mamba, * attention, - MLP and E MoE, which hold no cache); Bamba's
+   `attn_layer_indices`; Qwen3-Next's `full_attention_interval` (layer i full when
+   (i + 1) % interval == 0, else a gated-delta-net linear-attention layer).
 4. `attention_chunk_size` (Llama 4): NoPE layers (`no_rope_layers[i] == 0`, by default every
    4th layer) are global full attention, the rest chunked local attention.
 5. `sliding_window_pattern` P (Gemma 3): layer i is full when (i + 1) % P == 0, else sliding.
@@ -35,13 +39,20 @@ MAX_LAYERS = 10_000
 MAX_FIELD_VALUE = 2**40
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding", "chunked", "mla", "mamba"
+# A layer with no cache of its own (Nemotron-H's MLP and MoE layers).
+NONE = "none"
+# "mamba" is any constant-size recurrent state: Mamba 1/2, or a linear-attention layer
+# (Qwen3-Next's gated delta net); which one sizes the state is `hf_config`'s business.
 _LAYER_TYPE_NAMES = {
     "full_attention": FULL,
     "attention": FULL,
     "sliding_attention": SLIDING,
     "chunked_attention": CHUNKED,
     "mamba": MAMBA,
+    "linear_attention": MAMBA,
 }
+# Nemotron-H's `hybrid_override_pattern` letters.
+_PATTERN_KINDS = {"M": MAMBA, "*": FULL, "-": NONE, "E": NONE}
 
 
 # ------------------------------------------------------------------------ fields
@@ -235,6 +246,17 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
             raise ValueError("config field 'attn_layer_offset' must be in [0, attn_layer_period)")
         kinds = [FULL if i % period == offset else MAMBA for i in range(n)]
         return kinds, f"attn_layer_period {period}, offset {offset}"
+    if cfg.get("hybrid_override_pattern") is not None:
+        return _pattern_kinds(cfg, n), "hybrid_override_pattern"
+    if cfg.get("attn_layer_indices") is not None:
+        attention = set(int_list(cfg, "attn_layer_indices"))
+        if any(i >= n for i in attention):
+            raise ValueError(f"config field 'attn_layer_indices' must list layers below {n}")
+        return [FULL if i in attention else MAMBA for i in range(n)], "attn_layer_indices"
+    if cfg.get("full_attention_interval") is not None:
+        interval = int_field(cfg, "full_attention_interval", maximum=MAX_LAYERS)
+        kinds = [FULL if (i + 1) % interval == 0 else MAMBA for i in range(n)]
+        return kinds, f"full_attention_interval {interval} (the rest linear attention)"
 
     if cfg.get("attention_chunk_size") is not None:
         int_field(cfg, "attention_chunk_size")
@@ -271,6 +293,22 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
         return [SLIDING] * n, "sliding_window on every layer"
 
     return [FULL] * n, "no window fields (all full attention)"
+
+
+def _pattern_kinds(cfg: Mapping[str, Any], n: int) -> list[str]:
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or len(pattern) != n:
+        raise ValueError(
+            f"config field 'hybrid_override_pattern' must be a string of {n} letters "
+            "(num_hidden_layers)"
+        )
+    unknown = sorted(set(pattern) - set(_PATTERN_KINDS))
+    if unknown:
+        raise ValueError(
+            f"config field 'hybrid_override_pattern' has unsupported layer letter {unknown[0]!r} "
+            "(known: M mamba, * attention, - MLP, E MoE)"
+        )
+    return [_PATTERN_KINDS[c] for c in pattern]
 
 
 def _no_rope_layers(cfg: Mapping[str, Any]) -> list[int]:

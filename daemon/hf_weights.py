@@ -17,6 +17,7 @@ from kvbudget.daemon.hf_fields import (
     MAMBA,
     MAX_LAYERS,
     MLA,
+    NONE,
     bool_field,
     first_nonzero_int,
     head_dim,
@@ -45,7 +46,10 @@ class WeightEstimate:
       MLA         q_a/q_b (or q), kv_a: hidden x (kv_lora_rank + rope), kv_b: kv_lora_rank x
                   heads x (nope + v), o: heads x v x hidden
       mamba       in_proj hidden x 2 d_inner, conv d_inner x d_conv, x_proj d_inner x
-                  (dt_rank + 2 d_state), dt_proj dt_rank x d_inner, A and D, out_proj
+                  (dt_rank + 2 d_state), dt_proj dt_rank x d_inner, A and D, out_proj;
+                  Mamba-2: in_proj hidden x (d_inner + conv_dim + heads), conv, out_proj;
+                  gated delta net: in_proj q, k, v, z, b, a, conv, out_proj
+      no-cache    Nemotron-H's MLP / MoE layers have no mixer (and its mixers no MLP)
       MLP         3 x hidden x intermediate (gate, up, down) per dense layer, per expert
                   and per shared expert of MoE layers, plus the router hidden x experts
       norms       2 x hidden per layer
@@ -71,16 +75,21 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
     embed = vocab * hidden * (1 if bool_field(cfg, "tie_word_embeddings", False) else 2)
     attention = mamba = dense = experts = other = 0
     moe = _moe_layers(cfg, len(kinds))
+    # Nemotron-H: a layer is a mixer (M, *) or a feed-forward block (-, E), never both.
+    pattern = cfg.get("hybrid_override_pattern")
     for i, kind in enumerate(kinds):
         other += 2 * hidden
         if kind == MLA:
             attention += _mla_params(cfg)
         elif kind == MAMBA:
             mamba += _mamba_params(cfg)
-        else:
+        elif kind != NONE:
             heads, kv, hd = int_field(cfg, "num_attention_heads"), num_kv_heads(cfg), head_dim(cfg)
             attention += 2 * hidden * heads * hd + 2 * hidden * kv * hd
-        layer_dense, layer_experts = _mlp_params(cfg, moe[i])
+        if isinstance(pattern, str) and pattern[i] in "M*":
+            continue
+        is_moe = pattern[i] == "E" if isinstance(pattern, str) else moe[i]
+        layer_dense, layer_experts = _mlp_params(cfg, is_moe)
         dense += layer_dense
         experts += layer_experts
     other += hidden  # final norm
@@ -141,6 +150,27 @@ def _mla_params(cfg: Mapping[str, Any]) -> int:
 
 def _mamba_params(cfg: Mapping[str, Any]) -> int:
     hidden = int_field(cfg, "hidden_size")
+    if cfg.get("linear_num_value_heads") is not None:  # gated delta net (Qwen3-Next)
+        k_heads = int_field(cfg, "linear_num_key_heads")
+        v_heads = int_field(cfg, "linear_num_value_heads")
+        k_dim = int_field(cfg, "linear_key_head_dim")
+        v_dim = int_field(cfg, "linear_value_head_dim")
+        keys, values = k_heads * k_dim, v_heads * v_dim
+        conv = (2 * keys + values) * int_field(cfg, "linear_conv_kernel_dim", 4)
+        # in_proj q, k, v, z and the b, a gates; conv; out_proj
+        return hidden * (2 * keys + 2 * values + 2 * v_heads) + conv + values * hidden
+    if cfg.get("mamba_num_heads") is not None or cfg.get("mamba_n_heads") is not None:  # Mamba-2
+        nemotron = cfg.get("mamba_num_heads") is not None
+        heads = int_field(cfg, "mamba_num_heads" if nemotron else "mamba_n_heads")
+        head = int_field(cfg, "mamba_head_dim" if nemotron else "mamba_d_head")
+        d_inner = heads * head if nemotron else int_field(cfg, "mamba_expand", 2) * hidden
+        groups = int_field(cfg, "n_groups" if nemotron else "mamba_n_groups", 1)
+        d_state = int_field(cfg, "ssm_state_size" if nemotron else "mamba_d_state")
+        d_conv = int_field(cfg, "conv_kernel" if nemotron else "mamba_d_conv", 4)
+        conv_dim = d_inner + 2 * groups * d_state
+        # in_proj z, xBC, dt; conv; A, D, dt_bias; gated norm; out_proj
+        in_proj = hidden * (d_inner + conv_dim + heads)
+        return in_proj + conv_dim * d_conv + 3 * heads + d_inner * (1 + hidden)
     d_inner = int_field(cfg, "mamba_expand", 2) * hidden
     d_state, d_conv = int_field(cfg, "mamba_d_state", 16), int_field(cfg, "mamba_d_conv", 4)
     dt_rank = int_field(cfg, "mamba_dt_rank", math.ceil(hidden / 16))

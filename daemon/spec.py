@@ -247,36 +247,54 @@ class KVCacheLayout:
 
 
 def group_layers(
-    layer_specs: list[LayerSpec], *, model_name: str = "", notes: tuple[str, ...] = ()
+    layer_specs: list[LayerSpec],
+    *,
+    model_name: str = "",
+    notes: tuple[str, ...] = (),
+    layer_ids: tuple[int, ...] | None = None,
+    num_layers: int | None = None,
 ) -> KVCacheLayout:
     """Group per-layer specs the way vLLM v1 does for a uniform page size.
 
     Layers with equal specs form one type. The group size is the smallest type's layer
-    count, or the largest's when the counts are within 25% of each other (less padding).
-    Each type is cut into groups of that size; the last group of a type may be short,
-    which wastes memory exactly as it does in vLLM.
+    count, or the largest's when the largest is under 1.5x the smallest (less padding:
+    vLLM's current rule, which pads 12 sliding + 13 full to 13 + 13). A type of n layers
+    becomes cdiv(n, group_size) groups, and its layers are dealt out round-robin (group j
+    takes the type's layers j, j + k, j + 2k... for k groups), as vLLM deals them, so the
+    padding is spread over the type's groups: 52 sliding layers in groups of 10 are
+    9, 9, 9, 9, 8, 8, not 10, 10, 10, 10, 10, 2. Padded slots waste memory exactly as
+    they do in vLLM: every group's block spans group_size pages.
     Page sizes are made uniform by padding every page to the largest one.
+
+    `layer_ids` names each spec's model layer (default: 0, 1, 2...), for models whose
+    layers do not all hold a cache (an MLP-only layer has no spec); `num_layers` is the
+    model's layer count (default: one per spec).
     """
     if not layer_specs:
         raise ValueError("a model needs at least one KV-cache layer")
+    if layer_ids is None:
+        layer_ids = tuple(range(len(layer_specs)))
+    if len(layer_ids) != len(layer_specs):
+        raise ValueError("layer_ids must name one layer per spec")
     block_sizes = {s.block_size for s in layer_specs}
     if len(block_sizes) != 1:
         raise ValueError(f"layers disagree on block size: {sorted(block_sizes)}")
     block_size = block_sizes.pop()
 
     by_spec: dict[LayerSpec, list[int]] = defaultdict(list)
-    for layer_id, spec in enumerate(layer_specs):
+    for layer_id, spec in zip(layer_ids, layer_specs):
         by_spec[spec].append(layer_id)
 
     counts = [len(ids) for ids in by_spec.values()]
     group_size = min(counts)
-    if max(counts) < min(counts) * 1.25:
+    if max(counts) < min(counts) * 1.5:
         group_size = max(counts)
 
     groups: list[KVCacheGroup] = []
     for spec, ids in by_spec.items():
-        for start in range(0, len(ids), group_size):
-            groups.append(KVCacheGroup(spec, tuple(ids[start : start + group_size])))
+        num_groups = -(-len(ids) // group_size)
+        for j in range(num_groups):
+            groups.append(KVCacheGroup(spec, tuple(ids[j::num_groups])))
 
     page_size = max(s.page_size_bytes for s in by_spec)
     return KVCacheLayout(
@@ -284,7 +302,7 @@ def group_layers(
         groups=tuple(groups),
         group_size=group_size,
         page_size_bytes=page_size,
-        num_layers=len(layer_specs),
+        num_layers=len(layer_specs) if num_layers is None else num_layers,
         model_name=model_name,
         notes=notes,
     )

@@ -114,13 +114,15 @@ def test_gemma_3_27b_groups_follow_vllm_rule():
     full = tuple(range(5, 62, 6))  # (i + 1) % 6 == 0: 5, 11, ..., 59
     assert len(full) == 10
     # 62 layers = 52 sliding + 10 full. vLLM: group size = smallest count (10) unless the
-    # largest is < 1.25x it (52 is not) -> 52 sliding layers cut into 10,10,10,10,10,2
-    # = 6 sliding groups, plus 1 full group of 10: 7 groups, all sharing the pool.
+    # largest is < 1.5x it (52 is not) -> cdiv(52, 10) = 6 sliding groups, the 52 layers
+    # dealt round-robin as vLLM deals them (group j: sliding layers j, j + 6, ...) ->
+    # 9, 9, 9, 9, 8, 8; plus 1 full group of 10: 7 groups, all sharing the pool.
     assert m.layout.group_size == 10
-    assert kinds_of(m) == [(LayerKind.SLIDING, 10)] * 5 + [
-        (LayerKind.SLIDING, 2),
+    assert kinds_of(m) == [(LayerKind.SLIDING, 9)] * 4 + [(LayerKind.SLIDING, 8)] * 2 + [
         (LayerKind.FULL, 10),
     ]
+    sliding = [i for i in range(62) if i not in full]
+    assert m.layout.groups[0].layer_ids == tuple(sliding[0::6])
     assert m.layout.groups[-1].layer_ids == full
     assert m.layout.groups[0].spec.sliding_window == 1024
     # 16 x 16 KV heads x (128 + 128) x 2 = 131072 B; x 10 layers = 1310720 B per block
