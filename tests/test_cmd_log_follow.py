@@ -21,6 +21,14 @@ from kvbudget.daemon.decision_log import DecisionLog
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
 
 WAIT_S = 30.0  # bounds a hang only: the follower polls every 0.25 s
+# `kvbudget` with Ctrl-C as a terminal gives it: a shell's background job ignores SIGINT and
+# its children inherit that (then Python installs no KeyboardInterrupt). Set by the child's
+# own first statement: a preexec_fn (Python code between fork and exec) hung the child in
+# CI, the test process having other threads (gRPC's, from earlier tests).
+KVBUDGET_WITH_CTRL_C = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'kvbudget'; runpy.run_module('kvbudget', run_name='__main__', alter_sys=True)"
+)
 
 
 def decision(seq: int, kind: DecisionKind = DecisionKind.ADMIT, engine: str = "vllm-0") -> Decision:
@@ -34,11 +42,8 @@ class Follower:
     def __init__(self, db: Path, *args: str) -> None:
         env = {**os.environ, "COLUMNS": "220", "TZ": "UTC"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "kvbudget", "log", "--db", str(db), "-f", *args],
+            [sys.executable, "-c", KVBUDGET_WITH_CTRL_C, "log", "--db", str(db), "-f", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            # A shell's background job ignores SIGINT, and its children inherit that (then
-            # Python installs no KeyboardInterrupt): give this one Ctrl-C as a terminal would.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -77,12 +77,14 @@ def test_a_tenant_share_of_less_than_one_block_is_one_line(tmp_path: Path) -> No
         "kvbudget daemon: error: tenants.batch.max_share: 0.01 of the 64 blocks is less than one block"]
 
 
-def _limit_address_space() -> None:
-    import resource
-
-    # 4 GiB of address space: the daemon itself runs in far less (accounting mode, no torch),
-    # and a billion blocks' free list alone (8 bytes a block) cannot fit.
-    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+# `kvbudget` under a 4 GiB address space: the daemon itself runs in far less (accounting
+# mode, no torch), and a billion blocks' free list alone (8 bytes a block) cannot fit. Set
+# by the child's own first statement, not a preexec_fn: Python code between fork and exec
+# can deadlock when the test process has other threads (gRPC's, from earlier tests).
+KVBUDGET_IN_4_GIB = (
+    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30)); "
+    "sys.argv[0] = 'kvbudget'; runpy.run_module('kvbudget', run_name='__main__', alter_sys=True)"
+)
 
 
 def test_a_pool_too_large_to_track_is_one_line(tmp_path: Path) -> None:
@@ -90,9 +92,9 @@ def test_a_pool_too_large_to_track_is_one_line(tmp_path: Path) -> None:
     of memory building the block tables: a MemoryError traceback, exit 1."""
     args = [arg if arg != "65" else "1000000000" for arg in DEFAULT_ARGS]  # --num-gpu-blocks
     result = subprocess.run(
-        [sys.executable, "-m", "kvbudget", "daemon", *args,
+        [sys.executable, "-c", KVBUDGET_IN_4_GIB, "daemon", *args,
          "--listen", f"unix://{tmp_path}/d.sock", "--db-path", str(tmp_path / "d.db")],
-        capture_output=True, text=True, timeout=120, preexec_fn=_limit_address_space,
+        capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2, result.stderr
     assert error_lines(result.stderr) == [
