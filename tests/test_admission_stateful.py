@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvbudget.daemon.admission import POLICIES, AdmissionConfig, AdmissionController
 from kvbudget.daemon.budget import worst_case_blocks
+from kvbudget.daemon.metrics import DECISION_PAIRS
 from kvbudget.daemon.records import DecisionKind, RequestSpec
 from kvbudget.daemon.requests import Status
 
@@ -70,6 +71,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         preempted = [d.request_id for d in decisions if d.kind is DecisionKind.PREEMPT]
         assert len(preempted) == len(set(preempted)), f"preempt -> readmit -> preempt: {preempted}"
         for d in decisions:
+            # /metrics creates a series at 0 for each pair it knows; one missing from its table
+            # would appear only at its first decision (rate() loses that burst).
+            assert (d.kind, d.reason) in DECISION_PAIRS, f"({d.kind.value}, {d.reason.value}) not in DECISION_PAIRS"
             assert not (self.drained and d.kind is DecisionKind.ADMIT), f"admitted while drained: {d}"
             if d.kind in (DecisionKind.DENY, DecisionKind.PREEMPT) and d.policy == "guaranteed":
                 raise AssertionError(f"guaranteed request {d.request_id} got {d.kind.value}: {d}")
