@@ -440,7 +440,8 @@ class AdmissionController:
             rejections_by_reason={k.value: n for k, n in self._rejections.items()},
             decisions_by_kind={k.value: n for k, n in self._decisions_by_kind.items()},
             groups=ledger.group_snapshots(),
-            tenants=ledger.tenant_snapshots(),
+            tenants=ledger.tenant_snapshots(),  # bounded: records.MAX_SNAPSHOT_TENANTS
+            num_tenants=len(ledger.tenants),
             prefix_hit_blocks=self._prefix_hit_blocks,
             prefix_query_blocks=self._prefix_query_blocks,
             waiting_by_reason={reason.value: n for reason, n in by_reason.items()},

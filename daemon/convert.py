@@ -314,6 +314,7 @@ def snapshot_to_proto(
         draining=draining,
         started_unix_s=started_unix_s,
         daemon_version=daemon_version,
+        num_tenants=len(s.tenants) if s.num_tenants is None else s.num_tenants,
     )
     if gpu is not None:
         msg.gpu.CopyFrom(gpu)

@@ -16,12 +16,14 @@ until the request ends, so they need no such reserve.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
+from operator import attrgetter
 
 from kvbudget.daemon.budget import block_slots, blocks_held
 from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
 from kvbudget.daemon.prefix_hits import PrefixHit, cache_keys
-from kvbudget.daemon.records import GroupSnapshot, TenantSnapshot
+from kvbudget.daemon.records import MAX_SNAPSHOT_TENANTS, OTHER_TENANTS, GroupSnapshot, TenantSnapshot
 from kvbudget.daemon.requests import (
     RequestState,
     Status,
@@ -35,6 +37,12 @@ from kvbudget.daemon.waiting_queue import TenantAccount
 
 _WINDOW_KINDS = (LayerKind.SLIDING, LayerKind.CHUNKED)
 RUNNING, WAITING = Status.RUNNING, Status.WAITING  # enum member lookups are slow on 3.11
+_HELD, _CHARGED, _RUNNING, _WAITING = map(attrgetter, ("held", "charged", "running", "waiting"))
+
+
+def _rank(a: TenantAccount) -> tuple[int, int, str]:
+    """Smallest first: most blocks held and reserved, then most requests, then by name."""
+    return -a.charged, -(a.running + a.waiting), a.name
 
 
 class BlockLedger:
@@ -282,19 +290,43 @@ class BlockLedger:
             for i, g in enumerate(self.layout.groups)
         )
 
-    def tenant_snapshots(self) -> tuple[TenantSnapshot, ...]:
-        capacity = self.pool.capacity
-        return tuple(
-            TenantSnapshot(
-                tenant=a.name,
-                blocks_held=a.held,
-                blocks_reserved=a.charged - a.held,
-                quota_blocks=a.quota_blocks(capacity),
-                weight=a.weight,
-                running=a.running,
-                waiting=a.waiting,
-            )
-            for a in self.tenants.values()
+    def tenant_snapshots(self, limit: int = MAX_SNAPSHOT_TENANTS) -> tuple[TenantSnapshot, ...]:
+        """Every tenant the config names, and at most `limit` entries for the others: all of
+        them when that many or fewer (as they came), else the named ones, then the `limit - 1`
+        largest others (each largest first) and one OTHER_TENANTS entry summing the rest.
+        See records.MAX_SNAPSHOT_TENANTS."""
+        accounts = self.tenants.values()
+        if len(accounts) <= limit:  # the common case: no cut, no extra pass
+            return tuple(map(self._tenant_snapshot, accounts))
+        configured, others = [], []
+        for a in accounts:
+            if a.name == OTHER_TENANTS:  # a tenant of that name joins the sum (as in /metrics)
+                continue
+            (configured if a.max_share is not None or a.weight != 1.0 else others).append(a)
+        if len(others) <= limit:
+            return tuple(map(self._tenant_snapshot, accounts))
+        # O(n log limit); the same order as metrics._tenant_rank, ties by name.
+        kept = sorted(configured, key=_rank) + heapq.nsmallest(limit - 1, others, key=_rank)
+        # The rest's figures: the totals (summed in C) less what the kept ones have.
+        held = sum(map(_HELD, accounts)) - sum(map(_HELD, kept))
+        charged = sum(map(_CHARGED, accounts)) - sum(map(_CHARGED, kept))
+        running = sum(map(_RUNNING, accounts)) - sum(map(_RUNNING, kept))
+        waiting = sum(map(_WAITING, accounts)) - sum(map(_WAITING, kept))
+        rest = TenantSnapshot(
+            tenant=OTHER_TENANTS, blocks_held=held, blocks_reserved=charged - held, quota_blocks=None,
+            weight=1.0, running=running, waiting=waiting,
+        )
+        return (*map(self._tenant_snapshot, kept), rest)
+
+    def _tenant_snapshot(self, a: TenantAccount) -> TenantSnapshot:
+        return TenantSnapshot(
+            tenant=a.name,
+            blocks_held=a.held,
+            blocks_reserved=a.charged - a.held,
+            quota_blocks=a.quota_blocks(self.pool.capacity),
+            weight=a.weight,
+            running=a.running,
+            waiting=a.waiting,
         )
 
     # ------------------------------------------------------------ integrity

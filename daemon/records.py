@@ -100,6 +100,18 @@ class GroupSnapshot:
     blocks_reclaimed: int  # cumulative, left a window / chunk
 
 
+# A snapshot lists every tenant the config names (a quota or a weight) and, of the others,
+# at most MAX_SNAPSHOT_TENANTS entries: the largest (blocks held and reserved, then requests
+# running and waiting, then name) and, when there are more, one entry OTHER_TENANTS summing
+# the rest. Tenant names come from the engines' requests (often a user id), so 20,000 of them
+# made every snapshot, and every Watch update at up to 10 Hz, carry 20,000 entries.
+# `Snapshot.num_tenants` says how many there are. The order is /metrics' own
+# (metrics._tenant_rank), and the cap above its MAX_TENANT_SERIES, so its named series, read
+# from a snapshot, are the true largest and its "(other)" sum stays exact.
+MAX_SNAPSHOT_TENANTS = 100
+OTHER_TENANTS = "(other)"  # as metrics.OTHER_TENANTS: not a name a tenant would be given
+
+
 @dataclass(frozen=True)
 class TenantSnapshot:
     tenant: str
@@ -127,13 +139,16 @@ class Snapshot:
     rejections_by_reason: dict[str, int] = field(default_factory=dict)
     decisions_by_kind: dict[str, int] = field(default_factory=dict)
     groups: tuple[GroupSnapshot, ...] = ()
-    tenants: tuple[TenantSnapshot, ...] = ()
+    tenants: tuple[TenantSnapshot, ...] = ()  # bounded: see MAX_SNAPSHOT_TENANTS
     prefix_hit_blocks: int = 0
     prefix_query_blocks: int = 0
     # Waiting requests by why their last try failed (pool_full, budget_full, watermark,
     # tenant_quota; queue_ahead: not tried yet, others are ahead): what holds the queue.
     waiting_by_reason: dict[str, int] = field(default_factory=dict)
     waiting_by_engine: dict[str, int] = field(default_factory=dict)  # engine id -> waiting requests
+    # How many tenants the daemon knows: more than len(tenants) when the list was cut (its
+    # last entry is then OTHER_TENANTS). None: not given (len(tenants) is all of them).
+    num_tenants: int | None = None
 
     @property
     def usage(self) -> float:

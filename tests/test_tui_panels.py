@@ -673,6 +673,38 @@ def test_engine_ids_sharing_a_prefix_are_cut_in_the_middle_and_rows_left_out_cou
     ])
 
 
+def test_a_cut_tenant_list_shows_its_other_entry_as_the_tenants_left_out():
+    # The daemon lists at most so many tenants: 3 entries here, the last "(other)" summing
+    # the 1,200 - 2 = 1,198 it left out (num_tenants counts them all).
+    tenants = [
+        common_pb2.TenantState(tenant="acme", blocks_held=300, blocks_reserved=100, quota_blocks=500, running=3),
+        common_pb2.TenantState(tenant="user-17", blocks_held=40, running=1),
+        common_pb2.TenantState(tenant="(other)", blocks_held=250, running=20, waiting=1500),
+    ]
+    state = state_of(snapshot(tenants=tenants, num_tenants=1200))
+    assert text_of(panels.engines_panel(state)) == "\n".join([
+        "no engine sessions",
+        "tenant      held quota use run  wait",
+        "acme         300   500 80%   3     0",
+        "user-17       40     —   —   1     0",
+        "+1,198 more  250     —   —  20 1,500",
+    ])
+    # Too short a panel for every row: the named ones give way, the "+1,198 more" row stays.
+    assert text_of(panels.engines_panel(state), height=4) == "\n".join([
+        "no engine sessions",
+        "tenant      held quota use run  wait",
+        "+2 more tenants",
+        "+1,198 more  250     —   —  20 1,500",
+    ])
+    assert text_of(panels.engines_panel(state, compact=True), height=2) == "\n".join([
+        "+2 more tenants",
+        "+1,198 more        quota —   250   —",
+    ])
+    # An older daemon sends no count: a tenant named "(other)" is then one like the others.
+    older = state_of(snapshot(tenants=tenants))
+    assert text_of(panels.engines_panel(older)).splitlines()[-1] == "(other)      250     —   —  20 1,500"
+
+
 @given(sizes=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=4),
        room=st.integers(min_value=0, max_value=60))
 def test_fitted_rows_fill_the_room_and_never_overflow_it(sizes, room):

@@ -26,7 +26,7 @@ from kvbudget.tui.drawing import (
     plot_row,
     usage_style,
 )
-from kvbudget.tui.state import Connection, DashboardState, Link, daemon_uptime_s, policy_name
+from kvbudget.tui.state import Connection, DashboardState, Link, daemon_uptime_s, policy_name, tenants_folded
 from kvbudget.tui.verdict import Bound, gib, verdict
 from kvbudget.units import format_duration
 from kvbudget.v1 import common_pb2
@@ -294,11 +294,12 @@ def engines_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
         parts.append(Text("no engine sessions", style="dim"))
     if s.tenants:
         rows = []
-        for tenant in s.tenants:
+        names = _tenant_names(s)
+        for tenant, name in zip(s.tenants, names):
             quota, use = _quota(tenant)
             rows.append(
                 (
-                    tenant.tenant or "(default)",
+                    name,
                     n(tenant.blocks_held),
                     quota,
                     use,
@@ -309,10 +310,28 @@ def engines_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
         parts.append(
             NameTable(
                 ("tenant", "held", "quota", "use", "run", "wait"), tuple(rows),
-                middle=True, sections=((len(rows), "tenants"),),
+                middle=True, sections=_tenant_sections(s),
             )
         )
     return Fitted(tuple(parts))
+
+
+def _tenant_names(s) -> list[Text | str]:
+    """Each tenant's name, and for the daemon's "(other)" entry (a cut list) "+N more": the
+    row then holds the sums of the N tenants left out."""
+    names: list[Text | str] = [tenant.tenant or "(default)" for tenant in s.tenants]
+    folded = tenants_folded(s)
+    if folded:
+        names[-1] = Text(f"+{n(folded)} more", style="dim")
+    return names
+
+
+def _tenant_sections(s) -> tuple[tuple[int, str], ...]:
+    """The tenants' rows as one run; the "+N more" row of a cut list a run of its own, so a
+    panel too short for every row still shows it (a run of one row always is)."""
+    if tenants_folded(s):
+        return ((len(s.tenants) - 1, "tenants"), (1, ""))
+    return ((len(s.tenants), "tenants"),)
 
 
 def _quota(tenant) -> tuple[str, Text | str]:
@@ -329,13 +348,13 @@ def _engines_compact(s) -> RenderableType:
     for engine in s.engines:
         lease, style = _lease(engine.lease_remaining_s)
         rows.append((engine.engine_id, Text(lease, style=style), n(engine.blocks_held), "held"))
-    for tenant in s.tenants:
+    for tenant, name in zip(s.tenants, _tenant_names(s)):
         quota, use = _quota(tenant)
-        name = Text(tenant.tenant or "(default)", style="italic")
+        name = name if isinstance(name, Text) else Text(name, style="italic")
         rows.append((name, f"quota {quota}", n(tenant.blocks_held), use))
     if not rows:
         return Text("no engine sessions", style="dim")
-    sections = ((len(s.engines), "engines"), (len(s.tenants), "tenants"))
+    sections = ((len(s.engines), "engines"), *_tenant_sections(s))
     return NameTable(None, tuple(rows), frozenset({1}), middle=True, sections=sections)
 
 

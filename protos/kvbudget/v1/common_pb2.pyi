@@ -278,7 +278,7 @@ class ReplayState(_message.Message):
     def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log", "waiting_by_reason", "started_unix_s", "daemon_version")
+    __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log", "waiting_by_reason", "started_unix_s", "daemon_version", "num_tenants")
     class PreemptionsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +333,7 @@ class Snapshot(_message.Message):
     WAITING_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     DAEMON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENANTS_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     policy: Policy
     num_blocks: int
@@ -359,4 +360,5 @@ class Snapshot(_message.Message):
     waiting_by_reason: _containers.ScalarMap[str, int]
     started_unix_s: float
     daemon_version: str
-    def __init__(self, time_unix_s: _Optional[float] = ..., policy: _Optional[_Union[Policy, str]] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_held_blocks: _Optional[int] = ..., num_reserved_blocks: _Optional[int] = ..., num_evictable_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., preemptions_by_reason: _Optional[_Mapping[str, int]] = ..., rejections_by_reason: _Optional[_Mapping[str, int]] = ..., decisions_by_kind: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[_Union[GroupState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ..., gpu: _Optional[_Union[GpuState, _Mapping]] = ..., replays: _Optional[_Iterable[_Union[ReplayState, _Mapping]]] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_query_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., plan: _Optional[_Union[PoolPlan, _Mapping]] = ..., decision_log: _Optional[_Union[DecisionLogState, _Mapping]] = ..., waiting_by_reason: _Optional[_Mapping[str, int]] = ..., started_unix_s: _Optional[float] = ..., daemon_version: _Optional[str] = ...) -> None: ...
+    num_tenants: int
+    def __init__(self, time_unix_s: _Optional[float] = ..., policy: _Optional[_Union[Policy, str]] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_held_blocks: _Optional[int] = ..., num_reserved_blocks: _Optional[int] = ..., num_evictable_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., preemptions_by_reason: _Optional[_Mapping[str, int]] = ..., rejections_by_reason: _Optional[_Mapping[str, int]] = ..., decisions_by_kind: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[_Union[GroupState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ..., gpu: _Optional[_Union[GpuState, _Mapping]] = ..., replays: _Optional[_Iterable[_Union[ReplayState, _Mapping]]] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_query_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., plan: _Optional[_Union[PoolPlan, _Mapping]] = ..., decision_log: _Optional[_Union[DecisionLogState, _Mapping]] = ..., waiting_by_reason: _Optional[_Mapping[str, int]] = ..., started_unix_s: _Optional[float] = ..., daemon_version: _Optional[str] = ..., num_tenants: _Optional[int] = ...) -> None: ...
