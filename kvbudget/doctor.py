@@ -8,16 +8,23 @@ series by hand, and both call `diagnose`; what they pass and get back is in
 doctor_samples.py.
 
 Shares are of the pool's usable blocks:
-  held       blocks requests hold now
+  held       blocks requests hold
   committed  held + reserved (promised to running requests, not yet held)
 A queue with the pool physically full is pool-bound; with the pool full of promises it is
 budget-bound; a queue that does not move while most blocks sit free is stuck: what
 admission charges and what requests really use have drifted apart.
+
+"Full" is the dashboard's bar and reading (kvbudget/pressure.py, where the differences
+left are listed): the shares judged are the means over the samples under pressure (some
+requests waited, or the preemption count rose since the sample before), not the last
+sample's, so a steady load whose queue comes and goes gets one verdict, and a daemon with
+nothing running and nothing waiting at the last sample is under no pressure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import fmean
 
 from kvbudget.doctor_samples import (
     MiB,
@@ -297,6 +304,31 @@ def _tenants_at_quota(sample: PoolSample) -> list[str]:
     ]
 
 
+def _under_pressure(samples: Sequence[PoolSample]) -> tuple[PoolSample, ...]:
+    """The samples at which requests were held back, as the dashboard picks them: some
+    waited, or the cumulative preemption count rose since the sample before."""
+    return tuple(
+        sample
+        for before, sample in zip((None, *samples), samples)
+        if sample.waiting > 0 or (before is not None and sample.preemptions > before.preemptions)
+    )
+
+
+def _judged_text(judged: Sequence[PoolSample]) -> str:
+    """What the shares are, once more than one sample's."""
+    if len(judged) < 2:
+        return ""
+    return f" (mean of {len(judged)} samples under pressure)"
+
+
+def _pressure_text(waiting: int, peak_waiting: int, preempted: int) -> str:
+    if waiting:
+        return f"{_requests(waiting)} waiting"
+    if peak_waiting:
+        return f"none waiting now, {peak_waiting} earlier in the window"
+    return f"no queue, {preempted} preemptions in the window"
+
+
 def _quota_knob(tenants: list[str]) -> str:
     return (
         f"tenant(s) {', '.join(tenants)} at quota: raise [tenants.NAME] max_share "
@@ -328,16 +360,22 @@ def diagnose(
         check_decision_log(ordered),
         check_log_disk(ordered, t),
     ]
-    capacity = max(last.num_blocks, 1)
-    held_share = last.held / capacity
-    committed_share = (last.held + last.reserved) / capacity
     queued_throughout = all(s.waiting > 0 for s in ordered)
     admitted = last.admits - first.admits
     preempted = last.preemptions - first.preemptions
-    pressure = last.waiting > 0 or preempted > 0
+    peak_waiting = max(s.waiting for s in ordered)
+    # A queue anywhere in the window, or preemptions, as the dashboard reads it; but pressure
+    # of a run that has since drained (nothing waits, nothing runs) holds nothing back now.
+    pressure = (peak_waiting > 0 or preempted > 0) and (last.waiting > 0 or last.running > 0)
+    # The samples judged: those under pressure (never none when there is pressure), else the last.
+    judged = (_under_pressure(ordered) if pressure else ()) or (last,)
+    held_share = fmean(s.held / max(s.num_blocks, 1) for s in judged)
+    committed_share = fmean((s.held + s.reserved) / max(s.num_blocks, 1) for s in judged)
+    held_text = _judged_text(judged)
     shares = {
         "held_share": round(held_share, 4),
         "committed_share": round(committed_share, 4),
+        "judged_samples": len(judged),
         "waiting": last.waiting,
         "running": last.running,
         "admits_in_window": admitted,
@@ -399,8 +437,8 @@ def diagnose(
             "new tokens, or a policy that reserves less (predictive, or optimistic with preemption)"
         )
         summary = (
-            f"{_requests(last.waiting)} waiting; {held_share:.0%} of the pool held, "
-            f"{committed_share:.0%} committed with reservations"
+            f"{_pressure_text(last.waiting, peak_waiting, preempted)}; {held_share:.0%} of the pool held, "
+            f"{committed_share:.0%} committed with reservations{held_text}"
         )
         findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
     elif pressure and (held_share >= t.full_share or stuck):
@@ -410,7 +448,10 @@ def diagnose(
             "the pool is really full: give it more memory (kv_cache_memory_bytes or "
             "gpu_memory_utilization, kv_dtype fp8), lower max_model_len, or send less to this GPU"
         )
-        summary = f"{_requests(last.waiting)} waiting with {held_share:.0%} of the pool held"
+        summary = (
+            f"{_pressure_text(last.waiting, peak_waiting, preempted)} with {held_share:.0%} "
+            f"of the pool held{held_text}"
+        )
         findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
     else:
         verdict, knob = Verdict.HEALTHY, ""

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from kvbudget.daemon import convert
+from kvbudget.pressure import POOL_FULL_SHARE
 from kvbudget.v1 import common_pb2
 
 MiB = 1 << 20
@@ -114,7 +115,8 @@ class PoolExpectation:
 
 @dataclass(frozen=True)
 class Thresholds:
-    full_share: float = 0.95  # held (or committed) share that counts as full (the dashboard: 0.90, on a mean)
+    # held (or committed) share, the mean under pressure, that counts as full: the dashboard's bar too
+    full_share: float = POOL_FULL_SHARE
     mostly_free_share: float = 0.5  # held share under which the pool counts as mostly free
     reservation_ratio: float = 4.0  # reserved >= ratio x held: max_model_len-style reservations
     memory_growth_bytes: int = 256 * MiB  # GPU memory rise that is not noise

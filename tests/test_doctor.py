@@ -94,7 +94,7 @@ def test_healthy_pool_with_headroom() -> None:
 
 
 def test_budget_bound_queue_with_flat_memory() -> None:
-    # held 600 (60 %) + reserved 350 = 950 committed (95 % >= 95 %): blocks are free but promised
+    # held 600 (60 %) + reserved 350 = 950 committed (95 % >= 90 %): blocks are free but promised
     d = doctor.diagnose(series(held=600, reserved=350, waiting=5, admits=[40] * 5, policy="guaranteed"))
     assert d.verdict is Verdict.BUDGET_BOUND
     assert not d.ok
@@ -103,7 +103,7 @@ def test_budget_bound_queue_with_flat_memory() -> None:
 
 
 def test_pool_bound_when_blocks_are_really_held() -> None:
-    # held 960 of 1000 = 96 % >= 95 %, preemptions rising 2 -> 6, a queue of 4
+    # held 960 of 1000 = 96 % >= 90 %, preemptions rising 2 -> 6, a queue of 4
     d = doctor.diagnose(series(held=960, waiting=4, preemptions=[2, 3, 4, 5, 6]))
     assert d.verdict is Verdict.POOL_BOUND
     assert "more memory" in d.knob
@@ -161,7 +161,7 @@ def test_waiting_but_moving_queue_is_healthy() -> None:
 
 
 def test_queue_that_does_not_move_on_a_half_full_pool_is_pool_bound() -> None:
-    # 70 % held, 10 % reserved (80 % committed < 95 %), no admission: the head needs more room
+    # 70 % held, 10 % reserved (80 % committed < 90 %), no admission: the head needs more room
     d = doctor.diagnose(series(held=700, reserved=100, waiting=2, admits=[50] * 5))
     assert d.verdict is Verdict.POOL_BOUND
 

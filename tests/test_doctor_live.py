@@ -175,7 +175,7 @@ async def test_doctor_says_budget_bound_with_a_queue_and_flat_memory(tmp_path: P
             queued = await client.step(submits=[RequestSpec("c", prompt_tokens=800, max_new_tokens=200)])
             assert kinds(queued)[0] == ("c", DecisionKind.QUEUE)
             code, report = await doctor(target)
-    # held 700/999 = 70 % (not mostly free), committed 975/999 = 97.6 % (>= 95 %);
+    # held 700/999 = 70 % (not mostly free), committed 975/999 = 97.6 % (>= 90 %);
     # no GPU on the test machine: memory is skipped, not climbing
     assert report["verdict"] == "budget-bound", report
     assert code == 1

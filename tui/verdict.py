@@ -12,7 +12,9 @@ This module turns that drill into one line from a `DashboardState`, first match 
 - not bound: no pressure (below), or pressure from a run that has since drained: nothing
   runs and nothing waits now ("idle").
 - pool-bound: pressure, and the mean usage (held / capacity) of the samples under pressure
-  is at least `POOL_BOUND_USAGE`. Only more KV memory (or fewer concurrent requests) helps.
+  is at least `POOL_BOUND_USAGE`, the bar `kvbudget doctor` judges by too (and reads the
+  same way: kvbudget/pressure.py says where the two still differ). Only more KV memory (or
+  fewer concurrent requests) helps.
 - budget-bound: pressure while that mean stays below the bar, and the GPU memory curve is
   flat: promises (reservations), quotas or the queue order, not memory, limit admission. A
   looser policy or a better output-length estimate helps.
@@ -55,11 +57,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
+from kvbudget.pressure import POOL_FULL_SHARE
 from kvbudget.tui.state import DashboardState, Sample
 
 WINDOW_S = 30.0  # growth outside the pool, preemptions and log stalls are judged over this
 PRESSURE_WINDOW_S = 10.0  # a queue seen this recently still counts as pressure
-POOL_BOUND_USAGE = 0.90
+POOL_BOUND_USAGE = POOL_FULL_SHARE  # the doctor's Thresholds.full_share by default
 OUTSIDE_GROWTH_FRACTION = 0.01
 OUTSIDE_GROWTH_MIN_BYTES = 256 * 1024 * 1024
 
