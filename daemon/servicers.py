@@ -18,7 +18,7 @@ from kvbudget.daemon.auth import Authorizer, Role
 from kvbudget.daemon.core_service import CoreService, StepFailed
 from kvbudget.daemon.decision_unwritten import UnwrittenError
 from kvbudget.daemon.records import DecisionKind
-from kvbudget.daemon.sessions import SessionExists, TooManySessions, UnansweredStep
+from kvbudget.daemon.sessions import KeptStep, SessionExists, TooManySessions, UnansweredStep
 from kvbudget.daemon.step_validation import StepRejected, check_request_id, validate_step
 from kvbudget.daemon.watch import TooManyWatchers
 from kvbudget.v1 import (
@@ -131,6 +131,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             reply = await self._answer_again(context, session, request)
             if reply is not None:
                 return reply
+        step_seq = request.step_seq
+        if step_seq and session.last_step is not None and step_seq <= session.last_step.seq:
+            return await self._resent(context, session, request)
         engine_id = session.engine_id
         if core.draining and request.submits:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "submits: daemon is draining, no new requests")
@@ -148,7 +151,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         except StepFailed as failed:
             # The controller refused an op validation let through: what was applied
             # stands, is logged and reaches the engine on its Events stream.
-            await self._committed(context, core.record(failed.decisions))
+            committed = core.record(failed.decisions)
+            if step_seq:
+                session.last_step = KeptStep(step_seq, request, committed, error=(INVALID, str(failed)))
+            await self._committed(context, asyncio.shield(committed))
             await context.abort(INVALID, str(failed))
         committed = core.record(decisions, engine_id, started)
         # Usually committed inline already; if it was queued behind others, the reply is built
@@ -156,13 +162,18 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # num_free_blocks: the pool as this step left it.
         reply = engine_pb2.StepResponse(num_free_blocks=core.controller.pool.num_free_blocks)
         convert.add_decisions(reply.decisions, decisions, engine_id)
-        if not committed.done() or committed.exception() is not None:  # else nothing to wait for
+        settled = committed.done() and committed.exception() is None
+        if step_seq:
+            session.last_step = kept = KeptStep(step_seq, request, None if settled else committed, reply)
+        if not settled:
             try:
-                await committed
+                # Shielded: a caller gone mid-commit (its deadline) must leave the commit's
+                # future to the resend that may follow.
+                await asyncio.shield(committed)
             except UnwrittenError as exc:
                 # Applied, kept to be written first: the same step sent again gets this reply.
                 session.unanswered = UnansweredStep(
-                    request.SerializeToString(deterministic=True), reply,
+                    _step_bytes(request), reply,
                     tuple(d for d in decisions if d.engine_id == engine_id),
                 )
                 await context.abort(
@@ -179,13 +190,55 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             mine = [d for d in decisions if d.engine_id == engine_id]
             for decision in mine:
                 session.push_event(decision)
-            await context.abort(
+            too_large = (
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this step was applied and logged, but its reply ({size} bytes) is past the {MAX_MESSAGE_BYTES} "
                 f"byte limit: its {len(mine)} decisions go out on the Events stream instead (the oldest dropped "
                 f"past {session.events.maxsize}); send smaller steps",
             )
+            if step_seq:
+                kept.reply, kept.error = None, too_large
+            await context.abort(*too_large)
         return reply
+
+    async def _resent(self, context, session, request):
+        """The last numbered step sent again (its reply was lost on the way): the outcome it
+        had, once its decisions are in the log; nothing is applied again."""
+        kept: KeptStep = session.last_step
+        if request.step_seq < kept.seq:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"step_seq: {request.step_seq} is below this session's last step ({kept.seq}): only the last "
+                "step can be sent again, and a new step needs a higher number",
+            )
+        if request != kept.request:
+            await context.abort(
+                INVALID,
+                f"step_seq: {kept.seq} numbers another step, already applied: a new step needs a higher number",
+            )
+        committed = kept.committed
+        if committed is not None:
+            if not committed.done():
+                try:
+                    await asyncio.shield(committed)
+                except Exception:
+                    pass  # read below
+            if committed.cancelled():  # (only the daemon stopping cancels it)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "decision log: the step's commit was cancelled")
+            failure = committed.exception()
+            if isinstance(failure, UnwrittenError):
+                if not self.core.log.write_unwritten():
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"decision log: {failure}; this step was applied and its decisions wait to be written: "
+                        "send it again later",
+                    )
+            elif failure is not None:  # the log could not commit: promise nothing
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {failure}")
+            kept.committed = None  # in the log: a later resend need not look again
+        if kept.error is not None:
+            await context.abort(*kept.error)
+        return kept.reply
 
     async def _answer_again(self, context, session, request):
         """The reply of the last step (applied, its decisions kept to be written), if this
@@ -197,7 +250,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         step learns which of its requests hold blocks, and can finish or abort them)."""
         unanswered = session.unanswered
         decision_log = self.core.log
-        if request.SerializeToString(deterministic=True) != unanswered.request:
+        if _step_bytes(request) != unanswered.request:
             if decision_log.write_unwritten():
                 session.unanswered = None  # this step will be applied
                 for decision in unanswered.decisions:
@@ -409,6 +462,19 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         if self.on_drain is not None:
             await self.on_drain()
         return admin_pb2.DrainResponse(running=self.core.snapshot().num_running)
+
+
+def _step_bytes(request) -> bytes:
+    """A step's ops as bytes, without its number: an engine told "send the same step again"
+    may send the same ops under a new step_seq (EngineClient numbers every call)."""
+    seq = request.step_seq
+    if not seq:
+        return request.SerializeToString(deterministic=True)
+    request.step_seq = 0
+    try:
+        return request.SerializeToString(deterministic=True)
+    finally:
+        request.step_seq = seq
 
 
 async def _refuse_while_unwritten(context, decision_log, what: str) -> None:

@@ -16,6 +16,12 @@ for the submits it made. A different step means the engine moved on: the reply i
 dropped, and its decisions go out on the session's Events stream instead, so that an
 engine that gave up on the step still hears which of its requests hold blocks.
 
+A step the engine numbers (`step_seq` > 0) is kept with its outcome (`last_step`) once
+applied: a reply lost on the way (a deadline, a dropped connection) leaves the engine not
+knowing whether the step happened, and sending it again, same number and same ops, gets
+that outcome again instead of ALREADY_EXISTS for its submits and NOT_FOUND for its
+finishes. Only the last numbered step is kept: numbers go up, one step at a time.
+
 Leases run on the monotonic clock, so a wall-clock jump neither expires nor keeps alive
 anybody; decisions still carry unix time.
 """
@@ -47,9 +53,22 @@ EVENTS_QUEUE_LIMIT = 10_000
 class UnansweredStep:
     """A step applied whose decisions wait to be written (the engine was told UNAVAILABLE)."""
 
-    request: bytes  # the StepRequest, serialized deterministically: its retry has the same bytes
+    request: bytes  # the StepRequest's ops, serialized deterministically (step_seq left out): its retry's are the same
     reply: object  # the StepResponse, kept for that retry
     decisions: tuple[Decision, ...]  # the engine's own (those in the reply): streamed if it moves on
+
+
+@dataclass
+class KeptStep:
+    """The last numbered step applied, with what its sender was (or is being) told."""
+
+    seq: int
+    request: object  # the StepRequest: a resend must be the same step
+    # The decisions' commit (None: nothing to wait for). A resend that comes while it runs
+    # waits for it, as the first call does: nothing is answered before it is in the log.
+    committed: asyncio.Future | None
+    reply: object | None = None  # the StepResponse, or
+    error: tuple[object, str] | None = None  # (grpc.StatusCode, message) the step ended with
 
 
 @dataclass(eq=False)
@@ -67,6 +86,8 @@ class Session:
     closed: bool = False
     # A step applied but not yet written to the log: the engine's retry gets its reply
     unanswered: UnansweredStep | None = None
+    # The last numbered step (step_seq > 0) applied: a resend of it gets the same outcome
+    last_step: KeptStep | None = None
 
     def renew(self, now_monotonic: float) -> None:
         self.expires_at = now_monotonic + self.lease_ttl_s

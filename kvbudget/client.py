@@ -23,6 +23,10 @@ UNAVAILABLE while draining, ...) and `.details()` (the field at fault).
 A step that fails with UNAVAILABLE "decision log: ..." (the daemon's disk is full) may be
 sent again as it is, with the same arguments: a step the daemon applied gets its reply
 then, one it refused is applied then (docs/engine-integration.md).
+Every step is numbered (`StepRequest.step_seq`). A step whose reply is lost on the way (its
+deadline passed, or the connection dropped mid-call) may or may not have been applied; the
+client sends the very same step again (`step_resends` times at most), and the daemon, which
+keeps the outcome of each session's last numbered step, answers it without applying it twice.
 """
 
 from __future__ import annotations
@@ -221,6 +225,7 @@ class EngineClient:
         heartbeat: bool = True,
         call_timeout_s: float = 30.0,
         max_backoff_s: float = 2.0,
+        step_resends: int = 2,
     ) -> None:
         self.target = target
         self.engine_id = engine_id
@@ -233,6 +238,8 @@ class EngineClient:
         self._heartbeat_enabled = heartbeat
         self._timeout = call_timeout_s
         self._max_backoff = max_backoff_s
+        self._step_resends = step_resends
+        self._last_step_seq = 0  # steps are numbered (StepRequest.step_seq) so a resend is safe
         self.session_id = ""
         self.lease_ttl_s = 0
         self.plan: common_pb2.PoolPlan | None = None
@@ -334,8 +341,27 @@ class EngineClient:
             reason, self._lost = self._lost, None
             raise SessionLost(reason)
         request.session_id = used = self.session_id
+        if not request.step_seq:
+            self._last_step_seq += 1
+            request.step_seq = self._last_step_seq
+        elif request.step_seq > self._last_step_seq:  # the caller numbers its own: go on from there
+            self._last_step_seq = request.step_seq
         try:
-            return await self._stub.Step(request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True)
+            resends = 0
+            while True:
+                try:
+                    return await self._stub.Step(
+                        request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
+                    )
+                except grpc.aio.AioRpcError as error:
+                    if resends >= self._step_resends or not _outcome_unknown(error):
+                        raise
+                    # The reply was lost (a deadline, a dropped connection): whether the step
+                    # was applied is unknown. The daemon keeps the outcome of the last numbered
+                    # step, so sending the very same step again is safe and gets it.
+                    resends += 1
+                    log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
+                                self.engine_id, error.code().name, resends, self._step_resends)
         except grpc.aio.AioRpcError as error:
             if self._session_gone(error):
                 await self._reopen_once(used, error)
@@ -411,6 +437,18 @@ class EngineClient:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), backoff * (1 + random.random()))
             backoff = min(self._max_backoff, backoff * 2)
+
+
+def _outcome_unknown(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed Step may have been applied all the same: its reply was lost. The
+    daemon's own refusals (draining, its decision log) say what happened; a deadline or a
+    connection dropped mid-call does not."""
+    code = error.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    return code == grpc.StatusCode.UNAVAILABLE and not (error.details() or "").startswith(
+        ("decision log:", "submits: daemon is draining")
+    )
 
 
 def _task_cancelling() -> bool:

@@ -76,20 +76,22 @@ class Abort(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("session_id", "submits", "grows", "progress", "finishes", "aborts")
+    __slots__ = ("session_id", "submits", "grows", "progress", "finishes", "aborts", "step_seq")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SUBMITS_FIELD_NUMBER: _ClassVar[int]
     GROWS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     FINISHES_FIELD_NUMBER: _ClassVar[int]
     ABORTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SEQ_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     submits: _containers.RepeatedCompositeFieldContainer[Submit]
     grows: _containers.RepeatedCompositeFieldContainer[Grow]
     progress: _containers.RepeatedCompositeFieldContainer[Progress]
     finishes: _containers.RepeatedCompositeFieldContainer[Finish]
     aborts: _containers.RepeatedCompositeFieldContainer[Abort]
-    def __init__(self, session_id: _Optional[str] = ..., submits: _Optional[_Iterable[_Union[Submit, _Mapping]]] = ..., grows: _Optional[_Iterable[_Union[Grow, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., aborts: _Optional[_Iterable[_Union[Abort, _Mapping]]] = ...) -> None: ...
+    step_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., submits: _Optional[_Iterable[_Union[Submit, _Mapping]]] = ..., grows: _Optional[_Iterable[_Union[Grow, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., aborts: _Optional[_Iterable[_Union[Abort, _Mapping]]] = ..., step_seq: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("decisions", "num_free_blocks")
