@@ -24,8 +24,8 @@ A step that fails with UNAVAILABLE "decision log: ..." (the daemon's disk is ful
 sent again as it is, with the same arguments: a step the daemon applied gets its reply
 then, one it refused is applied then (docs/engine-integration.md).
 Every step is numbered (`StepRequest.step_seq`). A step whose reply is lost on the way (its
-deadline passed, or the connection dropped mid-call) may or may not have been applied; the
-client sends the very same step again (`step_resends` times at most), and the daemon, which
+deadline passed on a live connection, or the connection dropped mid-call) may or may not
+have been applied; the client sends the very same step again (`step_resends` times at most), and the daemon, which
 keeps the outcome of each session's last numbered step, answers it without applying it twice.
 """
 
@@ -354,11 +354,10 @@ class EngineClient:
                         request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
                     )
                 except grpc.aio.AioRpcError as error:
-                    if resends >= self._step_resends or not _outcome_unknown(error):
+                    if resends >= self._step_resends or not self._reply_lost(error):
                         raise
-                    # The reply was lost (a deadline, a dropped connection): whether the step
-                    # was applied is unknown. The daemon keeps the outcome of the last numbered
-                    # step, so sending the very same step again is safe and gets it.
+                    # Whether the step was applied is unknown. The daemon keeps the outcome of
+                    # the last numbered step, so sending the very same step again is safe.
                     resends += 1
                     log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
                                 self.engine_id, error.code().name, resends, self._step_resends)
@@ -373,6 +372,17 @@ class EngineClient:
             if self._closed and not _task_cancelling():
                 raise ClientClosed(f"the client of engine {self.engine_id!r} was closed during this step") from None
             raise
+
+    def _reply_lost(self, error: grpc.aio.AioRpcError) -> bool:
+        """Whether a failed step was sent and its reply lost: a connection dropped mid-call,
+        or the deadline passed on a connection that is up. A deadline with no connection
+        (the daemon is down: the call waited for one) sent nothing, and a resend would
+        only wait as long again."""
+        if not _outcome_unknown(error):
+            return False
+        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return True
+        return self._channel.get_state() == grpc.ChannelConnectivity.READY
 
     # ------------------------------------------------------------------ background
     async def _heartbeat_loop(self) -> None:

@@ -225,3 +225,21 @@ def test_only_a_lost_reply_is_sent_again() -> None:
     assert not _outcome_unknown(_error(Code.UNAVAILABLE, "submits: daemon is draining, no new requests"))
     assert not _outcome_unknown(_error(Code.ALREADY_EXISTS, "submits[0].request_id: request 'r' already exists"))
     assert not _outcome_unknown(_error(Code.INVALID_ARGUMENT, "grows[0].num_tokens: ..."))
+
+
+async def test_a_step_that_waited_in_vain_for_a_daemon_is_not_sent_again(tmp_path, caplog) -> None:
+    # The daemon is gone: the call waits for a connection until its deadline, and nothing
+    # was sent. A resend would only wait as long again.
+    daemon = DaemonProcess(tmp_path, "--policy", "guaranteed").start()
+    try:
+        client = EngineClient(daemon.target, "resend-gone", heartbeat=False, call_timeout_s=1.0)
+        await client.open()
+    finally:
+        daemon.stop()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.step(submits=[RequestSpec("never", 16, 16)])
+        assert info.value.code() == Code.DEADLINE_EXCEEDED
+        assert "sending it again" not in caplog.text
+    finally:
+        await client.close()
