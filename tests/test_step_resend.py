@@ -14,10 +14,13 @@ connection (or holds the reply past the client's deadline) once the daemon has a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sqlite3
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvbudget.client import EngineClient, _outcome_unknown
 from kvbudget.daemon.records import DecisionKind, RequestSpec
@@ -243,3 +246,74 @@ async def test_a_step_that_waited_in_vain_for_a_daemon_is_not_sent_again(tmp_pat
         assert "sending it again" not in caplog.text
     finally:
         await client.close()
+
+
+class _Run:
+    """One engine's numbered steps against the daemon, with what the log must then hold."""
+
+    def __init__(self, daemon: DaemonProcess, engine_id: str) -> None:
+        self.engine = Engine(daemon, engine_id)
+        self.engine_id = engine_id
+        self.seq = 0
+        self.live: list[str] = []
+        self.made = 0
+        self.rows = 0  # rows the log must hold for this engine: the applied steps' decisions
+        self.last: tuple[engine_pb2.StepRequest, object] | None = None  # request, reply or (code, details)
+
+    def send(self, request: engine_pb2.StepRequest):
+        try:
+            return self.engine.stub.Step(request)
+        except grpc.RpcError as error:
+            return error.code(), error.details()
+
+    def new_step(self, num_submits: int, num_finishes: int) -> None:
+        finishes, self.live = self.live[:num_finishes], self.live[num_finishes:]
+        submits = [f"{self.engine_id}-{self.made + i}" for i in range(num_submits)]
+        self.made += num_submits
+        self.seq += 1
+        request = engine_pb2.StepRequest(
+            session_id=self.engine.session_id, step_seq=self.seq,
+            submits=[submit(r, 16, 16) for r in submits],  # 1 block held of 2 reserved each
+            finishes=[engine_pb2.Finish(request_id=r) for r in finishes])
+        outcome = self.send(request)
+        assert isinstance(outcome, engine_pb2.StepResponse), outcome
+        assert [d.kind for d in outcome.decisions] == (
+            [common_pb2.DECISION_KIND_RELEASE] * len(finishes) + [common_pb2.DECISION_KIND_ADMIT] * len(submits))
+        self.live += submits
+        self.rows += len(outcome.decisions)
+        self.last = request, outcome
+
+    def check(self) -> None:
+        rows = self.engine.daemon.decision_rows("engine_id = ?", (self.engine_id,))
+        assert len(rows) == self.rows
+        admitted = [row["request_id"] for row in rows if row["kind"] == "admit"]
+        assert len(admitted) == len(set(admitted)) == self.made  # each request admitted once
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["new", "resend", "stale", "clash"]),
+                          st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=10))
+def test_any_run_of_steps_and_resends_applies_each_step_once(daemon, actions) -> None:
+    run = _Run(daemon, f"resend-run-{next(_RUNS)}")
+    try:
+        for action, a, b in actions:
+            if action == "new" or run.last is None:
+                run.new_step(a, b)
+            elif action == "resend":  # the reply was lost: the same outcome again
+                request, outcome = run.last
+                assert run.send(request) == outcome
+            elif action == "stale" and run.seq > 1:
+                request = engine_pb2.StepRequest(session_id=run.engine.session_id, step_seq=run.seq - 1)
+                assert run.send(request)[0] == Code.FAILED_PRECONDITION
+            elif action == "clash":
+                request = engine_pb2.StepRequest(session_id=run.engine.session_id, step_seq=run.seq,
+                                                 submits=[submit(f"{run.engine_id}-clash")])
+                assert run.send(request)[0] == Code.INVALID_ARGUMENT
+            run.check()
+    finally:
+        run.new_step(0, len(run.live))  # the next example finds the pool as it was
+        run.check()
+        run.engine.channel.close()
+
+
+_RUNS = itertools.count()
