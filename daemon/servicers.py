@@ -328,7 +328,7 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
                 await watcher.sleep(interval_s)
                 decisions, dropped = watcher.take()
                 update = observer_pb2.WatchResponse(snapshot=self.core.snapshot_proto(), dropped_decisions=dropped)
-                convert.add_decisions(update.decisions, decisions)
+                self.core.watch_hub.add_to(update.decisions, decisions)
                 await context.write(update)
         finally:
             self.core.watch_hub.remove(watcher)

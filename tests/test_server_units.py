@@ -12,7 +12,7 @@ from kvbudget.daemon.auth import AuthError, Authorizer, Role, bearer_token
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.sessions import SessionExists, SessionTable, TooManySessions
 from kvbudget.daemon.watch import TooManyWatchers, WatchHub
-from kvbudget.v1 import common_pb2
+from kvbudget.v1 import common_pb2, observer_pb2
 
 TOKENS = {"engine-token-1": "engine", "observer-token-1": "observer", "admin-token-1": "admin"}
 
@@ -149,6 +149,46 @@ async def test_watcher_keeps_the_newest_and_counts_what_it_dropped() -> None:
         hub.add(max_decisions=1)
     hub.remove(fast)
     assert len(hub) == 1
+
+
+async def test_watchers_get_the_same_messages_each_built_once(monkeypatch) -> None:
+    built: list[int] = []
+    real = convert.decision_to_proto
+    monkeypatch.setattr(convert, "decision_to_proto", lambda d: built.append(d.seq) or real(d))
+    decisions = [_decision(i, engine_id="e", blocks_held=(i,), new_block_ids=((i, i + 1),)) for i in range(1, 5)]
+    expected = [real(d) for d in decisions]
+    hub = WatchHub(max_watchers=3)
+    watchers = [hub.add(max_decisions=100) for _ in range(3)]
+    hub.publish(decisions)
+    updates = []
+    for watcher in watchers:
+        taken, _ = watcher.take()
+        response = observer_pb2.WatchResponse()
+        hub.add_to(response.decisions, taken)
+        updates.append(list(response.decisions))
+    assert updates == [expected] * 3
+    assert built == [1, 2, 3, 4]  # once each, for three watchers
+
+
+async def test_watch_messages_kept_for_watchers_are_bounded(monkeypatch) -> None:
+    from kvbudget.daemon import watch
+
+    monkeypatch.setattr(watch, "MAX_BUILT", 3)
+    hub = WatchHub(max_watchers=2)
+    first, second = hub.add(max_decisions=100), hub.add(max_decisions=100)
+    hub.publish([_decision(i) for i in range(1, 6)])
+    target = observer_pb2.WatchResponse().decisions
+    hub.add_to(target, first.take()[0])
+    assert [m.seq for m in target] == [1, 2, 3, 4, 5]
+    assert list(hub._built) == [3, 4, 5]  # the newest kept
+    target = observer_pb2.WatchResponse().decisions
+    hub.add_to(target, second.take()[0])  # 1 and 2 built again
+    assert [m.seq for m in target] == [1, 2, 3, 4, 5]
+    hub.remove(second)
+    target = observer_pb2.WatchResponse().decisions
+    hub.publish([_decision(6)])
+    hub.add_to(target, first.take()[0])  # one watcher: built in place, nothing kept
+    assert [m.seq for m in target] == [6] and not hub._built
 
 
 async def test_session_table_one_live_session_per_engine_and_leases() -> None:
