@@ -36,6 +36,21 @@ def n(value: int) -> str:
     return f"{value:,}"
 
 
+def n_short(value: int, limit: int = 100_000) -> str:
+    """A count that grows without bound (a cumulative one) in at most 6 cells: as `n` below
+    `limit`, else 3 significant figures and a unit, "190k", "1.2M", "45G". In a table whose
+    name column takes what the others leave, a counter that keeps growing would otherwise
+    eat the names ("swa 1024 ×6" became "swa 1024 …", then "swa 102…")."""
+    if value < limit:
+        return n(value)
+    for unit, suffix in ((10**3, "k"), (10**6, "M"), (10**9, "G"), (10**12, "T")):
+        scaled = value / unit
+        text = f"{scaled:.1f}" if scaled < 9.95 else f"{scaled:.0f}"
+        if float(text) < 1000 or suffix == "T":
+            return f"{text}{suffix}"
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class StackedBar:
     """A one-line bar of consecutive segments (count, character, style) out of `total`."""

@@ -22,6 +22,7 @@ from kvbudget.tui.drawing import (
     NameTable,
     StackedBar,
     n,
+    n_short,
     pairs,
     plot_row,
     usage_style,
@@ -180,7 +181,7 @@ def layers_panel(state: DashboardState, compact: bool = False) -> RenderableType
                 n(row.layers),
                 n(row.reserved),
                 n(row.held),
-                n(row.reclaimed),
+                n_short(row.reclaimed),  # cumulative: it grows for as long as the daemon runs
             )
             for row in layer_rows(s.groups)
         ),
