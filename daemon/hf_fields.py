@@ -282,8 +282,10 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
         return [SLIDING if i % 2 == 0 else FULL for i in range(n)], "gemma2 alternation"
 
     if "use_sliding_window" in cfg:
-        if not bool_field(cfg, "use_sliding_window", False) or cfg.get("sliding_window") is None:
+        if not bool_field(cfg, "use_sliding_window", False):
             return [FULL] * n, "use_sliding_window false"
+        if cfg.get("sliding_window") is None:  # (as transformers: no window, nothing slides)
+            return [FULL] * n, "use_sliding_window true without a sliding_window (all full attention)"
         # (0 is meaningful: every layer slides.)
         first = int_field(cfg, "max_window_layers", 0, minimum=0)
         return [SLIDING if i >= first else FULL for i in range(n)], "max_window_layers"

@@ -216,10 +216,14 @@ def _set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: f
     daemon.call(daemon.admin.SetTenantQuota, request)
     # Read it back: the snapshot says what the daemon now enforces, in blocks.
     snapshot = daemon.snapshot()
-    state = next((t for t in snapshot.tenants if t.tenant == tenant), None)
-    quota_blocks = state.quota_blocks if state is not None else 0
+    # (a cut list's last entry sums the tenants left out: not the tenant, whatever its name)
+    listed = snapshot.tenants[:-1] if tenants_folded(snapshot) else snapshot.tenants
+    state = next((t for t in listed if t.tenant == tenant), None)
+    quota_blocks = state.quota_blocks if state is not None else None if max_share else 0
     result = {"tenant": tenant, "max_share": max_share, "weight": weight, "quota_blocks": quota_blocks}
-    if max_share:
+    if max_share and quota_blocks is None:  # set, but not in the snapshot's list to read back
+        text = f"tenant {tenant}: max share {max_share:g} of {snapshot.num_blocks} blocks, weight {weight:g}"
+    elif max_share:
         text = (
             f"tenant {tenant}: max share {max_share:g} "
             f"({quota_blocks} of {snapshot.num_blocks} blocks), weight {weight:g}"
@@ -256,6 +260,7 @@ def status_fields(s: Any) -> dict[str, Any]:
     """The snapshot's operator-facing figures, as plain JSON values."""
     from kvbudget.daemon import convert
 
+    folded = tenants_folded(s)
     return {
         "model": s.plan.model,
         "policy": convert.policy_from_proto(s.policy) or "unknown",
@@ -273,22 +278,39 @@ def status_fields(s: Any) -> dict[str, Any]:
         # decisions a failed write left (a full disk): while any wait, steps are refused
         "decision_log": {"unwritten": s.decision_log.num_unwritten_decisions,
                          "write_error": s.decision_log.write_error},
-        "tenants": [
-            {
-                "tenant": t.tenant,
-                "blocks_held": t.blocks_held,
-                "blocks_reserved": t.blocks_reserved,
-                "quota_blocks": t.quota_blocks,
-                "weight": t.weight,
-                "running": t.running,
-                "waiting": t.waiting,
-            }
-            for t in s.tenants
-        ],
+        # The daemon lists at most 100 tenants besides the configured ones; past that its last
+        # entry, "(other)", sums the rest: given apart (other_tenants), never as a tenant.
+        "num_tenants": max(s.num_tenants, len(s.tenants)),
+        "tenants": [_tenant_fields(t) for t in (s.tenants[:-1] if folded else s.tenants)],
+        "other_tenants": (
+            {"tenants": folded, **{k: v for k, v in _tenant_fields(s.tenants[-1]).items()
+                                   if k not in ("tenant", "quota_blocks", "weight")}}
+            if folded else None
+        ),
         "engines": [
             {"engine_id": e.engine_id, "blocks_held": e.blocks_held, "running": e.running, "waiting": e.waiting}
             for e in s.engines
         ],
+    }
+
+
+def tenants_folded(s: Any) -> int:
+    """How many tenants the snapshot's last entry ("(other)") sums when the daemon cut its
+    list; 0 when the list has them all (as tui.state.tenants_folded; not imported from there,
+    so that `admin` loads no dashboard code)."""
+    left_out = s.num_tenants - len(s.tenants)
+    return left_out + 1 if left_out > 0 and s.tenants else 0
+
+
+def _tenant_fields(t: Any) -> dict[str, Any]:
+    return {
+        "tenant": t.tenant,
+        "blocks_held": t.blocks_held,
+        "blocks_reserved": t.blocks_reserved,
+        "quota_blocks": t.quota_blocks,
+        "weight": t.weight,
+        "running": t.running,
+        "waiting": t.waiting,
     }
 
 
@@ -313,13 +335,23 @@ def render_status(s: Any, target: str) -> str:
             f"  log        CANNOT WRITE ({f['decision_log']['write_error']}): "
             f"{f['decision_log']['unwritten']} decisions wait, steps are refused"
         )
-    if f["tenants"]:
-        lines.append("  tenants    name              held  reserved  quota  weight  running  waiting")
+    other = f["other_tenants"]
+    if f["tenants"] or other:
+        if other:  # a cut list: say how many there are and how many rows stand for them
+            lines.append(f"  tenants    {f['num_tenants']} in all: {len(f['tenants'])} listed, "
+                         f"the other {other['tenants']} summed")
+        label = "           " if other else "  tenants  "
+        lines.append(f"{label}  name              held  reserved  quota  weight  running  waiting")
         for t in f["tenants"]:
             quota = str(t["quota_blocks"]) if t["quota_blocks"] else "-"
             lines.append(
                 f"             {t['tenant'] or '(default)':<16} {t['blocks_held']:>5} {t['blocks_reserved']:>9} "
                 f"{quota:>6} {t['weight']:>7g} {t['running']:>8} {t['waiting']:>8}"
+            )
+        if other:
+            lines.append(
+                f"             {'+' + str(other['tenants']) + ' more':<16} {other['blocks_held']:>5} "
+                f"{other['blocks_reserved']:>9} {'-':>6} {'':>7} {other['running']:>8} {other['waiting']:>8}"
             )
     engines = f["engines"]
     names = ", ".join(e["engine_id"] for e in engines[:6]) + (", ..." if len(engines) > 6 else "")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays lig
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default for its V1 engine
 # (--help only: the names accepted are spec.KV_DTYPES, the daemon's kv_dtype's too.)
-KV_DTYPE_HELP = "bf16, fp16, fp8, int4, int2 (also vLLM's fp8_e4m3, fp8_e5m2)"
+KV_DTYPE_HELP = "auto (the model's dtype, the default), bf16, fp16, fp8, int4, int2 (also vLLM's fp8_e4m3, fp8_e5m2)"
 
 _SIZE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _DECIMAL = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -138,12 +138,14 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--model is required (a preset name or a config.json path)")
     block_size = parse_count(args.block_size, "--block-size")
     token_cap = parse_count(args.token_cap, "--token-cap") if args.token_cap else None
-    if args.kv_dtype is not None and args.kv_dtype.lower() not in KV_DTYPES:
-        raise CLIError(f"--kv-dtype {args.kv_dtype!r}: expected one of {KV_DTYPE_NAMES}")
+    # "auto" (the daemon's kv_dtype default, vLLM's --kv-cache-dtype default): the model's dtype
+    kv_dtype = None if args.kv_dtype in (None, "auto") else args.kv_dtype  # (as daemon.config)
+    if kv_dtype is not None and kv_dtype.lower() not in KV_DTYPES:
+        raise CLIError(f"--kv-dtype {args.kv_dtype!r}: expected auto or one of {KV_DTYPE_NAMES}")
     F = parse_count(args.max_num_batched_tokens, "--max-num-batched-tokens")
     try:
         model = load_model(
-            args.model, kv_dtype=args.kv_dtype, block_size=block_size, token_cap=token_cap
+            args.model, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap
         )
     except ValueError as exc:
         message = str(exc)

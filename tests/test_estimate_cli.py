@@ -300,7 +300,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 # Every name one of them takes, the other takes: `kvbudget estimate --kv-dtype` and the
 # daemon's `kv_dtype` (checked by load_config, used by pool setup) read spec.KV_DTYPES.
 KV_DTYPE_NAMES = ["bf16", "fp16", "fp8", "int4", "int2", "BF16", "bfloat16", "float16",
-                  "fp8_e4m3", "fp8_e5m2", "fp32", "float32", "int3", "auto8"]  # fmt: skip
+                  "fp8_e4m3", "fp8_e5m2", "fp32", "float32", "int3", "auto8",
+                  "auto", "AUTO"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", KV_DTYPE_NAMES)
@@ -315,7 +316,9 @@ def test_estimate_and_daemon_take_the_same_kv_dtypes(name):
         daemon_takes = False
     result = run("--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--kv-dtype", name, "--json")
     assert (result.returncode == 0) == daemon_takes, result.stderr
-    assert daemon_takes == (name.lower() not in ("fp32", "float32", "int3", "auto8"))
+    assert daemon_takes == (name.lower() not in ("fp32", "float32", "int3", "auto8") and name != "AUTO")
+    if name == "auto":  # the daemon's default, and vLLM's --kv-cache-dtype's: the model's dtype
+        assert json.loads(result.stdout)["kv_dtype"] == "bf16"
 
 
 # The daemon refuses what estimate refuses: one rule (sizing.memory_source_conflict,
