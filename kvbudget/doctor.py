@@ -36,6 +36,7 @@ from kvbudget.doctor_samples import (
     Thresholds,
     Verdict,
 )
+from kvbudget.pressure import waits_for_pool
 from kvbudget.units import format_bytes
 
 # --------------------------------------------------------------------------- checks
@@ -372,6 +373,10 @@ def diagnose(
     held_share = fmean(s.held / max(s.num_blocks, 1) for s in judged)
     committed_share = fmean((s.held + s.reserved) / max(s.num_blocks, 1) for s in judged)
     held_text = _judged_text(judged)
+    # The daemon's word on why the queue waited then: for room in the pool, or the budget
+    # (kvbudget/pressure.py). It outranks the shares: a pool that keeps running out preempts,
+    # and its mean usage dips under the bar.
+    pool_waits = pressure and waits_for_pool(s.waiting_by_reason for s in judged)
     shares = {
         "held_share": round(held_share, 4),
         "committed_share": round(committed_share, 4),
@@ -430,7 +435,7 @@ def diagnose(
             f"{1 - held_share:.0%} of the pool is free"
         )
         findings.append(Finding("queue", Status.PROBLEM, summary, knob=knob, data=shares))
-    elif pressure and held_share < t.full_share and committed_share >= t.full_share:
+    elif pressure and held_share < t.full_share and committed_share >= t.full_share and not pool_waits:
         verdict = Verdict.BUDGET_BOUND
         knob = (
             f"free blocks are promised to running requests ({last.reserved} reserved): lower max "
@@ -441,7 +446,7 @@ def diagnose(
             f"{committed_share:.0%} committed with reservations{held_text}"
         )
         findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
-    elif pressure and (held_share >= t.full_share or stuck):
+    elif pressure and (held_share >= t.full_share or stuck or pool_waits):
         # Full, or too full for the requests at the head of the queue: room is the limit.
         verdict = Verdict.POOL_BOUND
         knob = (
@@ -451,6 +456,7 @@ def diagnose(
         summary = (
             f"{_pressure_text(last.waiting, peak_waiting, preempted)} with {held_share:.0%} "
             f"of the pool held{held_text}"
+            + (", waiting for free blocks" if pool_waits and held_share < t.full_share else "")
         )
         findings.append(Finding("queue", Status.WARN, summary, knob=knob, data=shares))
     else:

@@ -26,7 +26,8 @@ SAME = {
 
 
 def moment(
-    step: int, *, held: int, reserved: int, waiting: int, running: int = 4, preemptions: int = 0
+    step: int, *, held: int, reserved: int, waiting: int, running: int = 4, preemptions: int = 0,
+    waiting_by_reason: dict[str, int] | None = None,
 ) -> common_pb2.Snapshot:
     """The daemon at t = 1000 + step s; the queue moves (3 more admissions a second)."""
     return snapshot(
@@ -39,6 +40,7 @@ def moment(
         num_running=running,
         num_preemptions=preemptions,
         decisions_by_kind={"admit": 100 + 3 * step},
+        waiting_by_reason=waiting_by_reason or {},
     )
 
 
@@ -114,3 +116,48 @@ def test_one_bar_shared_and_the_doctors_still_overridable() -> None:
     steady = [moment(step, held=92, reserved=5, waiting=3) for step in range(5)]
     diagnosis, _ = both(steady, Thresholds(full_share=0.95))  # a stricter bar, given
     assert diagnosis.verdict is Verdict.BUDGET_BOUND
+
+
+def test_a_pool_that_keeps_running_out_is_pool_bound_for_both_under_the_bar() -> None:
+    # Optimistic admission on a full pool, as a live replay showed it: every preemption
+    # frees its victim's blocks, so the samples catch the pool at 84-89 % held (mean 0.86,
+    # under the bar), nothing reserved, while the waiting requests wait for free blocks
+    # (pool_full, watermark). Both read the shares alone: the dashboard said budget-bound,
+    # the doctor healthy (a queue that moves, nothing committed past the bar).
+    held = (84, 89, 85, 87, 85)
+    waits = ({"pool_full": 3}, {"pool_full": 2, "queue_ahead": 4}, {"watermark": 3}, {"pool_full": 5}, {"pool_full": 1})
+    running_out = [
+        moment(step, held=held[step], reserved=0, waiting=sum(waits[step].values()), preemptions=2 * step,
+               waiting_by_reason=waits[step])
+        for step in range(5)
+    ]
+    diagnosis, line = both(running_out)
+    assert line.bound is Bound.POOL_BOUND
+    assert line.why.endswith("with 86% of blocks held (mean under pressure, 4 s), waiting for free blocks")
+    assert diagnosis.verdict is Verdict.POOL_BOUND
+    queue = next(f for f in diagnosis.findings if f.check == "queue")
+    assert queue.summary == (
+        "1 request waiting with 86% of the pool held (mean of 5 samples under pressure), waiting for free blocks"
+    )
+
+
+def test_a_queue_waiting_for_promised_blocks_stays_budget_bound_for_both() -> None:
+    # The same shares, but the daemon says the queue waits for blocks promised to running
+    # requests (budget_full) and 92 % is committed: the budget, not the pool.
+    promised = [
+        moment(step, held=86, reserved=6, waiting=3, waiting_by_reason={"budget_full": 2, "pool_full": 1})
+        for step in range(5)
+    ]
+    diagnosis, line = both(promised)
+    assert line.bound is Bound.BUDGET_BOUND
+    assert diagnosis.verdict is Verdict.BUDGET_BOUND
+
+
+def test_waits_for_pool_weighs_the_daemons_reasons() -> None:
+    from kvbudget.pressure import waits_for_pool
+
+    assert waits_for_pool([{"pool_full": 2}, {"budget_full": 1}])
+    assert waits_for_pool([{"watermark": 1, "queue_ahead": 9}])  # queue_ahead says nothing
+    assert not waits_for_pool([{"pool_full": 1}, {"tenant_quota": 1}])  # a tie is not "more"
+    assert not waits_for_pool([{}, {}])  # an older daemon gives no reasons
+    assert not waits_for_pool([])

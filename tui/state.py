@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from kvbudget.v1 import common_pb2, observer_pb2
@@ -52,6 +53,8 @@ class Sample:
     gpu_used_bytes: int  # 0 without a GPU
     outside_pool_bytes: int  # GPU memory used by everything but the pool
     log_stall_s: float = 0.0  # cumulative: time commits waited for the decision log's upkeep
+    # Why the waiting requests waited, as the daemon said (pool_full, budget_full, ...)
+    waiting_by_reason: Mapping[str, int] = field(default_factory=dict)
 
 
 def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
@@ -69,6 +72,7 @@ def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
         gpu_used_bytes=gpu.used_bytes if gpu.present else 0,
         outside_pool_bytes=outside,
         log_stall_s=snapshot.decision_log.stall_s,
+        waiting_by_reason=dict(snapshot.waiting_by_reason),
     )
 
 

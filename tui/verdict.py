@@ -13,11 +13,14 @@ This module turns that drill into one line from a `DashboardState`, first match 
   runs and nothing waits now ("idle").
 - pool-bound: pressure, and the mean usage (held / capacity) of the samples under pressure
   is at least `POOL_BOUND_USAGE`, the bar `kvbudget doctor` judges by too (and reads the
-  same way: kvbudget/pressure.py says where the two still differ). Only more KV memory (or
-  fewer concurrent requests) helps.
-- budget-bound: pressure while that mean stays below the bar, and the GPU memory curve is
-  flat: promises (reservations), quotas or the queue order, not memory, limit admission. A
-  looser policy or a better output-length estimate helps.
+  same way: kvbudget/pressure.py says where the two still differ); or, below it, the daemon
+  says the requests that waited then waited for room in the pool more than for the budget
+  (`waits_for_pool`: pool_full, watermark against budget_full, tenant_quota). Only more KV
+  memory (or fewer concurrent requests) helps.
+- budget-bound: pressure while that mean stays below the bar and the queue does not wait
+  for the pool, and the GPU memory curve is flat: promises (reservations), quotas or the
+  queue order, not memory, limit admission. A looser policy or a better output-length
+  estimate helps.
 
 Pressure is judged over trailing windows of the state's history, not from the last
 snapshot: under a steady saturated load the waiting count swings between 0 and a few and
@@ -57,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from kvbudget.pressure import POOL_FULL_SHARE
+from kvbudget.pressure import POOL_FULL_SHARE, waits_for_pool
 from kvbudget.tui.state import DashboardState, Sample
 
 WINDOW_S = 30.0  # growth outside the pool, preemptions and log stalls are judged over this
@@ -146,6 +149,10 @@ def _bound(state: DashboardState) -> Verdict:
     judged = _judged_text(pressed, last)
     if usage >= POOL_BOUND_USAGE:
         return Verdict(Bound.POOL_BOUND, f"{pressure} with {usage:.0%} of blocks held{judged}")
+    if waits_for_pool(s.waiting_by_reason for s in pressed):
+        return Verdict(
+            Bound.POOL_BOUND, f"{pressure} with {usage:.0%} of blocks held{judged}, waiting for free blocks"
+        )
     reserved = snapshot.num_reserved_blocks / snapshot.num_blocks if snapshot.num_blocks else 0.0
     memory = "GPU memory flat" if gpu.present else "no GPU"
     return Verdict(
