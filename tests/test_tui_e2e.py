@@ -55,7 +55,7 @@ async def test_dashboard_shows_what_the_daemon_reports(tmp_path: Path):
             app = KVBudgetApp(daemon.target, launcher=NoLauncher())
             async with app.run_test(size=(120, 40)) as pilot:
                 await wait_until(pilot, lambda: app.state.snapshot is not None, "first snapshot")
-                await shown(pilot, "free+cached 29", "the daemon's free blocks")
+                await shown(pilot, "not held 29", "the daemon's free blocks")
                 text = screen_text(app)
                 assert "preempted 1" in text
                 assert "preempt growth 1" in text
@@ -71,7 +71,7 @@ async def test_dashboard_shows_what_the_daemon_reports(tmp_path: Path):
                                                     for d in app.state.decisions), "release of a")
                 reported = await observer.snapshot()
                 assert reported.num_free_blocks == 34
-                await shown(pilot, "free+cached 34", "free blocks after the release")
+                await shown(pilot, "not held 34", "free blocks after the release")
                 await shown(pilot, "release", "the release in the decisions table")
     finally:
         daemon.stop()
@@ -101,7 +101,7 @@ async def test_after_a_short_live_replay_the_dashboard_shows_the_daemons_counts(
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_until(pilot, lambda: app.state.snapshot is not None, "first snapshot")
             # the dashboard groups thousands: 1,499
-            await shown(pilot, f"free+cached {reported.num_free_blocks:,}", "the daemon's free blocks")
+            await shown(pilot, f"not held {reported.num_free_blocks:,}", "the daemon's free blocks")
             await shown(pilot, f"preempted {reported.num_preemptions:,}", "the daemon's preemptions")
             await shown(pilot, "40/40", "the replay's progress in the Replays panel")
             assert "100% done" in screen_text(app)
@@ -128,6 +128,6 @@ async def test_dashboard_follows_the_daemon_restarting(tmp_path: Path):
                              "reconnected", limit=1200)
             await shown(pilot, "● connected", "connected again")
             assert app.state.connection.reconnects >= 1
-            assert "free+cached 64" in screen_text(app)  # a fresh pool: 64 usable, all free
+            assert "not held 64" in screen_text(app)  # a fresh pool: 64 usable, all free
     finally:
         daemon.stop()

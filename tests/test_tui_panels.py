@@ -45,21 +45,24 @@ def test_pool_panel_bar_numbers_and_history():
     # Bar, 36 cells, cumulative rounding: 80 -> round(28.8) = 29 █; 90 -> round(32.4) = 32,
     # so 3 ▓; cached adds none; 100 -> 36, so 4 ░.
     # usage 80/100 = 80.0%; with reserved (80+10)/100 = 90.0%.
-    # free plot, scale 0..100 blocks, 8 levels (0..7): 100 -> 7 █, 60 -> 4.2 -> 4 ▅,
-    # 20 -> 1.4 -> 1 ▂. usage plot, scale 0..1: 0 -> ▁, 0.4*7 = 2.8 -> 3 ▄, 0.8*7 = 5.6 -> 6 ▇.
+    # free plot, the same "free" as the counts line (neither held, reserved nor cached):
+    # 100 - 0 - 10 - 20 = 70, 100 - 40 - 10 - 20 = 30, then 10; scale 0..100 blocks, 8 levels
+    # (0..7): 70 -> 4.9 -> 5 ▆, 30 -> 2.1 -> 2 ▃, 10 -> 0.7 -> 1 ▂. (It plotted the daemon's
+    # free blocks, 100 - held, and said 20 two lines under "free 10".) usage plot, scale
+    # 0..1: 0 -> ▁, 0.4*7 = 2.8 -> 3 ▄, 0.8*7 = 5.6 -> 6 ▇. "not held": the daemon's 20.
     # Plot rows: label 5 cells, gap, the spark (36 - 5 - 1 - 1 - 2 = 27 cells), gap, value.
     assert text_of(panels.pool_panel(state)) == "\n".join([
         "█" * 29 + "▓" * 3 + "░" * 4,
         "held 80  reserved 10",
         "cached 0  free 10 /100",
         "usage 80.0%  +reserved 90.0%",
-        "free+cached 20  prefix hits 0%",
-        "free  █▅▂" + " " * 25 + "20",
+        "not held 20  prefix hits 0%",
+        "free  ▆▃▂" + " " * 25 + "10",
         "usage ▁▄▇" + " " * 24 + "80%",
     ])
     # The 80x24 variant drops the prefix line and the usage plot.
     assert text_of(panels.pool_panel(state, compact=True)).splitlines() == (
-        text_of(panels.pool_panel(state)).splitlines()[:4] + ["free  █▅▂" + " " * 25 + "20"]
+        text_of(panels.pool_panel(state)).splitlines()[:4] + ["free  ▆▃▂" + " " * 25 + "10"]
     )
 
 

@@ -27,7 +27,15 @@ from kvbudget.tui.drawing import (
     plot_row,
     usage_style,
 )
-from kvbudget.tui.state import Connection, DashboardState, Link, daemon_uptime_s, policy_name, tenants_folded
+from kvbudget.tui.state import (
+    Connection,
+    DashboardState,
+    Link,
+    daemon_uptime_s,
+    policy_name,
+    pool_parts,
+    tenants_folded,
+)
 from kvbudget.tui.verdict import Bound, gib, verdict
 from kvbudget.units import format_duration
 from kvbudget.v1 import common_pb2
@@ -40,12 +48,7 @@ def pool_panel(state: DashboardState, compact: bool = False) -> RenderableType:
     s = state.snapshot
     if s is None:
         return WAITING
-    held, reserved = s.num_held_blocks, s.num_reserved_blocks
-    # Promises are kept out of free blocks, evictable cached ones included: what a promise
-    # has taken is not shown as cached too, so the four parts make the pool (a reservation
-    # larger than the uncached free blocks drew 2,053 of a 2,047-block pool).
-    cached = min(s.num_evictable_blocks, max(0, s.num_blocks - held - reserved))
-    free = max(0, s.num_blocks - held - reserved - cached)
+    held, reserved, cached, free = pool_parts(s)
     usage = held / s.num_blocks if s.num_blocks else 0.0
     committed = (held + reserved) / s.num_blocks if s.num_blocks else 0.0
     bar = StackedBar(
@@ -61,8 +64,8 @@ def pool_panel(state: DashboardState, compact: bool = False) -> RenderableType:
     )
     free_plot = plot_row(
         "free",
-        tuple(x.free_blocks for x in state.history),
-        n(s.num_free_blocks),
+        tuple(x.free_blocks for x in state.history),  # the same "free" as the counts above
+        n(free),
         "green",
         s.num_blocks or None,
     )
@@ -73,7 +76,8 @@ def pool_panel(state: DashboardState, compact: bool = False) -> RenderableType:
         return Group(bar, counts_a, counts_b, gauge, free_plot)
     hit = s.prefix_hit_blocks / s.prefix_query_blocks if s.prefix_query_blocks else 0.0
     prefix = pairs(
-        ("free+cached", n(s.num_free_blocks), "green"), ("prefix hits", f"{hit:.0%}", "")
+        # The daemon's free blocks: every one no request holds (reserved, cached and free)
+        ("not held", n(s.num_free_blocks), "green"), ("prefix hits", f"{hit:.0%}", "")
     )
     return Group(bar, counts_a, counts_b, gauge, prefix, free_plot, usage_plot)
 
