@@ -359,7 +359,7 @@ def _run_live(args: argparse.Namespace, trace):
 async def _live(args: argparse.Namespace, trace, speed: float | None):
     import grpc
 
-    from kvbudget.client import ObserverClient
+    from kvbudget.client import ObserverClient, SessionLost
     from kvbudget.traces.replay import ReplaySetup, run_live
 
     target = args.target  # checked and resolved in run()
@@ -400,6 +400,14 @@ async def _live(args: argparse.Namespace, trace, speed: float | None):
                 )  # fmt: skip
             except grpc.aio.AioRpcError as exc:
                 raise CLIError(rpc_error_line(target, exc)) from None
+            except SessionLost as exc:
+                # The daemon no longer knows the replay's engine (it restarted, or the lease
+                # lapsed): the requests it held are gone there, so what is left cannot be
+                # replayed faithfully.
+                raise CLIError(
+                    f"{target}: the daemon lost this replay's engine session mid-replay ({exc}); "
+                    "its requests are gone there: start the replay again"
+                ) from None
             reporter.update(result.summary["requests"], result.summary["requests"], True)  # type: ignore[arg-type]
             await reporter.flush()
         finally:

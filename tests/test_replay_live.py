@@ -204,3 +204,39 @@ def test_policies_in_seq_order_whatever_order_decisions_arrive_in():
     message = common_pb2.Decision(seq=7, policy=convert.policy_to_proto("guaranteed"))
     light = _light_decision(message, backend._kinds, backend._reasons, backend._policies)
     assert light.policy == "guaranteed"
+
+
+def test_a_daemon_restarted_under_a_live_replay_ends_it_with_one_line(tmp_path):
+    # The replay's engine session dies with the daemon: the new one knows nothing of its
+    # requests, so the replay cannot go on faithfully. It says so in one line, exit 2, no
+    # traceback (it was a SessionLost traceback). Requests every 0.1 s for a minute, each
+    # 500 tokens of decode: the replay is mid-flight whenever the daemon goes.
+    import signal
+    import subprocess
+    import sys
+
+    from daemon_harness import wait_until
+
+    trace = _csv(tmp_path, "long.csv", "".join(f"{i / 10:.1f},100,500\n" for i in range(600)))
+    first = DaemonProcess(tmp_path).start()
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "kvbudget", "replay", trace, "--target", first.target, "--speed", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    second = DaemonProcess(tmp_path)
+    try:
+        wait_until(lambda: len(first.decision_rows("kind = 'admit'")) >= 3)
+        first.signal(signal.SIGKILL)
+        first.wait()
+        second.start()
+        _, err = replay.communicate(timeout=120)
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+        first.stop()
+        second.stop()
+    assert replay.returncode == 2, err  # a CLIError, as every one-line refusal
+    assert "Traceback" not in err
+    [line] = [x for x in err.splitlines() if x.startswith("kvbudget")]
+    assert "lost this replay's engine session mid-replay" in line
+    assert line.endswith("start the replay again")
