@@ -27,6 +27,7 @@ import ipaddress
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -157,12 +158,18 @@ class DaemonConfig:
 
 
 # --------------------------------------------------------------------- the file's keys
+class Size:
+    """A `_Key` kind: a byte count, written as an integer or as a size (`"8GiB"`, `"80GB"`,
+    `"80e9"`: the forms `kvbudget estimate` takes, kvbudget.units.parse_size); the field
+    holds a plain int."""
+
+
 @dataclass(frozen=True)
 class _Key:
     section: str
     name: str  # key in the section
     field: str  # DaemonConfig field
-    kind: type  # str, int, float, bool, or tuple (a list of strings)
+    kind: type  # str, int, float, bool, tuple (a list of strings), or Size (bytes)
     optional: bool = False  # absent means None
 
 
@@ -175,11 +182,11 @@ _KEYS: tuple[_Key, ...] = (
     _Key("pool", "device", "device", str),
     _Key("pool", "memory_mode", "memory_mode", str),
     _Key("pool", "gpu_memory_utilization", "gpu_memory_utilization", float),
-    _Key("pool", "kv_cache_memory_bytes", "kv_cache_memory_bytes", int, optional=True),
+    _Key("pool", "kv_cache_memory_bytes", "kv_cache_memory_bytes", Size, optional=True),
     _Key("pool", "num_gpu_blocks", "num_gpu_blocks", int, optional=True),
-    _Key("pool", "gpu_memory_bytes", "gpu_memory_bytes", int, optional=True),
-    _Key("pool", "weights_bytes", "weights_bytes", int, optional=True),
-    _Key("pool", "activation_reserve_bytes", "activation_reserve_bytes", int, optional=True),
+    _Key("pool", "gpu_memory_bytes", "gpu_memory_bytes", Size, optional=True),
+    _Key("pool", "weights_bytes", "weights_bytes", Size, optional=True),
+    _Key("pool", "activation_reserve_bytes", "activation_reserve_bytes", Size, optional=True),
     _Key("pool", "gpu_probe_interval_s", "gpu_probe_interval_s", float),
     _Key("admission", "policy", "policy", str),
     _Key("admission", "enable_prefix_caching", "enable_prefix_caching", bool),
@@ -202,18 +209,38 @@ _KEYS: tuple[_Key, ...] = (
     _Key("log", "db_path", "db_path", str),
     _Key("log", "retention_days", "retention_days", float),
     _Key("log", "retention_max_rows", "retention_max_rows", int),
-    _Key("log", "retention_max_bytes", "retention_max_bytes", int),
+    _Key("log", "retention_max_bytes", "retention_max_bytes", Size),
     _Key("metrics", "address", "metrics_address", str),
 )
 _KEY_BY_FIELD = {k.field: k for k in _KEYS}
+SIZE_FIELDS = frozenset(k.field for k in _KEYS if k.kind is Size)  # (their flags take sizes too)
 _SECTIONS = tuple(dict.fromkeys(k.section for k in _KEYS)) + ("tenants",)
 _TENANT_KEYS = ("max_share", "weight")
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                tuple: "a list of strings"}
 
 
+def _coerce_size(value: object, key: str, source: str) -> int:
+    """A byte count: an integer, a whole float (TOML reads `8e9` as one), or a size string."""
+    from kvbudget.units import SIZE_EXAMPLES, parse_size
+
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            raise ConfigError(key, f"{exc}, got {value!r}", source=source) from None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    raise ConfigError(key, f"must be a whole number of bytes or a size like {SIZE_EXAMPLES}, got {value!r}",
+                      source=source)
+
+
 def _coerce(value: object, kind: type, key: str, source: str) -> object:
     """Check a TOML / override value's type; ints are accepted where numbers are."""
+    if kind is Size:
+        return _coerce_size(value, key, source)
     ok = (
         isinstance(value, bool) if kind is bool
         else isinstance(value, int) and not isinstance(value, bool) if kind is int
@@ -311,10 +338,15 @@ def _read_file(path: Path, what: str = "config file") -> dict[str, Any]:
 
 
 def load_config(
-    path: str | os.PathLike[str] | None, overrides: Mapping[str, object] | None = None
+    path: str | os.PathLike[str] | None, overrides: Mapping[str, object] | None = None,
+    *, check_db_path: bool = False,
 ) -> DaemonConfig:
     """Read the TOML file (if any), apply overrides (field names; None values are ignored,
-    so argparse defaults can be passed as is), validate, return the frozen config."""
+    so argparse defaults can be passed as is), validate, return the frozen config.
+
+    `check_db_path` (--check-config) also asks whether this user could create and write
+    the decision log at db_path (`db_path_problem`): only then, as a start is run by the
+    daemon's user and anything else (tests, doctor, a reload) need not be."""
     values: dict[str, object] = {}
     origin: dict[str, tuple[str, str]] = {}  # field -> (key as the user wrote it, source)
     source = ""
@@ -369,6 +401,10 @@ def load_config(
     config = DaemonConfig(**values)  # type: ignore[arg-type]
     for check in _CHECKS:
         check(config, fail)
+    if check_db_path:
+        problem = db_path_problem(config.db_path)
+        if problem is not None:
+            raise fail("db_path", problem)
     return config
 
 
@@ -544,6 +580,87 @@ def _check_log(c: DaemonConfig, fail: _Fail) -> None:
     if 0 < c.retention_max_bytes < MIN_RETENTION_MAX_BYTES:
         raise fail("retention_max_bytes", f"at least {MIN_RETENTION_MAX_BYTES} (1 MiB), or 0 for no size cap, "
                    f"got {c.retention_max_bytes}")
+
+
+# File systems where no regular file can be made, whatever the permission bits say (root
+# passes access(2) there): a db_path under /proc passed every check, and the start failed.
+_NO_FILES_FS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "configfs",
+    "bpf", "pstore", "mqueue", "fusectl", "efivarfs", "binfmt_misc", "nsfs", "selinuxfs", "hugetlbfs",
+})
+
+
+def _file_system_type(directory: str) -> str | None:
+    """The type of the file system `directory` is on (/proc/self/mountinfo); None where
+    that cannot be read (not Linux)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found, longest = None, -1
+    for line in lines:
+        # "22 27 0:21 / /proc rw,relatime - proc proc rw": the mount point is the 5th field
+        # (octal escapes for spaces), the type follows " - ".
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+        inside = directory == point or directory.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= longest:  # (the later of two mounts on one point is the one seen)
+            found, longest = rest.split()[0], len(point)
+    return found
+
+
+def db_path_problem(db_path: str) -> str | None:
+    """Why this user could not create and write the decision log at `db_path` (the file,
+    its -wal and -shm, the writer lock beside them), found without creating anything;
+    None when nothing stands in the way as far as can be told. Its directory must exist
+    and be writable, or be creatable under a writable one."""
+    path = Path(db_path)
+    directory = path.parent
+    uid = os.geteuid()
+    existing = directory
+    while True:  # the nearest folder that exists (the root does)
+        try:
+            mode = existing.stat().st_mode
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            existing = existing.parent
+        except OSError as exc:
+            return f"cannot reach {existing}: {exc.strerror or exc}"
+    if existing != directory:
+        where = f"{directory} does not exist and cannot be created"
+    else:
+        where = f"cannot write in {directory}"
+    if not stat.S_ISDIR(mode):
+        return f"{where}: {existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{where}: {existing} is not writable by this user (uid {uid})"
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"{where}: {existing} is on a read-only file system"
+    kind = _file_system_type(os.path.realpath(existing))
+    if kind in _NO_FILES_FS:
+        return f"{where}: {existing} is on a {kind} file system, where no file can be created"
+    from kvbudget.daemon.log_lock import lock_path
+
+    for name in (db_path, f"{db_path}-wal", f"{db_path}-shm", str(lock_path(db_path))):
+        try:
+            mode = os.stat(name).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"cannot reach {name}: {exc.strerror or exc}"
+        if stat.S_ISDIR(mode):
+            return f"{name} is a directory"
+        if not os.access(name, os.R_OK | os.W_OK):
+            return f"{name} is not writable by this user (uid {uid})"
+    return None
 
 
 _CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (

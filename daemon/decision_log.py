@@ -51,6 +51,9 @@ never catches up with what is written meanwhile) and grew without bound; past
 `wal_limit_bytes` the checkpoint thread catches up and starts it over, holding commits off for
 the last frames only (`decision_upkeep.checkpoint`).
 
+One writer: the daemon holds `log_lock.WriterLock` for its whole life (two daemons on one
+file would number their rows over each other).
+
 Pacing the upkeep against the commits (fold and purge chunks, the write stall past
 `max_unfolded_rows`, retention while behind) is in `decision_pacing`; folding, purging and
 checkpointing themselves are in `decision_upkeep`.
@@ -131,8 +134,6 @@ def _file_bytes(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The daemon process: size the pool, open the log, serve gRPC, stop cleanly.
 
 Start order matters for the promises the daemon makes:
-  pool sized and (optionally) allocated -> controller -> decision log open -> gRPC bound
-  -> health SERVING -> sd_notify READY=1.
+  the decision log's writer lock (one daemon per log) -> pool sized and (optionally)
+  allocated -> controller -> decision log open -> gRPC bound -> health SERVING ->
+  sd_notify READY=1.
 So a client that sees SERVING can rely on the pool and the log. While writes to the log
 fail (a full disk), health says NOT_SERVING and steps are refused; it turns back once the
 decisions kept meanwhile are written (decision_unwritten).
@@ -416,6 +417,7 @@ class Daemon:
 
     async def _start(self, stack: contextlib.AsyncExitStack):
         from kvbudget.daemon.decision_log import DecisionLog
+        from kvbudget.daemon.log_lock import LogInUse, WriterLock
         from kvbudget.daemon.decision_schema import DecisionLogError
 
         config = self.config
@@ -426,6 +428,19 @@ class Daemon:
             path = _unix_path(address) if listen_kind(address) == "unix" else None
             if path is not None:
                 prepare_unix_socket(path)
+        # One daemon per decision log (each numbers its rows from its own counter): the log's
+        # writer lock is held from here to exit (the OS drops it if the process dies), taken
+        # before the pool or the database are touched, so a second daemon fails fast and
+        # leaves both alone.
+        writer_lock = WriterLock(config.db_path)
+        try:
+            Path(config.db_path).parent.mkdir(parents=True, exist_ok=True)
+            writer_lock.acquire()
+        except LogInUse as exc:
+            raise StartupError(f"db_path: {exc}") from None
+        except OSError as exc:
+            raise StartupError(f"db_path: cannot use {config.db_path}: {exc}") from None
+        stack.callback(writer_lock.release)  # (last out: after the log is closed)
         gpu = await asyncio.to_thread(self.probe_gpu)
         self._stop_if_asked()
         if gpu is None:

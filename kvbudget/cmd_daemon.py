@@ -33,8 +33,18 @@ def _flag_type(annotation: str):
     return {"str": str, "int": int, "float": float, "bool": bool}.get(base)
 
 
+def _size(text: str) -> int:
+    """A SIZE flag's value: `8GiB`, `80GB`, `80e9` or whole bytes, as `kvbudget estimate` takes."""
+    from kvbudget.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # (argparse: "argument --FLAG: ...", one line)
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvbudget.daemon.config import LOG_LEVELS, DaemonConfig, file_key
+    from kvbudget.daemon.config import LOG_LEVELS, SIZE_FIELDS, DaemonConfig, file_key
 
     parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
     parser.add_argument(
@@ -66,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
+        elif f.name in SIZE_FIELDS:
+            parser.add_argument(flag, dest=f.name, type=_size, default=None, metavar="SIZE",
+                                help=f"{help_text}: bytes, or a size such as 8GiB, 80GB or 80e9")
         else:
             parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=help_text,
                                 choices=LOG_LEVELS if f.name == "log_level" else None)
@@ -106,7 +119,9 @@ def load(args: argparse.Namespace):
     from kvbudget.daemon.config import ConfigError, load_config
 
     try:
-        return load_config(args.config, _overrides(args))
+        # --check-config also asks whether the log could be created and written where it
+        # is set (as the user running the check; the start itself finds out by doing it).
+        return load_config(args.config, _overrides(args), check_db_path=bool(getattr(args, "check_config", False)))
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
     except OSError as exc:
@@ -141,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
             f"listen {', '.join(config.listen)}{tcp_access(config)}, log {config.db_path} "
             f"(kept: {_retention(config)})"
         )
+        in_use = _log_in_use(config.db_path)
+        if in_use:
+            print(in_use)
         return 0
     import asyncio
 
@@ -149,6 +167,21 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(daemon.serve())
     except StartupError as exc:
         raise CLIError(str(exc)) from None
+
+
+def _log_in_use(db_path: str) -> str:
+    """--check-config's note when a daemon holds the log's writer lock ("" when none): not
+    an error, as the check is often run beside the daemon it is about (before a reload), but
+    a daemon started with this config would refuse to start while that one runs. The lock
+    is looked up, never taken: a daemon starting meanwhile must not find it held."""
+    from kvbudget.daemon.log_lock import lock_holder, lock_path
+
+    holder = lock_holder(db_path)
+    if holder is None:
+        return ""
+    who = f"pid {holder.pid}" if holder.pid else "another process"
+    return (f"note: log {db_path} is in use by a running daemon ({who} holds {lock_path(db_path)}): "
+            "another daemon on this db_path refuses to start while it runs")
 
 
 def tcp_access(config: DaemonConfig) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvbudget import units
 from kvbudget.errors import CLIError
 from kvbudget.units import format_bytes
 
@@ -26,36 +26,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default for its V1 engine
 # (--help only: the names accepted are spec.KV_DTYPES, the daemon's kv_dtype's too.)
 KV_DTYPE_HELP = "auto (the model's dtype, the default), bf16, fp16, fp8, int4, int2 (also vLLM's fp8_e4m3, fp8_e5m2)"
 
-_SIZE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_DECIMAL = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_BINARY = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-# Single letters follow vLLM's human-readable sizes: lower case decimal, upper case binary.
-_LETTER = {
-    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-    "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
-}  # fmt: skip
-
-
 def parse_size(text: str, flag: str, *, allow_zero: bool = False) -> int:
-    """Bytes from `80e9`, `80GB` (10^9), `8GiB` (2^30), `8G` (2^30), `8g` (10^9)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise CLIError(f"{flag} {text!r}: expected a size like 80e9, 80GB or 8GiB")
-    number, unit = float(match.group(1)), match.group(2)
-    if unit in _LETTER:
-        scale = _LETTER[unit]
-    elif unit.lower() in _DECIMAL:
-        scale = _DECIMAL[unit.lower()]
-    elif unit.lower() in _BINARY:
-        scale = _BINARY[unit.lower()]
-    else:
-        raise CLIError(f"{flag} {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    product = number * scale  # (1e400 reads as inf: checked before floor() turns it into an error of its own)
-    if product >= 2**63:  # (inf too)
-        raise CLIError(f"{flag} {text!r}: too large (at most 8 EiB)")
-    if product < 0 or (math.floor(product) == 0 and not allow_zero):
+    """Bytes from `80e9`, `80GB` (10^9), `8GiB` (2^30), `8G` (2^30), `8g` (10^9): the forms
+    of kvbudget.units.parse_size (the daemon's SIZE settings take them too)."""
+    try:
+        value = units.parse_size(text)
+    except units.NegativeSize:
+        value = -1
+    except ValueError as exc:
+        raise CLIError(f"{flag} {text!r}: {exc}") from None
+    if value < 0 or (value == 0 and not allow_zero):
         raise CLIError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {text!r}")
-    return math.floor(product)
+    return value
 
 
 def parse_count(text: str, flag: str) -> int:

@@ -225,7 +225,8 @@ def test_check_config_validates_and_names_bad_keys(tmp_path) -> None:
          "7 days, 1,000,000 decisions or 1.4 GiB, whichever comes first"),
         (("--retention-days", "0", "--retention-max-bytes", str(512 * 2**20)), "512 MiB"),
     ):
-        shown = _run_cli("--model", "llama-3.1-8b", "--num-gpu-blocks", "65", "--check-config", *flags)
+        shown = _run_cli("--model", "llama-3.1-8b", "--num-gpu-blocks", "65", "--check-config", *flags,
+                         "--db-path", str(tmp_path / "d.db"))  # (the default's folder may not be ours to write)
         assert shown.stdout.rstrip().endswith(f"(kept: {kept})"), (flags, shown.stdout, shown.stderr)
     bad_file = tmp_path / "kvbudget.toml"
     bad_file.write_text('[pool]\nnum_gpu_blocks = 65\nbogus = 1\n[model]\nname = "llama-3.1-8b"\n')
