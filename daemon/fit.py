@@ -3,9 +3,12 @@
 `plan` works out what admitting a waiting request would take under a policy: its prefix
 hits, the base reservation per group, the first chunk (`min(prompt, hits + F)` slots, as
 chunked prefill allocates; + lookahead for optimistic), the blocks that chunk holds
-(`budget.blocks_held`), what its tenant is charged (`Σ max(held, base)`) and what the pool
-must find for it (`need`: the charge less hits other requests hold in full-attention
-groups). `refusal` says why it cannot be admitted now, or for good, or None.
+(`budget.blocks_held`), what it is charged (`Σ max(held, base)`) and what the pool must
+find for it (`need`: the charge less hits other requests hold in full-attention groups).
+`refusal` says why it cannot be admitted now, or for good, or None. The tenant quota is
+held to the tenant's charge plus the request's, less its full-attention hits the tenant's
+other requests hold already (charged once; window-group hits are not free for good, as
+for `need`: see ledger.py).
 
 The formulas are the budget module's; the memos below only remember their answers
 (pure functions of small integers that admission asks again and again).
@@ -22,6 +25,7 @@ from kvbudget.daemon.predictor import OutputLengthPredictor
 from kvbudget.daemon.prefix_hits import (
     PrefixHit,
     find_prefix_hit,
+    hit_ids,
     layout_supports_prefix_cache,
     no_hit,
 )
@@ -41,7 +45,7 @@ class Plan:
     held_tuple: tuple[int, ...]  # the same, shared: the ADMIT decision's blocks_held
     reserved: tuple[int, ...]  # max(held, base) per group: the ADMIT decision's blocks_reserved
     predicted: int  # predictive: output tokens reserved for
-    charge: int  # Σ max(held, base): what the tenant is charged
+    charge: int  # Σ max(held, base): what the request is charged (its tenant: less shared hits)
     need: int  # what the pool must find: charge - hits held by others (full groups)
 
 
@@ -203,8 +207,11 @@ class FitTest:
         account = ledger.tenants[r.spec.tenant]
         if account.max_share is not None:  # most tenants have no quota: skip the call
             quota = account.quota_blocks(capacity)
-            if quota is not None and account.charged + charge > quota:
-                detail = f"tenant {r.tenant!r} at {account.charged} + {charge} > quota {quota}"
+            more = charge  # what the tenant's charge would grow by
+            if plan.hit.num_blocks and account.prefix_blocks:  # full-group hits it holds already
+                more -= len(account.prefix_blocks.intersection(hit_ids(plan.hit, ledger.prefix_groups)))
+            if quota is not None and account.charged + more > quota:
+                detail = f"tenant {r.tenant!r} at {account.charged} + {more} > quota {quota}"
                 return Refusal(Reason.TENANT_QUOTA, charge > quota or self.reject_over_quota, detail)
         spare = ledger.pool.num_free_blocks - ledger.owed - ledger.window_share_reserve  # ledger.spare
         if plan.need > spare:

@@ -12,6 +12,22 @@ one more block to its window. So each extra reference on a window-group block ke
 block in `window_share_reserve`, and what may be promised anew is
 `free - owed - window_share_reserve` (`spare`). Full-attention hits stay in the table
 until the request ends, so they need no such reserve.
+
+Tenants. A tenant holds a block once however many of its requests hold it (a system
+prompt shared by a tenant's N requests is not N times its quota), and a block requests of
+two tenants share counts for each of them, once: a tenant's figures depend on its own
+requests only, never jump when another tenant's request ends, and its `held` is at most
+the pool's. Its charge (what the quota and fair share read) is its distinct blocks plus
+what its requests are owed plus, as for the pool, one block per extra reference of its own
+on a window-group block (the share reserve above, per tenant): so `charged - held` is the
+tenant's part of the pool's `owed + window_share_reserve`, a window release never raises
+its charge, and under a policy that never grows past its reservation the charge never
+rises after admission. Two tables can only share a prefix block (a hit, or a block the
+request published), and those sit in the slots below `cached_upto`; so the account keeps
+the set of those blocks and the extra references on them (TenantAccount), updated with C
+set operations on a hit, a publication, a window release of a prefix slot and a release.
+A request's other blocks (private by construction) cost nothing more. Pool-level
+admission (`need`, `spare`) does not use these figures.
 """
 
 from __future__ import annotations
@@ -20,9 +36,9 @@ import heapq
 from collections import Counter
 from operator import attrgetter
 
-from kvbudget.daemon.budget import block_slots, blocks_held
+from kvbudget.daemon.budget import block_slots, blocks_held, blocks_out_of_window
 from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
-from kvbudget.daemon.prefix_hits import PrefixHit, cache_keys
+from kvbudget.daemon.prefix_hits import PrefixHit, cache_keys, hit_ids
 from kvbudget.daemon.records import MAX_SNAPSHOT_TENANTS, OTHER_TENANTS, GroupSnapshot, TenantSnapshot
 from kvbudget.daemon.requests import (
     RequestState,
@@ -38,6 +54,57 @@ from kvbudget.daemon.waiting_queue import TenantAccount
 _WINDOW_KINDS = (LayerKind.SLIDING, LayerKind.CHUNKED)
 RUNNING, WAITING = Status.RUNNING, Status.WAITING  # enum member lookups are slow on 3.11
 _HELD, _CHARGED, _RUNNING, _WAITING = map(attrgetter, ("held", "charged", "running", "waiting"))
+
+
+def _prefix_ids(tables, upto: int) -> list[int]:
+    """The blocks in the first `upto` slots of each table (null slots, leading, left out)."""
+    if len(tables) == 1:  # one group (most models): the slice itself
+        ids = tables[0][:upto]
+        return ids[ids.count(NULL_BLOCK):] if ids and ids[0] == NULL_BLOCK else ids
+    ids = []
+    for table in tables:
+        part = table[:upto]
+        if part and part[0] == NULL_BLOCK:
+            part = part[part.count(NULL_BLOCK):]
+        ids += part
+    return ids
+
+
+def _refer(account: TenantAccount, ids) -> int:
+    """One more reference of `account`'s on each of `ids` (one request's prefix blocks:
+    distinct, no null); returns how many it referenced already (not charged again)."""
+    blocks = account.prefix_blocks
+    again = blocks.intersection(ids)
+    if not again:  # nothing shared within the tenant
+        blocks.update(ids)
+        return 0
+    extra = account.extra_refs
+    get = extra.get
+    for block_id in again:
+        extra[block_id] = get(block_id, 0) + 1
+    if len(again) < len(ids):
+        blocks.update(ids)
+    return len(again)
+
+
+def _unrefer(account: TenantAccount, ids) -> int:
+    """Drop one reference of `account`'s on each of `ids`; returns how many of them its
+    other requests still reference (still charged)."""
+    blocks, extra = account.prefix_blocks, account.extra_refs
+    kept = extra.keys() & ids if extra else ()
+    if not kept:
+        blocks.difference_update(ids)
+        return 0
+    for block_id in kept:
+        n = extra[block_id]
+        if n == 1:
+            del extra[block_id]
+        else:
+            extra[block_id] = n - 1
+    if len(kept) < len(ids):  # (all kept: the system prompt of a tenant's other requests)
+        blocks.difference_update(ids)
+        blocks.update(kept)
+    return len(kept)
 
 
 def _rank(a: TenantAccount) -> tuple[int, int, str]:
@@ -136,7 +203,14 @@ class BlockLedger:
         r.num_computed = hit.num_tokens
         r.hit_blocks = r.cached_upto = hit.num_blocks
         r.base = list(base)
+        account = self.tenants[r.spec.tenant]
+        # Hit blocks the tenant's other requests hold: held once already, and charged once
+        # already in full-attention groups (window groups: see the module docstring).
+        again = again_full = 0
         if hit.num_blocks:
+            again = again_full = _refer(account, hit_ids(hit, self.prefix_groups))
+            if self.window_groups:
+                again += _refer(account, hit_ids(hit, self.window_groups))
             tables = [list(t) for t in hit.tables]
             # Take every group's hits before allocating anything: an allocation evicts LRU
             # blocks and must not evict a hit another group is about to use.
@@ -170,9 +244,8 @@ class BlockLedger:
                 self.owed_per_group[0] += owed
             else:
                 self._owe_per_group(r, +1)
-        account = self.tenants[r.spec.tenant]
-        account.charged += charge
-        account.held += held_total
+        account.charged += charge - again_full
+        account.held += held_total - again
         account.running += 1
         if account.waiting:
             self.usage_changed.add(account.name)
@@ -210,18 +283,36 @@ class BlockLedger:
         r.num_computed = num_computed
         if caching and hashes:
             full = min(num_computed, r.spec.prompt_tokens) // self.layout.block_size
-            if full > r.cached_upto:
+            cached_upto = r.cached_upto
+            if full > cached_upto:
+                published: list[int] = []
                 for g, table in enumerate(r.tables):
-                    publish_prompt_blocks(pool, self.num_groups, g, table, hashes, r.cached_upto, full)
+                    publish_prompt_blocks(pool, self.num_groups, g, table, hashes, cached_upto, full)
+                    published += table[cached_upto:full]
+                # The request's own blocks: no other table holds them, so none is shared yet.
+                self.tenants[r.spec.tenant].prefix_blocks.update(published)
                 r.cached_upto = full
         if not self.window_groups:
             return 0
         freed_total = 0
-        self._tally(r, -1)
+        account = self._tally(r, -1)
+        kept = 0  # window blocks let go that the tenant's other requests still hold
         for g in self.window_groups:
             spec = self.specs[g]
+            table = r.tables[g]
+            cached_upto = r.cached_upto
+            if cached_upto and table[cached_upto - 1] != NULL_BLOCK:  # prefix slots still held
+                # The prefix slots release_out_of_window is about to null (nulls lead).
+                gone = []
+                for slot in range(min(blocks_out_of_window(spec, num_computed), cached_upto) - 1, -1, -1):
+                    block_id = table[slot]
+                    if block_id == NULL_BLOCK:
+                        break
+                    gone.append(block_id)
+                if gone:
+                    kept += _unrefer(account, gone)
             before = pool.num_held_blocks
-            freed = release_out_of_window(pool, spec, r.tables[g], num_computed)
+            freed = release_out_of_window(pool, spec, table, num_computed)
             if freed:
                 returned = before - pool.num_held_blocks
                 self.held_per_group[g] -= returned
@@ -231,6 +322,8 @@ class BlockLedger:
                 freed_total += freed
         r.recount()
         self._tally(r, +1)
+        if kept:  # still held by the tenant; their share reserve (in its charge) goes
+            account.held += kept
         return freed_total
 
     def release(self, r: RequestState) -> int:
@@ -244,14 +337,24 @@ class BlockLedger:
             else:
                 self._owe_per_group(r, -1)
         account = self.tenants[r.spec.tenant]
-        account.charged -= r.charged
-        account.held -= sum(r.held)
+        tables = r.tables
+        # Prefix blocks the tenant's other requests still hold stay its own (and charged
+        # to it; in window groups their share reserve goes, as for the pool).
+        kept = kept_full = 0
+        if r.cached_upto:
+            if self.window_groups:
+                kept = _unrefer(account, _prefix_ids([tables[g] for g in self.window_groups], r.cached_upto))
+                kept_full = _unrefer(account, _prefix_ids([tables[g] for g in self.prefix_groups], r.cached_upto))
+            else:
+                kept_full = _unrefer(account, _prefix_ids(tables, r.cached_upto))
+            kept += kept_full
+        account.charged -= r.charged - kept_full
+        account.held -= sum(r.held) - kept
         account.running -= 1
         if account.waiting:
             self.usage_changed.add(account.name)
         held_per_group = self.held_per_group
         window_groups = self.window_groups
-        tables = r.tables
         if not window_groups and len(tables) == 1:
             # The common case, one full-attention group: no null slots (only windows
             # release leading blocks) and no share reserve, so release_table's counting
@@ -272,7 +375,7 @@ class BlockLedger:
         r.held = [0] * self.num_groups
         r.base = r.held.copy()
         r.charged = r.owed = 0
-        r.num_tokens = r.num_computed = 0
+        r.num_tokens = r.num_computed = r.cached_upto = 0
         r.status = WAITING
         return freed
 
@@ -340,6 +443,8 @@ class BlockLedger:
         charged: Counter[str] = Counter()
         tenant_held: Counter[str] = Counter()
         tenant_running: Counter[str] = Counter()
+        tenant_blocks: dict[str, set[int]] = {}  # distinct blocks its requests hold
+        prefix_refs: dict[str, Counter[int]] = {}  # its references in prefix slots
         for r in running.values():
             assert r.status is Status.RUNNING, f"{r.request_id} listed running but {r.status}"
             assert 0 <= r.num_computed <= r.num_tokens <= r.max_len, f"{r.request_id}: token numbers"
@@ -365,6 +470,10 @@ class BlockLedger:
             charged[r.tenant] += sum(reserved)
             tenant_held[r.tenant] += sum(r.held)
             tenant_running[r.tenant] += 1
+            tenant_blocks.setdefault(r.tenant, set()).update(b for t in r.tables for b in t if b != NULL_BLOCK)
+            prefix_refs.setdefault(r.tenant, Counter()).update(
+                b for t in r.tables for b in t[: r.cached_upto] if b != NULL_BLOCK
+            )
         for b, count in refs.items():
             assert pool.ref_count(b) == count, f"block {b}: ref {pool.ref_count(b)}, tables {count}"
         assert len(refs) == pool.num_held_blocks, f"tables hold {len(refs)}, pool {pool.num_held_blocks}"
@@ -380,10 +489,21 @@ class BlockLedger:
             f"promised {self.owed} + {self.window_share_reserve} blocks,"
             f" only {pool.num_free_blocks} free"
         )
+        window_blocks = set().union(*(held_per_group[g] for g in self.window_groups))
         for name, account in self.tenants.items():
-            assert account.charged == charged[name], f"tenant {name!r} charge"
-            assert account.held == tenant_held[name], f"tenant {name!r} held"
+            # Each block once per tenant: Σ over its requests, less its extra references.
+            distinct = len(tenant_blocks.get(name, ()))
+            extra = tenant_held[name] - distinct
+            assert account.held == distinct, f"tenant {name!r} holds {distinct} distinct blocks, says {account.held}"
+            assert account.held <= pool.num_held_blocks, f"tenant {name!r} holds more than the pool"
             assert account.running == tenant_running[name], f"tenant {name!r} running"
+            refs = prefix_refs.get(name, Counter())
+            assert account.prefix_blocks == refs.keys(), f"tenant {name!r} prefix blocks"
+            assert account.extra_refs == {b: n - 1 for b, n in refs.items() if n > 1}, f"tenant {name!r} extra refs"
+            assert sum(account.extra_refs.values()) == extra, f"tenant {name!r}: a block shared outside prefix slots"
+            # Charged: Σ reserved, less its extra references in full-attention groups.
+            extra_full = sum(n for b, n in account.extra_refs.items() if b not in window_blocks)
+            assert account.charged == charged[name] - extra_full, f"tenant {name!r} charge"
         self._check_sharing(running, refs)
 
     def _check_sharing(self, running: dict[str, RequestState], refs: Counter[int]) -> None:

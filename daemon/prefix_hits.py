@@ -11,6 +11,9 @@ not a function of the prompt's blocks alone.
 
 A hit on a block another request holds costs nothing; a hit on an evictable block costs
 one block of the free count (it leaves the LRU when touched) and is charged that once.
+The same holds for the request's tenant (ledger.py): a hit on a block another of its own
+requests holds is not charged to its quota again; one on a block only other tenants hold
+is charged to it, once.
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ class PrefixHit:
     shared: tuple[int, ...]  # per group: hit blocks held by others (cost nothing)
     evictable: int  # hit blocks nobody holds: each costs one free block, once
     queried: int  # prompt blocks looked up
+
+
+def hit_ids(hit: PrefixHit, groups: Sequence[int]) -> Sequence[int]:
+    """The hit's blocks in these groups (distinct: a block is in one group), nulls left out."""
+    tables = hit.tables
+    if len(groups) == 1:
+        table = tables[groups[0]]
+        if not table or table[0] != NULL_BLOCK:
+            return table  # one full-attention group (most models): the table itself
+    return [block_id for g in groups for block_id in tables[g] if block_id != NULL_BLOCK]
 
 
 def no_hit(num_groups: int, queried: int = 0) -> PrefixHit:

@@ -8,7 +8,8 @@ equal priorities and one tenant the queue is plain FCFS.
 Fair share. Across tenants the queue is merged by `(priority, class, charged / weight,
 arrival)`: among equally important requests the tenant using least of the pool per unit
 of weight goes first (weighted fair sharing of what quotas leave). With `fair_share`
-off, tenants are merged by arrival alone.
+off, tenants are merged by arrival alone. `charged` is the figure the quota is held to
+(TenantAccount): a prefix block several of a tenant's requests share counts once.
 
 Which candidates the controller may try (bounded backfill, aging) is the controller's
 business; this module only keeps the order and the tenants' accounts.
@@ -21,20 +22,34 @@ from collections import Counter
 from bisect import bisect_left, insort
 from itertools import chain
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvbudget.daemon.requests import RequestState
 
 
 @dataclass(slots=True)
 class TenantAccount:
+    """What a tenant's running requests use, each block counted once for the tenant however
+    many of its requests share it ("prefix-cache hits counted once"); a block requests of
+    two tenants share counts once for each of them. `held` is the number of distinct blocks
+    its requests hold; `charged` (what the quota and fair share read) is that plus what they
+    are owed plus one block per extra reference of its own on a window-group block (their
+    share reserve: ledger.py), i.e. Σ over its requests of max(held, base) per group less
+    its extra references on full-attention blocks. Only prefix blocks (hits, or published
+    by the request) can be in two tables, so only those are tracked, in `prefix_blocks` and
+    `extra_refs` (see ledger.py)."""
+
     name: str
     max_share: float | None = None  # quota: share of the pool (reserved + held)
     weight: float = 1.0
-    charged: int = 0  # Σ over its running requests of max(held, base) per group
-    held: int = 0
+    charged: int = 0  # distinct blocks held + owed + window share reserve (see above)
+    held: int = 0  # distinct blocks held
     running: int = 0
     waiting: int = 0
+    # The blocks in the prefix slots (below `cached_upto`) of its running requests' tables,
+    # and, for those in more than one such table, how many references beyond the first.
+    prefix_blocks: set[int] = field(default_factory=set)
+    extra_refs: dict[int, int] = field(default_factory=dict)
 
     def quota_blocks(self, capacity: int) -> int | None:
         return None if self.max_share is None else int(self.max_share * capacity)
