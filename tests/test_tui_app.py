@@ -6,38 +6,25 @@ fake source, so these tests need no daemon; tests/test_tui_e2e.py runs against a
 
 from __future__ import annotations
 
-import asyncio
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from textual import events
 from textual.widgets import DataTable
-from tui_helpers import screen_text, wait_until
+from tui_helpers import QueueSource, screen_text, wait_until
 from tui_stream import load_stream
 
 from kvbudget import cli
 from kvbudget.tui.app import KVBudgetApp
 from kvbudget.tui.replays import ReplayRequest
 from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen
-from kvbudget.tui.source import Connected, Disconnected, RecordedSource, SourceEvent, Update
+from kvbudget.tui.source import Connected, Disconnected, RecordedSource, Update
 from kvbudget.tui.state import Limits, Link
 from kvbudget.v1 import common_pb2, observer_pb2
 
 STREAM = load_stream()
 LAST = STREAM[-1].snapshot
-
-
-class QueueSource:
-    """A source the test drives event by event."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[SourceEvent] = asyncio.Queue()
-
-    async def events(self) -> AsyncIterator[SourceEvent]:
-        while True:
-            yield await self.queue.get()
 
 
 class FakeLauncher:

@@ -9,24 +9,13 @@ that is not the model's.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 
-from tui_helpers import screen_text, wait_until
+from tui_helpers import QueueSource, screen_text, wait_until
 from tui_stream import load_stream
 
 from kvbudget.tui.app import KVBudgetApp
-from kvbudget.tui.source import Connected, SourceEvent, Update
+from kvbudget.tui.source import Connected, Update
 from kvbudget.v1 import common_pb2, observer_pb2
-
-
-class QueueSource:
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[SourceEvent] = asyncio.Queue()
-
-    async def events(self) -> AsyncIterator[SourceEvent]:
-        while True:
-            yield await self.queue.get()
 
 
 class NoLauncher:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+from collections.abc import AsyncIterator
 
 from rich.console import Console, RenderableType
 
@@ -80,3 +82,14 @@ async def wait_until(pilot, condition, what: str, limit: int = 400) -> None:
             return
         await pilot.pause(0.025)
     raise AssertionError(f"never happened: {what}")
+
+
+class QueueSource:
+    """A dashboard source the test drives event by event."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    async def events(self) -> AsyncIterator:
+        while True:
+            yield await self.queue.get()
