@@ -164,7 +164,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         convert.add_decisions(reply.decisions, decisions, engine_id)
         settled = committed.done() and committed.exception() is None
         if step_seq:
-            session.last_step = kept = KeptStep(step_seq, request, None if settled else committed, reply)
+            session.last_step = kept = (
+                KeptStep(step_seq, request, None, reply) if settled
+                else KeptStep(step_seq, request, committed, reply, decisions=decisions)
+            )
         if not settled:
             try:
                 # Shielded: a caller gone mid-commit (its deadline) must leave the commit's
@@ -228,6 +231,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             failure = committed.exception()
             if isinstance(failure, UnwrittenError):
                 if not self.core.log.write_unwritten():
+                    if session.unanswered is None and kept.reply is not None and kept.decisions is not None:
+                        # The first call went (its deadline) before its write failed: it set
+                        # nothing. As it would have: the same ops, however numbered, get this
+                        # reply once written; another step sends the decisions on Events.
+                        engine_id = session.engine_id
+                        session.unanswered = UnansweredStep(
+                            _step_bytes(kept.request), kept.reply,
+                            tuple(d for d in kept.decisions if d.engine_id == engine_id),
+                        )
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE,
                         f"decision log: {failure}; this step was applied and its decisions wait to be written: "
@@ -235,7 +247,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     )
             elif failure is not None:  # the log could not commit: promise nothing
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"decision log: {failure}")
-            kept.committed = None  # in the log: a later resend need not look again
+            kept.committed = kept.decisions = None  # in the log: a later resend need not look again
         if kept.error is not None:
             await context.abort(*kept.error)
         return kept.reply

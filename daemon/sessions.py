@@ -69,6 +69,9 @@ class KeptStep:
     committed: asyncio.Future | None
     reply: object | None = None  # the StepResponse, or
     error: tuple[object, str] | None = None  # (grpc.StatusCode, message) the step ended with
+    # While `committed` runs: the step's decisions, for `unanswered` should the write fail
+    # after the first call has gone (its deadline), the resend being the one to find out.
+    decisions: list[Decision] | None = None
 
 
 @dataclass(eq=False)

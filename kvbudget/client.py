@@ -25,8 +25,11 @@ sent again as it is, with the same arguments: a step the daemon applied gets its
 then, one it refused is applied then (docs/engine-integration.md).
 Every step is numbered (`StepRequest.step_seq`). A step whose reply is lost on the way (its
 deadline passed on a live connection, or the connection dropped mid-call) may or may not
-have been applied; the client sends the very same step again (`step_resends` times at most), and the daemon, which
-keeps the outcome of each session's last numbered step, answers it without applying it twice.
+have been applied; the client sends the very same step again (`step_resends` times at
+most), and the daemon, which keeps the outcome of each session's last numbered step,
+answers it without applying it twice.
+Steps of one client go one at a time, in the order they were called (a step called while
+another is in flight waits for it): a lower number arriving after a higher one is refused.
 """
 
 from __future__ import annotations
@@ -240,6 +243,10 @@ class EngineClient:
         self._max_backoff = max_backoff_s
         self._step_resends = step_resends
         self._last_step_seq = 0  # steps are numbered (StepRequest.step_seq) so a resend is safe
+        # One step at a time, its resends included: the daemon keeps only the last numbered
+        # step, so an overlapping step would be refused for its number (a lower one sent
+        # second), or make the resend of the one before it "below this session's last step".
+        self._step_lock = asyncio.Lock()
         self.session_id = ""
         self.lease_ttl_s = 0
         self.plan: common_pb2.PoolPlan | None = None
@@ -335,6 +342,12 @@ class EngineClient:
         return [convert.decision_from_proto(d) for d in response.decisions]
 
     async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
+        """Sends one Step (numbered unless `request.step_seq` is set). Steps called while
+        another is in flight wait for it, and go in the order they were called."""
+        async with self._step_lock:
+            return await self._step_locked(request)
+
+    async def _step_locked(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
         if self._closed:  # (else grpc's UsageError "Channel is closed.")
             raise ClientClosed(f"the client of engine {self.engine_id!r} is closed")
         if self._lost is not None:  # the heartbeat re-opened the session meanwhile

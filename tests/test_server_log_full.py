@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.records import RequestSpec
-from kvbudget.v1 import engine_pb2, engine_pb2_grpc
+from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 from daemon_harness import DaemonProcess, await_until
 from full_disk import fill
@@ -239,3 +239,69 @@ async def test_a_daemon_stopped_while_its_log_cannot_write_stops_and_says_what_i
     assert "decision log: 20 decisions were never written" in stderr
     assert "Traceback" not in stderr
     assert [r["request_id"] for r in daemon.decision_rows()] == ["a"]
+
+
+HELD_COMMIT_DAEMON = textwrap.dedent(
+    """
+    import os, sqlite3, sys, time
+    from kvbudget.cli import main
+    from kvbudget.daemon.decision_log import DecisionLog
+
+    HOLD, FULL = os.environ["KVBUDGET_TEST_HOLD"], os.environ["KVBUDGET_TEST_FULL"]
+    inline, insert = DecisionLog.commit_inline, DecisionLog._insert
+
+    def commit_inline(self, decisions, max_rows=1024):  # while held: the writer thread's path
+        return False if os.path.exists(HOLD) else inline(self, decisions, max_rows)
+
+    def insert_held_then_full(self, rows):
+        while os.path.exists(HOLD):
+            time.sleep(0.01)
+        if os.path.exists(FULL):
+            raise sqlite3.OperationalError("database or disk is full")
+        return insert(self, rows)
+
+    DecisionLog.commit_inline = commit_inline
+    DecisionLog._insert = insert_held_then_full
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+async def test_a_step_whose_caller_left_before_its_write_failed_is_answered_when_sent_again(tmp_path) -> None:
+    # A numbered step is applied, its write waits in the writer thread past the call's
+    # deadline, then fails (a full disk). The first call is gone: it set nothing for the
+    # retry. Its resend learns of the failure, and from then on the step is "applied, its
+    # decisions waiting", as if the first call had stayed: the same ops sent again under a
+    # new number (as StepBatch flushes them) get its reply once the disk has room, not
+    # ALREADY_EXISTS for a request whose blocks the engine never heard of.
+    hold, full = tmp_path / "hold", tmp_path / "full"
+    daemon = DaemonProcess(tmp_path, env={"KVBUDGET_TEST_HOLD": str(hold), "KVBUDGET_TEST_FULL": str(full)})
+    daemon.args[1:3] = ["-c", HELD_COMMIT_DAEMON]  # (in place of `-m kvbudget`)
+    with daemon:
+        async with grpc.aio.insecure_channel(daemon.target) as channel:
+            stub = engine_pb2_grpc.EngineServiceStub(channel)
+            opened = await stub.OpenSession(engine_pb2.OpenSessionRequest(engine_id="e1", lease_ttl_s=600))
+
+            def step(step_seq: int, timeout: float = 30.0):
+                return stub.Step(engine_pb2.StepRequest(
+                    session_id=opened.session_id, step_seq=step_seq,
+                    submits=[engine_pb2.Submit(request_id="r", prompt_tokens=100, max_new_tokens=28)],
+                ), timeout=timeout)  # fmt: skip
+
+            hold.touch()
+            full.touch()
+            with pytest.raises(grpc.aio.AioRpcError) as gone:
+                await step(1, timeout=0.5)
+            assert gone.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await asyncio.sleep(0.5)  # the daemon hears the call is gone (its handler is cancelled)
+            hold.unlink()  # the write goes on, and fails
+            with pytest.raises(grpc.aio.AioRpcError) as waiting:
+                await step(1)
+            assert waiting.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert waiting.value.details().endswith(
+                "this step was applied and its decisions wait to be written: send it again later")
+            full.unlink()
+            [admit] = (await step(2)).decisions  # the same ops, numbered anew
+            assert (admit.request_id, admit.kind) == ("r", common_pb2.DECISION_KIND_ADMIT)
+            assert len(admit.new_blocks[0].block_ids) == 7  # cdiv(100, 16)
+    assert [(row["request_id"], row["kind"]) for row in daemon.decision_rows()] == [("r", "admit")]
