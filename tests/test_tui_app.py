@@ -714,3 +714,51 @@ async def test_keys_typed_right_after_slash_go_to_the_filter():
             app.post_message(events.Key(key, char))
         await wait_until(pilot, lambda: app.filter_text == "queue/[/", "filter typed")
         assert app.return_code is None  # still running
+
+
+def test_a_dashboard_whose_terminal_goes_away_exits(tmp_path: Path):
+    # A real `kvbudget tui` on a pseudo-terminal whose other end is closed (an ssh session
+    # dropped, a tmux pane killed): the kernel hangs the terminal up and sends SIGHUP.
+    # Textual's orderly shutdown writes to the dead terminal and could hang there for good
+    # (its output thread gone, its queue full), leaving the dashboard spinning with no
+    # terminal; it exits 129 instead, at once.
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import sys
+    import termios
+    import time
+
+    from tui_stream import STREAM_PATH
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color")
+        os.execve(sys.executable, [sys.executable, "-m", "kvbudget", "tui", "--recording",
+                                   str(STREAM_PATH), "--render-hz", "30"], env)
+    output = bytearray()
+    status = None
+    try:
+        end = time.monotonic() + 60
+        while b"playback" not in output and time.monotonic() < end:
+            if select.select([fd], [], [], 0.1)[0]:
+                output.extend(os.read(fd, 65536))
+        assert b"playback" in output, output[-2000:]
+        os.close(fd)  # the terminal goes away mid-draw
+        fd = -1
+        end = time.monotonic() + 30  # (a bound on waiting, not a figure asserted)
+        while status is None and time.monotonic() < end:
+            waited, result = os.waitpid(pid, os.WNOHANG)
+            status = result if waited else None
+            time.sleep(0.05)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert status is not None, "the dashboard outlived its terminal"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP

@@ -19,7 +19,10 @@ as Textual or Rich markup: titles are built as `Content`, cells as `Text`.
 from __future__ import annotations
 
 import asyncio
+import os
+import select
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -459,6 +462,13 @@ class KVBudgetApp(App[int]):
 
     def _stop_on_signal(self, signum: int) -> None:
         self.launcher.stop_all()
+        if signum == signal.SIGHUP and not _terminal_alive():
+            # The terminal is gone (an ssh session dropped, a tmux pane killed): there is no
+            # screen to give back, and Textual's orderly shutdown writes to the dead one and
+            # hung there (its output thread gone, its queue full), leaving the dashboard
+            # spinning with no terminal for good. Leave at once; a recording is flushed per
+            # update, and the replays were stopped above.
+            os._exit(128 + signum)
         # 128 + N: what a shell reports for a process that signal N ended.
         self.exit(return_code=128 + signum)
 
@@ -469,6 +479,20 @@ class KVBudgetApp(App[int]):
         yield SystemCommand("Filter decisions", "filter the table", self.action_filter)
         yield SystemCommand("Clear filter", "show every decision", self.action_clear_filter)
         yield SystemCommand("Dashboard keys", "what each key does", self.action_help)
+
+
+def _terminal_alive() -> bool:
+    """Whether this process's terminal is still there: a hung-up one polls as HUP / ERR (and
+    is no longer a tty to isatty, whose tcgetattr fails). Output that is not a terminal
+    (a headless test's file) polls writable: alive, nothing to leave in a hurry."""
+    try:
+        fd = sys.__stdout__.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, event in events)
 
 
 def exit_status(app: App, result: object) -> int:
