@@ -5,6 +5,14 @@ newline-separated `KEY=VALUE` assignments to it: READY=1 once it serves, STATUS=
 `systemctl status`, WATCHDOG=1 at least every WATCHDOG_USEC, STOPPING=1 on shutdown.
 Without NOTIFY_SOCKET every call is a no-op returning False, so the daemon calls these
 unconditionally. A name starting with '@' is a Linux abstract socket.
+
+A datagram to a socket whose queue is full blocks its sender until the reader catches up
+(net.unix.max_dgram_qlen datagrams, shared by every service on the host's systemd socket;
+forever, with a reader that never reads). These calls run on the daemon's event loop, so a
+send never waits long: WATCHDOG=1 and STATUS= are sent only if they can go at once (the
+next comes within seconds), the state changes (READY=1, RELOADING=1, STOPPING=1,
+EXTEND_TIMEOUT_USEC=) wait at most STATE_SEND_TIMEOUT_S; either way a send that cannot go
+returns False.
 """
 
 from __future__ import annotations
@@ -13,9 +21,14 @@ import os
 import socket
 import time
 
+# How long a state change (READY=1, ...) may wait for room in the notify socket's queue.
+STATE_SEND_TIMEOUT_S = 5.0
 
-def notify(message: str) -> bool:
-    """Send `message` to NOTIFY_SOCKET. True if sent; False without a socket or on error."""
+
+def notify(message: str, timeout_s: float = STATE_SEND_TIMEOUT_S) -> bool:
+    """Send `message` to NOTIFY_SOCKET, waiting at most `timeout_s` (0: only if it can go
+    at once) for room in its queue. True if sent; False without a socket, on error, or when
+    the queue stayed full."""
     address = os.environ.get("NOTIFY_SOCKET", "")
     if not address or not (address.startswith("/") or address.startswith("@")):
         return False  # unset, or a transport we don't speak (vsock:)
@@ -23,9 +36,10 @@ def notify(message: str) -> bool:
         address = "\0" + address[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(timeout_s)  # (0: non-blocking)
             sock.connect(address)
             sock.sendall(message.encode("utf-8"))
-    except OSError:
+    except OSError:  # (a full queue: BlockingIOError, or TimeoutError once timeout_s passed)
         return False  # systemd gone or socket not writable: nothing a daemon can do about it
     return True
 
@@ -44,11 +58,11 @@ def reloading() -> bool:
 
 
 def status(text: str) -> bool:
-    return notify(f"STATUS={_one_line(text)}")
+    return notify(f"STATUS={_one_line(text)}", timeout_s=0)  # (the next one comes soon)
 
 
 def watchdog() -> bool:
-    return notify("WATCHDOG=1")
+    return notify("WATCHDOG=1", timeout_s=0)  # (sent at half the interval: one may be missed)
 
 
 def extend_timeout(seconds: float) -> bool:
