@@ -21,6 +21,7 @@ TCP only when the config allows it (tokens file, TLS, or an explicit insecure op
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import logging
 import os
@@ -331,11 +332,25 @@ class Daemon:
                 log.error("reload: policy %s: decision log: %s", target.policy, exc)
         if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
             core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
+        kept_quotas: list[str] = []  # tenants whose new quota was refused: they keep the old one
         for tenant, max_share, weight in tenant_updates(running, target):
             try:
                 core.controller.set_tenant_quota(tenant, max_share, weight)
             except AdmissionError as exc:  # (the rest of the reload stands)
                 log.error("reload: tenants.%s.%s; that tenant keeps its quota", tenant, exc)
+                kept_quotas.append(tenant)
+        changes = plan.changes
+        if kept_quotas:
+            # What runs is the old quota: the running config says so (the next reload compares
+            # with it), and the summary does not claim the change.
+            tenants = dict(target.tenants)
+            for tenant in kept_quotas:
+                if tenant in running.tenants:
+                    tenants[tenant] = running.tenants[tenant]
+                else:
+                    tenants.pop(tenant, None)
+            target = dataclasses.replace(target, tenants=tenants)
+            changes = [c for c in changes if not any(c.startswith(f"tenant {t} ") for t in kept_quotas)]
         core.log.retention_s = target.retention_s  # (read by the writer at each pass)
         core.log.max_rows = target.retention_rows
         core.log.max_bytes = target.retention_bytes
@@ -354,7 +369,7 @@ class Daemon:
             # logger); set first, so that the summary below obeys the new level.
             logging.getLogger().setLevel(target.log_level.upper())
         self.config = target
-        log.info("reloaded: %s", "; ".join(plan.changes) or "nothing changed")
+        log.info("reloaded: %s", "; ".join(changes) or "nothing changed")
         if plan.at_restart:
             log.warning("reload: %s changed; that takes a restart (systemctl restart kvbudget)",
                         ", ".join(plan.at_restart))

@@ -199,3 +199,30 @@ async def test_sighup_serves_a_renewed_tls_certificate_to_new_connections(tmp_pa
         why = daemon.stderr().split("reload failed, nothing changed: ")[1].splitlines()[0]
         assert f"server.tls_key_file: {key}: the key does not match the certificate in {cert}" in why
         assert await new_connection(address, renewed_cert) == "ok"  # still serving the renewed pair
+
+
+async def test_a_quota_the_reload_cannot_apply_is_neither_claimed_nor_remembered(tmp_path) -> None:
+    # 0.0001 of 64 blocks is less than one block: refused, team-a keeps 0.25 (16 blocks).
+    # The summary claimed the change, and the daemon remembered 0.0001 as in force, so
+    # putting 0.25 back "changed" it again.
+    config = tmp_path / "kvbudget.toml"
+    write_config(config)
+    with DaemonProcess(tmp_path, "--config", str(config)) as daemon:
+        async with ObserverClient(daemon.target) as observer:
+            write_config(config, share_a=0.0001, policy="guaranteed")
+            daemon.signal(signal.SIGHUP)
+            await await_until(lambda_async(lambda: daemon.stderr().count("reloaded:") == 1))
+            assert "reload: tenants.team-a.max_share: 0.0001 of the 64 blocks is less than one block; " \
+                   "that tenant keeps its quota" in daemon.stderr()
+            assert "INFO: reloaded: policy optimistic -> guaranteed\n" in daemon.stderr()  # not the quota
+            assert {t.tenant: t.quota_blocks for t in (await observer.snapshot()).tenants} == {"team-a": 16}
+            write_config(config, share_a=0.25, policy="guaranteed")  # what runs already
+            daemon.signal(signal.SIGHUP)
+            await await_until(lambda_async(lambda: daemon.stderr().count("reloaded:") == 2))
+            assert daemon.stderr().rstrip().endswith("INFO: reloaded: nothing changed")
+
+
+def lambda_async(predicate):
+    async def check() -> bool:
+        return predicate()
+    return check
