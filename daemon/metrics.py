@@ -36,9 +36,12 @@ from kvbudget.daemon.records import Decision, DecisionKind, Reason, Snapshot, Te
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-# From a few tens of microseconds (an in-memory decision) to a second (a slow disk commit).
+# From a few tens of microseconds (an in-memory decision) to seconds: a commit held by the
+# decision log's write stall (its upkeep behind: decision_pacing) waits that long, and above
+# 1 s it all read "+Inf" alike.
 LATENCY_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
 )
 
 

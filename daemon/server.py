@@ -369,7 +369,8 @@ class Daemon:
             # logger); set first, so that the summary below obeys the new level.
             logging.getLogger().setLevel(target.log_level.upper())
         self.config = target
-        log.info("reloaded: %s", "; ".join(changes) or "nothing changed")
+        # (With only restart keys changed, "nothing changed" read against the warning below.)
+        log.info("reloaded: %s", "; ".join(changes) or ("nothing applied live" if plan.at_restart else "nothing changed"))
         if plan.at_restart:
             log.warning("reload: %s changed; that takes a restart (systemctl restart kvbudget)",
                         ", ".join(plan.at_restart))

@@ -92,6 +92,10 @@ def test_decisions_count_by_kind_and_reason_and_preemptions_by_reason() -> None:
     assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="0.00025") == 0.0
     assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="0.0005") == 1.0
     assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="0.0025") == 2.0
+    # A commit the log's write stall held for seconds is told apart from one held for ever.
+    metrics.record([decision(6, DecisionKind.ADMIT, Reason.FITS)], latency_s=3.0)
+    assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="2.5") == 2.0
+    assert value(metrics, "kvbudget_decision_latency_seconds_bucket", le="5.0") == 3.0
 
 
 def test_snapshot_gauges() -> None:

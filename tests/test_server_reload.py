@@ -226,3 +226,15 @@ def lambda_async(predicate):
     async def check() -> bool:
         return predicate()
     return check
+
+
+def test_a_reload_of_restart_keys_only_says_nothing_applied_live(tmp_path) -> None:
+    # It said "reloaded: nothing changed", then that block_size changed.
+    config = tmp_path / "kvbudget.toml"
+    config.write_text('[server]\nlog_level = "info"\n')
+    with DaemonProcess(tmp_path, "--config", str(config)) as daemon:
+        config.write_text('[server]\nlog_level = "info"\n[model]\nblock_size = 32\n')
+        daemon.signal(signal.SIGHUP)
+        wait_until(lambda: "block_size changed; that takes a restart" in daemon.stderr())
+        assert "INFO: reloaded: nothing applied live\n" in daemon.stderr()
+        assert "nothing changed" not in daemon.stderr()
