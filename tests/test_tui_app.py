@@ -762,3 +762,113 @@ def test_a_dashboard_whose_terminal_goes_away_exits(tmp_path: Path):
             os.waitpid(pid, 0)
     assert status is not None, "the dashboard outlived its terminal"
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP
+
+
+def decisions_title(app) -> str:
+    """The Decisions box's title as the screen shows it, without the rule around it."""
+    titles = (line.strip().strip("╭╮─ ") for line in screen_text(app).splitlines())
+    return next((title for title in titles if title.startswith("Decisions")), "")
+
+
+async def test_a_terminal_below_80x24_still_shows_a_few_decisions():
+    # At 60x20 the six panels took every line but the table's header: not one decision
+    # was on screen. Below the documented 80x24 the last row of panels gives way instead.
+    app = recorded_app()
+    async with app.run_test(size=(60, 20)) as pilot:
+        await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
+        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: "req-00198" in screen_text(app), "three rows on screen",
+                         limit=120)
+        text = screen_text(app)
+        assert app.compact  # the 80x24 panels, compact
+    for shown in ("req-00200", "req-00199", "req-00198",  # newest first
+                  "Pool", "Queue", "Physical vs logical", "Per layer type",
+                  "held 4,056", "waiting 19", "swa"):
+        assert shown in text, shown
+
+
+async def test_a_terminal_too_short_for_any_decision_says_so():
+    # 120x16: the panels and the table's header fill the screen. An empty table would look
+    # like a daemon deciding nothing; the title says why there are no rows.
+    app = recorded_app()
+    async with app.run_test(size=(120, 16)) as pilot:
+        await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
+        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: "too small" in screen_text(app), "told", limit=120)
+        assert "req-00200" not in screen_text(app)
+        assert decisions_title(app).startswith(
+            "Decisions · terminal too small for rows (80x24) · 200 received · "
+        )
+        await pilot.resize_terminal(120, 24)  # room again: the rows, and no such word
+        await wait_until(pilot, lambda: "req-00200" in screen_text(app), "rows back", limit=120)
+        await wait_until(pilot, lambda: "too small" not in decisions_title(app), "not said",
+                         limit=120)
+        assert decisions_title(app).startswith("Decisions · 200 received · ")
+
+
+async def test_a_disconnected_dashboard_shows_no_decision_rate():
+    # The rate in the Decisions title was the last one known, shown as if live while the
+    # daemon was gone. The panels dim and their titles turn; the title drops its rate.
+    source, clock = QueueSource(), Clock()
+    app = recorded_app(source=source, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        await source.queue.put(Update(STREAM[0]))
+        await source.queue.put(Update(STREAM[1]))  # two snapshots: a rate
+        await wait_until(pilot, lambda: app.state.decisions_received == 10, "updates")
+        assert app.state.decision_rate() > 0
+        await wait_until(pilot, lambda: "/s" in decisions_title(app), "the rate in the title")
+        assert decisions_title(app) == f"Decisions · 10 received · {app.state.decision_rate():,.0f}/s"
+        clock.now += 3.0
+        await source.queue.put(Disconnected(REFUSED, 5.0))
+        await shown(pilot, "● disconnected")
+        await wait_until(pilot, lambda: "/s" not in decisions_title(app), "rate gone",
+                         limit=120)
+        assert decisions_title(app) == "Decisions · 10 received"
+        assert app._box.has_class("-stale")  # its title marked as the panels' are
+        await source.queue.put(Update(STREAM[2]))  # back: live again, with its rate
+        await wait_until(pilot, lambda: "/s" in decisions_title(app), "rate back")
+        assert not app._box.has_class("-stale")
+
+
+async def test_a_daemon_that_hangs_shows_no_decision_rate_either():
+    # kill -STOP: connected, nothing arrives; once the figures are marked old, so is the rate.
+    source, clock = QueueSource(), Clock()
+    app = recorded_app(source=source, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        await source.queue.put(Update(STREAM[0]))
+        await source.queue.put(Update(STREAM[1]))
+        await wait_until(pilot, lambda: app.state.decisions_received == 10, "updates")
+        await wait_until(pilot, lambda: "/s" in decisions_title(app), "the rate in the title")
+        clock.now += 12.0
+        await shown(pilot, "● connected, no update for 12 s")
+        await wait_until(pilot, lambda: "/s" not in decisions_title(app), "rate gone",
+                         limit=120)
+        assert decisions_title(app) == "Decisions · 10 received"
+
+
+async def test_q_closes_the_replay_dialog_as_it_closes_the_other_dialogs(tmp_path: Path):
+    # The footer says "q"; in the key help and a decision's record it closes the dialog,
+    # in the replay dialog it did nothing. It cancels there now, starting nothing.
+    launcher = FakeLauncher()
+    app = recorded_app(launcher=launcher, traces=[tmp_path / "t.jsonl"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        await pilot.press("r")
+        await wait_until(pilot, lambda: isinstance(app.screen, ReplayScreen), "modal")
+        await pilot.press("q")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ReplayScreen), "closed",
+                         limit=120)
+        assert app.return_code is None and launcher.started == []  # not quit, nothing run
+        # In the requests field "q" is a character as in any text field (not a number:
+        # refused there), not a way out.
+        await pilot.press("r")
+        await wait_until(pilot, lambda: isinstance(app.screen, ReplayScreen), "modal again")
+        app.screen.query_one("#replay-limit").focus()
+        await pilot.press("q")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ReplayScreen)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ReplayScreen), "escaped")
+    assert launcher.started == []

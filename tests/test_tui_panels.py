@@ -835,3 +835,40 @@ def test_status_line_names_the_daemons_version_and_uptime():
     # Disconnected: the last snapshot's uptime would stand still; it is not shown.
     down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: Socket closed", 1.0)
     assert "up " not in text_of(panels.status_line(down), width=200)
+
+
+def test_decisions_title_shows_the_rate_only_while_live():
+    state = DashboardState.initial("unix:///t.sock").with_link(Link.CONNECTED)
+    # Two updates 0.5 s apart on the daemon's clock (received at t=50 and 50.5 on the
+    # app's), 0 then 40 decisions made: 40 / 0.5 s = 80/s while live; stale after
+    # max(2 s, 5 x 0.5 s) = 2.5 s without an update.
+    for t, made, now in ((1000.0, 0, 50.0), (1000.5, 40, 50.5)):
+        response = observer_pb2.WatchResponse(
+            snapshot=snapshot(time_unix_s=t, decisions_by_kind={"admit": made}),
+            decisions=[decision(k, 1, "fits", f"r{k}") for k in (1, 2, 3)] if made else (),
+        )
+        state = state.with_response(response, now)
+    title = decisions.decisions_title
+    assert title(state, now=52.9).plain == "Decisions · 3 received · 80/s"
+    # What the daemon made, not what this dashboard saw: a rate, and those it skipped.
+    skipped = replace(state, decisions_dropped=1234)
+    assert title(skipped, now=52.9).plain == "Decisions · 3 received · 1,234 skipped · 80/s"
+    # The daemon hung (no update for 2.5 s) or gone: the last rate is no rate now.
+    assert title(state, now=53.0).plain == "Decisions · 3 received"
+    down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: Socket closed", 5.0, now=51.0)
+    assert title(down, now=51.0).plain == "Decisions · 3 received"
+    assert title(down).plain == "Decisions · 3 received"  # even with no clock to date it
+    # A recording never goes stale: its rate is the recording's, shown to the end.
+    played = replace(state, connection=replace(state.connection, playback=True, link=Link.DISCONNECTED))
+    assert title(played, now=3600.0).plain == "Decisions · 3 received · 80/s"
+
+
+def test_decisions_title_says_paused_filtered_and_too_small():
+    state = state_of(snapshot())
+    assert decisions.decisions_title(state, paused=True, query="[/x]").plain == (
+        "Decisions · 0 received · 0/s · PAUSED (space) · filter [/x]"
+    )
+    # No room for a row under the header: said first, where a narrow border still has it.
+    assert decisions.decisions_title(state, room_for_rows=False).plain == (
+        "Decisions · terminal too small for rows (80x24) · 0 received · 0/s"
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from test_tui_app import played, recorded_app
-from tui_helpers import wait_until
+from tui_helpers import screen_text, wait_until
 
 from kvbudget.tui.screens import ReplayScreen
 
@@ -23,6 +23,18 @@ def test_main_screen_120x40(snap_compare):
 
 def test_main_screen_80x24(snap_compare):
     assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=played)
+
+
+def test_main_screen_60x20(snap_compare):
+    # Below the documented 80x24: the 80x24 panels less engines and replays, and the
+    # decisions table with rows (it had none).
+    async def rows_shown(pilot):
+        app = pilot.app
+        await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
+        await wait_until(pilot, lambda: "req-00196" in screen_text(app), "five rows painted")
+        await wait_until(pilot, lambda: not app._table_stale, "table rows fit its height")
+
+    assert snap_compare(recorded_app(), terminal_size=(60, 20), run_before=rows_shown)
 
 
 def test_filtered_and_paused(snap_compare):

@@ -13,7 +13,7 @@ anything else that yields `SourceEvent`s (`playback=True` for a recording: no da
 behind it).
 
 Nothing a user or the daemon wrote (a filter, a target path, a request id) is ever parsed
-as Textual or Rich markup: titles are built as `Content`, cells as `Text`.
+as Textual or Rich markup: titles are built as `Content` or `Text`, cells as `Text`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from textual import on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
-from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
@@ -129,7 +128,11 @@ class KVBudgetApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "kvbudget"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+    # Below 23 lines (under the documented 80x24) the narrow layout's six panels would leave
+    # the decisions table fewer than 3 rows (1 status + 16 panels + 2 for the table's border
+    # and header + 3 rows + 1 footer), at 60x20 none: "-cramped" is the 80x24 layout less
+    # the last row of panels there, so that the table keeps a few (app.tcss).
+    VERTICAL_BREAKPOINTS = [(0, "-cramped"), (23, "-short"), (32, "-tall")]
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "keys"),
@@ -194,6 +197,7 @@ class KVBudgetApp(App[int]):
         self._drawn_version = -1
         self._drawn_layout: tuple[bool, bool, str] | None = None
         self._status_shown: Text | None = None
+        self._title_shown: Text | None = None
         self._table_key: tuple | None = None
         self._table_drawn_at = 0.0
         self._table_stale = True
@@ -244,8 +248,9 @@ class KVBudgetApp(App[int]):
 
     @property
     def compact(self) -> bool:
-        """The 80x24 variant of the panels: the breakpoint class on the main screen."""
-        return self._main.has_class("-short")
+        """The 80x24 variant of the panels: the breakpoint class on the main screen (or the
+        class of a terminal shorter still)."""
+        return self._main.has_class("-short") or self._main.has_class("-cramped")
 
     def draw(self) -> None:
         """Draw the latest state if it moved since the last frame (the timer calls this)."""
@@ -257,14 +262,25 @@ class KVBudgetApp(App[int]):
         if status != self._status_shown:
             self._status_shown = status
             self._status.update(status)
-        self._grid.set_class(state.staleness(now) is not None, "-stale")
+        stale = state.staleness(now) is not None
+        self._grid.set_class(stale, "-stale")
+        self._box.set_class(stale, "-stale")
+        # The table's title every frame too: its rate is left out once the figures are stale
+        # (when nothing arrives), and it says when the table has no room for a row (the
+        # table's height moves after a resize, in a later frame than the resize).
+        title = decisions.decisions_title(
+            state, self.paused, self.filter_text, now,
+            room_for_rows=self._table.size.height >= 2,  # its header and one row
+        )
+        if title != self._title_shown:
+            self._title_shown = title
+            self._box.border_title = title
         layout = (self.compact, self.paused, self.filter_text)
         if state.version != self._drawn_version or layout != self._drawn_layout:
             self._drawn_version, self._drawn_layout = state.version, layout
             compact = self.compact
             for panel in self._panels:
                 panel.show(state, compact)
-            self._draw_title(state)
             if not self.paused:
                 self._table_stale = True
             self.renders += 1
@@ -274,22 +290,6 @@ class KVBudgetApp(App[int]):
             self._table_stale = True
         if self._table_stale:
             self._draw_table(state)
-
-    def _draw_title(self, state: DashboardState) -> None:
-        # Content, not markup: the filter is what the user typed ("[/" included).
-        rate = state.decision_rate()
-        parts: list[str | tuple[str, str]] = [
-            f"Decisions · {state.decisions_received:,} received"
-        ]
-        if state.decisions_dropped:
-            # The daemon sends the newest of each interval; under heavy load it skips some.
-            parts.append(f" · {state.decisions_dropped:,} skipped")
-        parts.append(f" · {rate:,.0f}/s")
-        if self.paused:
-            parts += [" · ", ("PAUSED", "bold"), " (space)"]
-        if self.filter_text:
-            parts += [" · filter ", (self.filter_text, "bold")]
-        self._box.border_title = Content.assemble(*parts)
 
     def _draw_table(self, state: DashboardState) -> None:
         now = time.monotonic()

@@ -1,4 +1,5 @@
-"""The decisions table: its columns, its rows (newest first, filtered) and the detail view."""
+"""The decisions table: its title, its columns, its rows (newest first, filtered) and the
+detail view."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvbudget.tui.drawing import middle_ellipsis
-from kvbudget.tui.state import DashboardState, DecisionRow, decision_matches, words_match
+from kvbudget.tui.state import DashboardState, DecisionRow, Link, decision_matches, words_match
 
 # (label, width): fixed, so the table does not jitter as rows come and go (and longer cells
 # are cut, not allowed to push the columns that matter off an 80-column screen).
@@ -23,6 +24,59 @@ DECISION_COLUMNS: tuple[tuple[str, int], ...] = (
     ("tenant", 9),
     ("blocks/group", 24),
 )
+# Where the table has no room for a row (a terminal below the documented size, the panels
+# taking every line): what the title says, so that an empty table is not taken for a daemon
+# deciding nothing.
+TOO_SMALL = "terminal too small for rows (80x24)"
+
+
+def decisions_title(
+    state: DashboardState,
+    paused: bool = False,
+    query: str = "",
+    now: float | None = None,
+    room_for_rows: bool = True,
+) -> Text:
+    """The decisions box's title: decisions received (and skipped), the daemon's decision
+    rate while the figures are live, the pause and the filter.
+
+    The rate is the daemon's, over the last snapshots: once those stop coming (the daemon
+    gone or hung; `now`, the monotonic clock the state's times are on, says since when)
+    it is no rate now, and it is left out, as the panels above are dimmed. The count stays:
+    it is what this dashboard received, true whatever happened since.
+    """
+    # A Text, never markup: the filter is what the user typed ("[/" included).
+    title = Text("Decisions")
+    if not room_for_rows:
+        title.append(f" · {TOO_SMALL}", style="bold")
+    title.append(f" · {state.decisions_received:,} received")
+    if state.decisions_dropped:
+        # The daemon sends the newest of each interval; under heavy load it skips some.
+        title.append(f" · {state.decisions_dropped:,} skipped")
+    if decision_rate_is_live(state, now):
+        title.append(f" · {state.decision_rate():,.0f}/s")
+    if paused:
+        title.append(" · ")
+        title.append("PAUSED", style="bold")
+        title.append(" (space)")
+    if query:
+        title.append(" · filter ")
+        title.append(query, style="bold")
+    return title
+
+
+def decision_rate_is_live(state: DashboardState, now: float | None = None) -> bool:
+    """Whether the state's decision rate is the daemon's now: not while disconnected, nor
+    once the figures are stale (`DashboardState.staleness`). A recording's is its own to
+    the end: nothing goes stale in playback."""
+    connection = state.connection
+    if connection.playback:
+        return True
+    if connection.link is Link.DISCONNECTED:
+        return False
+    return now is None or state.staleness(now) is None
+
+
 KIND_STYLES = {
     "admit": "green",
     "queue": "yellow",

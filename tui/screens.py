@@ -59,7 +59,11 @@ class DecisionScreen(ModalScreen[None]):
 class ReplayScreen(ModalScreen[ReplayRequest | None]):
     """Pick a shipped trace, a speed and a policy; dismissed with the request or None."""
 
-    BINDINGS = [Binding("escape", "dismiss(None)", "cancel")]
+    # `q` as in the other dialogs (and as the footer under them offers it): it leaves the
+    # dialog, starting nothing. In the requests field, and in the trace list while it is
+    # open (type to search), it stays a character: Textual gives a printable key to the
+    # focused widget that takes it before any binding of the screen.
+    BINDINGS = [Binding("escape,q", "dismiss(None)", "cancel")]
 
     def __init__(self, traces: Sequence[Path], target: str) -> None:
         super().__init__()
