@@ -13,9 +13,10 @@ queries, blocks reclaimed) become counters by adding the increase since the last
 
 from __future__ import annotations
 
+import copy
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
@@ -29,6 +30,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import RestrictedRegistry
 
 from kvbudget import __version__
 from kvbudget.daemon.records import Decision, DecisionKind, Reason, Snapshot, TenantSnapshot
@@ -87,6 +90,55 @@ MAX_TENANT_SERIES = 50
 OTHER_TENANTS = "(other)"  # parentheses: not a name a tenant would be given
 
 
+# prometheus-client adds a `<name>_created` sample (the unix time the series was born) to
+# every counter, histogram and summary. vLLM's /metrics has none, dashboards built for it
+# never read them, and here they would be one more gauge beside each of ours (dozens in a
+# scrape). prometheus-client's only switch is process-global: disable_created_metrics() (or
+# PROMETHEUS_DISABLE_CREATED_SERIES, read at import) turns them off for every registry in
+# the process, the tests' and any embedding program's included, and a later
+# enable_created_metrics() anywhere would turn them back on here. So the daemon's own
+# registry leaves them out as it collects (_Registry below): both exposition formats,
+# the HTTP server and render() read through it, and nothing outside it changes.
+_CREATED_TYPES = frozenset({"counter", "histogram", "summary"})
+
+
+def _without_created(families: Iterable[Metric]) -> Iterator[Metric]:
+    """The families, less the `_created` samples of counters, histograms and summaries (a
+    copy of a family that had any; one that had nothing else is left out altogether)."""
+    for family in families:
+        if family.type in _CREATED_TYPES:
+            created = family.name + "_created"
+            samples = [sample for sample in family.samples if sample.name != created]
+            if len(samples) != len(family.samples):
+                if not samples:
+                    continue  # a `?name[]=x_created` scrape: not even its HELP and TYPE
+                family = copy.copy(family)
+                family.samples = samples
+        yield family
+
+
+class _Registry(CollectorRegistry):
+    """A CollectorRegistry whose collect() (and `?name[]=` restricted views) leave the
+    `_created` samples out; registering, and every name, as in its base."""
+
+    def collect(self) -> Iterable[Metric]:
+        return _without_created(super().collect())
+
+    def restricted_registry(self, names: Iterable[str]) -> _Restricted:
+        return _Restricted(super().restricted_registry(names))
+
+
+class _Restricted:
+    """A restricted view (the HTTP server's, for `?name[]=`), less the `_created` samples:
+    RestrictedRegistry reads the collectors itself, not through _Registry.collect()."""
+
+    def __init__(self, restricted: RestrictedRegistry) -> None:
+        self._restricted = restricted
+
+    def collect(self) -> Iterable[Metric]:
+        return _without_created(self._restricted.collect())
+
+
 class GpuMemory(Protocol):
     """What metrics read from `gpu.GpuInfo` (duck-typed, so tests need no NVML)."""
 
@@ -110,7 +162,7 @@ class LogFigures(Protocol):
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry: CollectorRegistry = _Registry(auto_describe=True)  # no `_created` (_Registry)
         r = self.registry
         # What prometheus-client serves by default (and so vLLM's /metrics): process_* (CPU,
         # memory, open files) and python_gc_* (passes by generation: interpreter.py's

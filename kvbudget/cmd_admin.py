@@ -37,6 +37,7 @@ from kvbudget.target import (
     resolve_token,
     rpc_error_line,
 )
+from kvbudget.tenants import tenants_folded  # shared with the dashboard (no textual)
 
 if TYPE_CHECKING:
     import grpc
@@ -292,14 +293,6 @@ def status_fields(s: Any) -> dict[str, Any]:
             for e in s.engines
         ],
     }
-
-
-def tenants_folded(s: Any) -> int:
-    """How many tenants the snapshot's last entry ("(other)") sums when the daemon cut its
-    list; 0 when the list has them all (as tui.state.tenants_folded; not imported from there,
-    so that `admin` loads no dashboard code)."""
-    left_out = s.num_tenants - len(s.tenants)
-    return left_out + 1 if left_out > 0 and s.tenants else 0
 
 
 def _tenant_fields(t: Any) -> dict[str, Any]:

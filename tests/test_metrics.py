@@ -394,10 +394,9 @@ def test_the_operators_guide_table_lists_every_metric_with_its_type() -> None:
     metrics.set_certificate_expiry(1_800_000_000.0)
     metrics.set_client_ca_expiry(1_800_000_000.0)
     families = list(text_string_to_metric_families(metrics.render().decode()))
-    # prometheus-client's own `_created` companions of counters and histograms are no metric of ours.
-    with_created = {f.name + "_created" for f in families if f.type in ("counter", "histogram")}
+    # (No `_created` companion of a counter or histogram is exported: nothing to leave out.)
     exposed = {f.name + ("_total" if f.type == "counter" else ""): f.type for f in families
-               if f.name.startswith("kvbudget_") and f.name not in with_created}
+               if f.name.startswith("kvbudget_")}
     assert documented == exposed
 
 
@@ -420,3 +419,98 @@ def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
     assert value(metrics, "kvbudget_gpu_present") == 0.0
     assert value(metrics, "kvbudget_decision_log_unwritten_decisions") == 0.0
     assert metrics.render().decode().count("# TYPE kvbudget_num_blocks gauge") == 1
+
+
+# Every sample name of ours in the exposition (with TLS, mutual TLS, a GPU and the log's
+# figures), as operators' dashboards and alerts name them: none may go or change.
+EXPOSED_NAMES = {
+    "kvbudget_blocks", "kvbudget_build_info", "kvbudget_decision_latency_seconds_bucket",
+    "kvbudget_decision_latency_seconds_count", "kvbudget_decision_latency_seconds_sum", "kvbudget_decision_log_bytes",
+    "kvbudget_decision_log_rows_total", "kvbudget_decision_log_stall_seconds_total",
+    "kvbudget_decision_log_stalls_total", "kvbudget_decision_log_unwritten_decisions",
+    "kvbudget_decision_log_wal_resets_total", "kvbudget_decisions_total", "kvbudget_gpu_memory_bytes",
+    "kvbudget_gpu_present", "kvbudget_group_blocks", "kvbudget_group_blocks_reclaimed_total",
+    "kvbudget_kv_cache_usage_perc", "kvbudget_num_blocks", "kvbudget_num_preemptions_total",
+    "kvbudget_num_requests_running", "kvbudget_num_requests_waiting", "kvbudget_policy",
+    "kvbudget_prefix_cache_hits_total", "kvbudget_prefix_cache_queries_total", "kvbudget_tenant_blocks",
+    "kvbudget_tenant_requests", "kvbudget_tls_certificate_expiry_timestamp_seconds",
+    "kvbudget_tls_client_ca_expiry_timestamp_seconds",
+}
+
+
+def full_metrics() -> Metrics:
+    metrics = Metrics()
+    metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
+    metrics.update(snapshot(), FakeGpu(), FakeLog())
+    metrics.set_certificate_expiry(1_800_000_000.0)
+    metrics.set_client_ca_expiry(1_800_000_000.0)
+    return metrics
+
+
+def exposition_names(text: str) -> tuple[set[str], set[str]]:
+    """(the names on HELP/TYPE/UNIT lines, the names of the sample lines) of an exposition,
+    text or OpenMetrics format."""
+    described: set[str] = set()
+    sampled: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("# HELP ", "# TYPE ", "# UNIT ")):
+            described.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            sampled.add(line.split("{")[0].split(" ")[0])
+    return described, sampled
+
+
+def test_no_created_series_and_every_other_series_kept() -> None:
+    """prometheus-client adds a `*_created` gauge beside each counter and histogram: clutter
+    that vLLM's /metrics users don't see. It is left out; every series of ours stays."""
+    import sys
+
+    from kvbudget.daemon.metrics import DECISION_PAIRS, LATENCY_BUCKETS_S
+
+    metrics = full_metrics()
+    text = metrics.render().decode()
+    described, sampled = exposition_names(text)
+    assert sorted(name for name in described | sampled if name.endswith("_created")) == []
+    assert {name for name in sampled if name.startswith("kvbudget_")} == EXPOSED_NAMES
+    # Every series, labels and all, not only every name.
+    lines = text.splitlines()
+    assert sum(line.startswith("kvbudget_decisions_total{") for line in lines) == len(DECISION_PAIRS)
+    assert sum(line.startswith("kvbudget_decision_latency_seconds_bucket{") for line in lines) == (
+        len(LATENCY_BUCKETS_S) + 1)
+    assert 'kvbudget_num_preemptions_total{reason="growth"} 1.0' in lines
+    assert "kvbudget_decision_log_stall_seconds_total 0.25" in lines
+    assert "kvbudget_decision_latency_seconds_count 1.0" in lines
+    # The exporter's usual series (they have no `_created` either way), as vLLM's.
+    assert {"python_gc_collections_total", "python_gc_objects_collected_total", "python_info"} <= sampled
+    if sys.platform.startswith("linux"):
+        assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} <= sampled
+    # The registry's own view (what get_sample_value reads) is the exposition's.
+    assert value(metrics, "kvbudget_decisions_created", kind="preempt", reason="growth") is None
+    assert value(metrics, "kvbudget_decisions_total", kind="preempt", reason="growth") == 1.0
+
+
+def test_no_created_series_over_http_in_either_format_or_by_name() -> None:
+    """What /metrics serves: the text format, OpenMetrics (where `_created` is part of the
+    counter's family) and a scrape that names the series it wants (`?name[]=`)."""
+    metrics = full_metrics()
+    port = metrics.start_http("127.0.0.1", 0)
+
+    def scrape(query: str = "", accept: str | None = None) -> str:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics{query}")
+        if accept is not None:
+            request.add_header("Accept", accept)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.read().decode()
+
+    try:
+        for accept in (None, "application/openmetrics-text; version=1.0.0"):
+            described, sampled = exposition_names(scrape(accept=accept))
+            assert sorted(name for name in described | sampled if name.endswith("_created")) == [], accept
+            assert {name for name in sampled if name.startswith("kvbudget_")} == EXPOSED_NAMES, accept
+            named = scrape("?name[]=kvbudget_decisions_created&name[]=kvbudget_decisions_total"
+                           "&name[]=kvbudget_decision_latency_seconds_created", accept)
+            described, sampled = exposition_names(named)
+            assert sampled == {"kvbudget_decisions_total"}, (accept, named)
+            assert not any(name.startswith("kvbudget_decision_latency") for name in described), (accept, named)
+    finally:
+        metrics.stop()

@@ -147,3 +147,39 @@ def test_the_count_crosses_the_wire():
     small = common_pb2.Snapshot.FromString(convert.snapshot_to_proto(make(8).snapshot(1.0)).SerializeToString())
     assert (small.num_tenants, len(small.tenants)) == (0, 0)
     assert convert.snapshot_to_proto(six_tenants().snapshot(0.0)).num_tenants == 7
+
+
+def test_the_folded_count_is_read_one_way_by_the_cli_and_the_dashboard():
+    """`kvbudget admin status` and the dashboard both say how many tenants "(other)" sums:
+    one definition, in a module neither textual nor the daemon comes with."""
+    import kvbudget.cmd_admin
+    import kvbudget.tenants
+    import kvbudget.tui.panels
+    import kvbudget.tui.state
+    from kvbudget.tenants import tenants_folded
+
+    assert kvbudget.cmd_admin.tenants_folded is tenants_folded
+    assert kvbudget.tui.panels.tenants_folded is tenants_folded
+    assert not hasattr(kvbudget.tui.state, "tenants_folded")  # no second copy to drift
+
+    def snap(num_tenants: int, listed: int) -> common_pb2.Snapshot:
+        s = common_pb2.Snapshot(num_tenants=num_tenants)
+        for i in range(listed - 1 if num_tenants > listed else listed):
+            s.tenants.add(tenant=f"t{i}")
+        if num_tenants > listed:
+            s.tenants.add(tenant=OTHER_TENANTS)
+        return s
+
+    assert tenants_folded(snap(0, 0)) == 0  # no tenant at all
+    assert tenants_folded(snap(0, 3)) == 0  # an older daemon sends no count: its list is whole
+    assert tenants_folded(snap(3, 3)) == 0  # whole
+    # 10 tenants, 4 entries: 3 named, "(other)" sums the 7 others.
+    assert tenants_folded(snap(10, 4)) == 7
+    assert tenants_folded(common_pb2.Snapshot(num_tenants=5)) == 0  # a count, but no list to fold into
+    # Over the wire, from the daemon's own cut list: big and 98 named, 7 summed.
+    ctrl = make(8)
+    ctrl.submit(req("big1", 4, "big"), 0.0)
+    for i in range(MAX_SNAPSHOT_TENANTS + 5):
+        ctrl.submit(req(f"w{i}", 8, f"user-{i:03d}"), 0.0)
+    back = common_pb2.Snapshot.FromString(convert.snapshot_to_proto(ctrl.snapshot(1.0)).SerializeToString())
+    assert tenants_folded(back) == 7 == back.tenants[-1].waiting

@@ -43,3 +43,18 @@ def test_the_daemon_pulls_in_no_textual():
     )
     assert "kvbudget.daemon.server" in loaded  # the import did happen
     assert "textual" not in roots(loaded)
+
+
+def test_the_admin_command_pulls_in_no_dashboard_code():
+    """`kvbudget admin status` reads the snapshot's tenant list as the dashboard does, from a
+    shared module (kvbudget.tenants), not from the dashboard's."""
+    loaded = modules_after("import kvbudget.cmd_admin")
+    assert "kvbudget.tenants" in loaded  # the import did happen
+    assert "textual" not in roots(loaded)
+    assert not {m for m in loaded if m.startswith(("kvbudget.tui", "kvbudget.daemon"))}
+
+
+def test_the_shared_tenant_reading_imports_nothing_of_the_project():
+    loaded = modules_after("import kvbudget.tenants")
+    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.tenants"}
+    assert not roots(loaded) & {"textual", "rich", "torch", "pynvml", "grpc", "google"}

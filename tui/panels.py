@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvbudget.tenants import tenants_folded
 from kvbudget.tui.drawing import (
     Blocks,
     Fitted,
@@ -34,7 +35,6 @@ from kvbudget.tui.state import (
     daemon_uptime_s,
     policy_name,
     pool_parts,
-    tenants_folded,
 )
 from kvbudget.tui.verdict import Bound, gib, verdict
 from kvbudget.units import format_duration

@@ -192,14 +192,6 @@ def daemon_uptime_s(snapshot: common_pb2.Snapshot) -> float | None:
     return max(0.0, uptime)
 
 
-def tenants_folded(snapshot: common_pb2.Snapshot) -> int:
-    """How many tenants the snapshot's last entry stands for when the daemon cut its list
-    (that entry is "(other)", their sums); 0 when the list has them all (an older daemon
-    sends no count: its list has them all)."""
-    left_out = snapshot.num_tenants - len(snapshot.tenants)
-    return left_out + 1 if left_out > 0 and snapshot.tenants else 0
-
-
 def decision_matches(m: common_pb2.Decision, query: str) -> bool:
     """The `/` filter: every word must appear in kind, reason, request, engine or tenant."""
     return words_match((kind_name(m.kind), m.reason, m.request_id, m.engine_id, m.tenant), query)
