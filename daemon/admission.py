@@ -216,12 +216,16 @@ class AdmissionController:
         else:
             self._enqueue(r, now, preempted=False)
             decision = None
-            for candidate in self._candidates(now):
+            quota_held: set[str] = set()
+            for candidate in self._candidates(now, quota_held):
                 if candidate is r:
                     decision = self._try_admit(r, now)
                     break
             else:
-                r.wait_reason = Reason.QUEUE_AHEAD
+                if tenant in quota_held:  # passed over with its tenant's other requests
+                    decision = self._wait_for_quota(r, now)
+                else:
+                    r.wait_reason = Reason.QUEUE_AHEAD
         if decision is None:
             limit = self.config.max_queue_len
             deadline = request.deadline_s
@@ -505,17 +509,48 @@ class AdmissionController:
         r.queued = False
         self.ledger.tenants[r.tenant].waiting -= 1
 
-    def _candidates(self, now: float):
-        """The head, then (unless it has waited past max_head_wait_s) up to backfill_depth more."""
-        order = self._queue.in_order(self.ledger.tenants)
-        head = next(order, None)
-        if head is None:
-            return
-        yield head
-        if now - head.queued_at > self.config.max_head_wait_s:
-            return
-        for _, r in zip(range(self.config.backfill_depth), order):
+    def _candidates(self, now: float, quota_held: set[str]):
+        """The head, then (unless it has waited past max_head_wait_s) up to backfill_depth more.
+
+        A request its tenant's quota holds back (refused `tenant_quota` when last tried)
+        neither counts in the depth nor stops the pass by its age, and its tenant's later
+        requests are passed over in this pass (its tenant is added to `quota_held`, which
+        the queue leaves out as it goes): a tenant waits for its quota in its own order, and
+        backfill and aging are about the pool's blocks, which passing it takes nothing
+        from. Else a tenant at its quota held every other tenant back, behind
+        backfill_depth of its requests or behind one that had waited max_head_wait_s,
+        while most of the pool was free. (The consumer tries each candidate before asking
+        for the next, so the reason read after a yield is that try's; a candidate not
+        tried keeps its last one.)"""
+        depth = self.config.backfill_depth
+        head: RequestState | None = None
+        tried = 0
+        for r in self._queue.in_order(self.ledger.tenants, skip=quota_held):
+            if head is not None and tried >= depth:
+                return
             yield r
+            if r.wait_reason is TENANT_QUOTA:
+                quota_held.add(r.spec.tenant)
+            elif head is None:
+                head = r
+                # Aging guards the head of the queue; behind a request held by its quota,
+                # backfill goes on (as it did while that request was young).
+                if not quota_held and now - r.queued_at > self.config.max_head_wait_s:
+                    return
+            else:
+                tried += 1
+
+    def _wait_for_quota(self, r: RequestState, now: float) -> Decision | None:
+        """REJECT `r` if it can never be admitted (bigger than its tenant's quota, or the
+        pool); else None: it waits, reason `tenant_quota`, behind its tenant's requests
+        that wait for the quota (never admitted past them, whatever the pool has)."""
+        policy = self.policy
+        fit = self._fit
+        refusal = fit.refusal(r, fit.plan(r, policy), policy, bool(self._running))
+        if refusal is not None and refusal.final:
+            return self._reject(r, refusal.reason, now, refusal.detail)
+        r.wait_reason = TENANT_QUOTA
+        return None
 
     def _admit_from_queue(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
@@ -523,7 +558,7 @@ class AdmissionController:
         changed = True
         while changed and self._queue:
             changed = False
-            for r in self._candidates(now):
+            for r in self._candidates(now, set()):
                 if r.failed_epoch == self._epoch and self.ledger.spare <= r.failed_spare:
                     # Lacked blocks last time and none came back since: same answer, and
                     # a prefix lookup of a long prompt is not free. (A prefix published

@@ -21,7 +21,7 @@ import heapq
 from collections import Counter
 from bisect import bisect_left, insort
 from itertools import chain
-from collections.abc import Iterator
+from collections.abc import Iterator, Set as AbstractSet
 from dataclasses import dataclass, field
 
 from kvbudget.daemon.requests import RequestState
@@ -164,9 +164,14 @@ class WaitingQueue:
                 out.append(request)
         return out
 
-    def in_order(self, tenants: dict[str, TenantAccount]) -> Iterator[RequestState]:
+    def in_order(
+        self, tenants: dict[str, TenantAccount], skip: AbstractSet[str] | None = None
+    ) -> Iterator[RequestState]:
         """Waiting requests, best first (see the module docstring). Lazy: taking the first
-        k costs O(k log k) once the heads are in place, whatever the number of tenants."""
+        k costs O(k log k) once the heads are in place, whatever the number of tenants.
+        A tenant put in `skip` while this runs is left out from then on (its remaining
+        requests are not walked: a tenant with thousands waiting for its quota costs a
+        pass nothing more)."""
         changed = self.usage_changed
         if changed:
             usage = self._usage
@@ -176,10 +181,18 @@ class WaitingQueue:
             changed.clear()
         lists = self._by_tenant
         if len(lists) == 1:
-            return iter(next(iter(lists.values())))
-        return self._merged()
+            waiting = next(iter(lists.values()))
+            return iter(waiting) if skip is None else self._one_tenant(waiting, skip)
+        return self._merged(skip)
 
-    def _merged(self) -> Iterator[RequestState]:
+    @staticmethod
+    def _one_tenant(waiting: list[RequestState], skip: AbstractSet[str]) -> Iterator[RequestState]:
+        for r in waiting:
+            if r.spec.tenant in skip:
+                return  # (every request here is of that tenant)
+            yield r
+
+    def _merged(self, skip: AbstractSet[str] | None = None) -> Iterator[RequestState]:
         """The tenants' lists merged by (priority, class, usage, arrival): a heap of the
         tenants already reached, fed from the sorted heads only when the next head is
         better than anything in it."""
@@ -195,6 +208,8 @@ class WaitingQueue:
             if not heap:
                 return
             _, tenant, i = heapq.heappop(heap)
+            if skip is not None and tenant in skip:
+                continue  # dropped from the merge, its next request never pushed
             waiting = lists[tenant]
             yield waiting[i]
             if i + 1 < len(waiting):

@@ -12,6 +12,15 @@ prompt_tokens, output_tokens; gzip-compressed or not) or a shipped trace name: `
 --start and --limit pick from that order.
 Offline, the admission core runs in this process; live, the daemon at --target decides,
 and its model, pool and limits come from its pool plan (the offline-only flags are refused).
+
+Offline and live decide alike for the same trace, policy, model, pool and
+--grow-ahead-blocks (whose defaults differ: 4 offline, 16 live), on a fresh daemon with
+default admission settings, but for two things a live run cannot replay. The daemon
+keeps time by its own clock: max_head_wait_s (aging: 30 s, after which nothing passes
+the queue's head) counts wall seconds there, trace seconds offline, so at --speed X it
+starts X times later in the trace, and never in a run --as-fast-as-possible. And a
+daemon remembers: a predictive daemon's output lengths, and the prefix cache's
+blocks, from what it served before.
 """
 
 from __future__ import annotations

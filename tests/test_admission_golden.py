@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_admission_support import B, SMALL_LAYOUTS  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "admission_golden.json"
-CALLS = 100  # per scenario; 2 layouts x 4 policies = 800 calls
+CALLS = 150  # per scenario; 2 layouts x 4 policies = 1,200 calls
 FIELDS = tuple(f.name for f in dataclasses.fields(Decision))
 SCENARIOS = [(layout, policy) for layout in ("hybrid", "full") for policy in POLICIES]
 

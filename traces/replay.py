@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.records import Decision, DecisionKind, Reason
-from kvbudget.daemon.requests import Status
 from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
 from kvbudget.traces.loaders import TraceRequest
@@ -46,10 +45,12 @@ class ReplaySetup:
 
 
 class ControllerBackend:
-    """The admission controller in this process, applying ops as the daemon's Step does.
-
-    Like the daemon, a progress or grow of a request that is no longer running (another
-    op preempted it) is skipped, and a finish of a now-waiting request aborts it.
+    """The admission controller in this process, applying ops as the daemon's Step does
+    (core_service.apply_step), so offline and live count the same decisions: a grow of a
+    request that is no longer running (an earlier op preempted it) is answered DENY
+    not_running, its progress is ignored, and a finish of it ends it in the queue — the
+    controller's own answers, as the daemon passes the ops on. (Skipping such grows here
+    left one DENY per same-step preemption out of the offline counts.)
     """
 
     def __init__(self, controller: AdmissionController) -> None:
@@ -65,23 +66,17 @@ class ControllerBackend:
         out: list[Decision] = []
         c.hold_queue()  # the queue gets what the running requests leave, as the daemon's Step
         for request_id in ops.finishes:
-            out += c.finish(request_id, now) if self._running(request_id) else c.abort(request_id, now)
+            out += c.finish(request_id, now)
         for request_id in ops.aborts:
             out += c.abort(request_id, now)
         for request_id, computed in ops.progress:
-            if self._running(request_id):
-                out += c.progress(request_id, computed, now)
+            out += c.progress(request_id, computed, now)  # waiting: ignored
         for request_id, num_tokens in ops.grows:
-            if self._running(request_id):
-                out += c.grow(request_id, num_tokens, now)
+            out += c.grow(request_id, num_tokens, now)  # waiting: DENY not_running
         out += c.release_queue(now)
         for spec in ops.submits:
             out += c.submit(spec, now)
         return out
-
-    def _running(self, request_id: str) -> bool:
-        # Another engine's call may have preempted it since this engine last heard.
-        return self.controller.request(request_id).status is Status.RUNNING
 
     def poll(self, engine_id: str, now: float) -> list[Decision]:
         return []
