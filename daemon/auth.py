@@ -9,7 +9,10 @@ for the Docker or containerd sockets. Calls over TCP must carry `authorization: 
   admin     everything, including policy switches, quotas and drain
 
 Tokens are compared in constant time (hmac.compare_digest) against every known token,
-so the time a failed check takes says nothing about how close a guess was.
+so the time a failed check takes says nothing about how close a guess was. A call with
+two `authorization` headers, or one that is not `Bearer <token>`, is UNAUTHENTICATED: which
+of two decides would depend on their order (or on a proxy that added one), and a header
+sent but unreadable is not taken as none sent. No refusal quotes what was sent.
 
 With mutual TLS (`tls_client_ca_file`) every TCP caller has a certificate the CA signed;
 the tokens file's `[certificates]` table may give a role to a certificate's name (its
@@ -59,8 +62,26 @@ def bearer_token(metadata: object) -> str | None:
     return None
 
 
+_SHAPE = "expected one 'authorization: Bearer <token>' header"
+
+
+def _header_problem(metadata: object) -> str | None:
+    """What is wrong with the call's `authorization` headers, if anything: sent twice (which
+    one decides would depend on their order, or on a proxy that added one), or not of the
+    `Bearer <token>` shape. None: no header, or one well-formed. Never quotes the header:
+    it may hold a secret."""
+    values = [value for key, value in metadata or () if key.lower() == "authorization"]
+    if len(values) > 1:
+        return f"authorization: sent {len(values)} times ({_SHAPE})"
+    if values and bearer_token(metadata) is None:
+        return f"authorization: not a bearer token ({_SHAPE})"
+    return None
+
+
 def is_local_peer(peer: str) -> bool:
-    return peer.startswith("unix:") or peer.startswith("unix-abstract:")
+    # (gRPC names a unix socket's peer "unix:"; abstract sockets, which have no file mode
+    # to guard them, are refused by the config's listen check)
+    return peer.startswith("unix:")
 
 
 class Authorizer:
@@ -92,6 +113,11 @@ class Authorizer:
         """`peer_names`: the names in the caller's verified client certificate (mutual TLS)."""
         if self._trust_tcp or is_local_peer(peer):
             return Role.ADMIN
+        problem = _header_problem(metadata)
+        if problem is not None:
+            # Refused before a certificate's name is looked at: a credential sent decides,
+            # and one that cannot be read is not taken as none sent.
+            raise AuthError(grpc.StatusCode.UNAUTHENTICATED, problem)
         token = bearer_token(metadata)
         if token is None:
             names = self._names

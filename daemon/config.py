@@ -527,6 +527,12 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
     if len(set(c.listen)) != len(c.listen):
         raise fail("listen", "lists the same address twice")
     for address in c.listen:
+        if address.startswith("unix-abstract:"):
+            # Its callers are trusted as a socket file's are (gRPC names both peers "unix:"),
+            # but it has no file mode to keep anyone out: any process on the host could
+            # connect, from any user or any container sharing the network namespace.
+            raise fail("listen", f"{address!r}: an abstract unix socket has no file permissions, so anyone on "
+                       "the host could connect as admin; use a unix:///PATH socket")
         kind = listen_kind(address)
         if kind is None:
             raise fail("listen", f"bad address {address!r} (expected unix:///PATH or HOST:PORT)")
@@ -708,6 +714,25 @@ def load_roles(path: str | os.PathLike[str]) -> Roles:
                           source=source)
     tokens = _by_role(document, "", "token", _token_problem, source)
     return Roles(tokens, _by_role(names, f"{CERTIFICATES_TABLE}.", "certificate name", _name_problem, source))
+
+
+def tokens_file_warnings(path: str | os.PathLike[str], roles: Roles) -> list[str]:
+    """What the daemon takes but says about the tokens file (at start, on reload, and in
+    --check-config): one that lists nothing (every TCP caller will be refused: failing
+    closed is deliberate, but it is rarely what was meant), or one every user of the host
+    may read (the tokens are the keys to the daemon; the guide asks for mode 0640)."""
+    warnings = []
+    if not roles.tokens and not roles.certificate_names:
+        warnings.append(f"tokens_file: {path} lists no token and no certificate name: every TCP caller "
+                        "will be refused (UNAUTHENTICATED)")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if mode & 0o004:
+        warnings.append(f"tokens_file: {path} is readable by every user (mode {mode & 0o777:04o}): "
+                        "make it 0640, owned by root and the daemon's group")
+    return warnings
 
 
 def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -17,13 +17,22 @@ and the daemon runs in accounting-only mode.
 
 Layout inside the buffer: block-major, `[num_blocks][layers_per_group][page_size_bytes]`,
 block 0 being the null block (see `page_layout`).
+
+A CPU pool's segment is named `kvbudget_<pid>_<random>` and its daemon holds an flock on it
+for its whole life. Python's resource tracker unlinks it if the daemon alone is killed, but
+not when the tracker dies with it (SIGKILL of the whole cgroup, the OOM killer): then the
+next CPU pool allocated removes such a leftover (creator gone, lock free), as the daemon
+does with a stale socket, instead of leaving its written pages in tmpfs for good.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
+import logging
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -31,11 +40,15 @@ from typing import Any
 
 SHM_DIR = "/dev/shm"
 SHM_MODE = 0o660  # the CPU pool: the daemon's user and group read and write it, as its socket
+SHM_NAME = re.compile(r"kvbudget_(?P<pid>\d+)_[0-9a-f]{8}")  # what _allocate_shared_cpu names
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+log = logging.getLogger("kvbudget.daemon")
 
 
 class PoolMemoryError(Exception):
-    """The pool cannot be allocated as asked (too big for the device or /dev/shm, bad device)."""
+    """The pool cannot be allocated as asked (too big for the device or /dev/shm, bad device),
+    or an engine cannot map it (no name in the plan, segment gone, wrong device)."""
 
 
 def page_layout(num_blocks: int, layers_per_group: int, page_size_bytes: int) -> str:
@@ -108,6 +121,9 @@ def _allocate_cuda(torch: Any, size_bytes: int, device: str, layout: str) -> Poo
         raise PoolMemoryError(f"device {device!r} asked for, but torch sees no CUDA device")
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:  # (torch would only say "invalid device ordinal", with a traceback)
+        raise PoolMemoryError(f"device cuda:{index} asked for, but torch sees {count} CUDA device(s)")
     try:
         tensor = torch.empty(size_bytes, dtype=torch.uint8, device=f"cuda:{index}")
     except torch.cuda.OutOfMemoryError as exc:
@@ -117,6 +133,14 @@ def _allocate_cuda(torch: Any, size_bytes: int, device: str, layout: str) -> Poo
     #  event_handle, event_sync_required): the handle names the caching allocator's whole
     # segment; our buffer starts offset_bytes into it.
     handle, offset = bytes(share[1]), int(share[3])
+    if len(handle) != CUDA_IPC_HANDLE_BYTES:
+        # Expandable segments share another kind of handle, which cudaIpcOpenMemHandle (and
+        # so every engine) refuses: say it once here rather than to every engine later.
+        raise PoolMemoryError(
+            f"torch shares the pool on cuda:{index} with a {len(handle)}-byte handle, not a "
+            f"{CUDA_IPC_HANDLE_BYTES}-byte cudaIpcMemHandle_t engines can open: turn off expandable "
+            "segments for the daemon (PYTORCH_CUDA_ALLOC_CONF without expandable_segments:True)"
+        )
     return PoolMemory(
         device=f"cuda:{index}",
         size_bytes=size_bytes,
@@ -130,6 +154,9 @@ def _allocate_cuda(torch: Any, size_bytes: int, device: str, layout: str) -> Poo
 
 def _allocate_shared_cpu(torch: Any, size_bytes: int, layout: str) -> PoolMemory:
     if os.path.isdir(SHM_DIR):
+        for name, stale_bytes in remove_stale_segments():  # first: their space counts below
+            log.warning("removed stale pool segment %s/%s (%d bytes): its daemon stopped without "
+                        "removing it", SHM_DIR, name, stale_bytes)
         stats = os.statvfs(SHM_DIR)
         available = stats.f_bavail * stats.f_frsize
         if size_bytes > available:
@@ -142,17 +169,74 @@ def _allocate_shared_cpu(torch: Any, size_bytes: int, layout: str) -> PoolMemory
     # Python creates it 0600: only the daemon's user could map it. Engines run as other
     # users in the daemon's group (the systemd unit's socket is 0660 for them): same here.
     os.fchmod(shm._fd, SHM_MODE)  # type: ignore[attr-defined]
+    # Held while the segment is open here (the OS drops it when this process dies): the mark
+    # by which the next daemon tells this live segment from a stale one.
+    fcntl.flock(shm._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[attr-defined]
     tensor = torch.frombuffer(shm.buf, dtype=torch.uint8, count=size_bytes)
     return PoolMemory(
         device="cpu", size_bytes=size_bytes, shm_name=shm.name, layout=layout, tensor=tensor, _shm=shm
     )
 
 
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[tuple[str, int]]:
+    """Unlink the CPU pool segments that daemons left behind; returns (name, size) of each.
+
+    Stale means both: the pid in its name is gone, and no process holds the segment's lock
+    (a live daemon in another PID namespace sharing /dev/shm still holds it). Engines that
+    still map a removed segment keep their mapping; only the name goes."""
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = SHM_NAME.fullmatch(name)
+        if match is None or _process_exists(int(match["pid"])):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile, or another user's
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            size = os.fstat(fd).st_size
+            os.unlink(path)
+        except OSError:
+            continue  # locked: its daemon lives; or not ours to unlink
+        finally:
+            os.close(fd)
+        removed.append((name, size))
+    return removed
+
+
 # --------------------------------------------------------------------- the engine's side
 def map_shared_memory(shm_name: str) -> shared_memory.SharedMemory:
     """Attach to a CPU pool by name (the engine's side). The daemon owns the name: attaching
     must not register it for clean-up, or this process's exit would unlink the daemon's pool."""
-    shm = shared_memory.SharedMemory(name=shm_name, create=False)
+    if not shm_name:
+        raise PoolMemoryError(
+            "no shm_name: the plan has no CPU pool (accounting mode: no memory at all; a GPU pool: "
+            "use map_cuda_pool)"
+        )
+    try:
+        shm = shared_memory.SharedMemory(name=shm_name, create=False)
+    except FileNotFoundError:
+        raise PoolMemoryError(
+            f"no shared-memory segment {shm_name} in {SHM_DIR}: the daemon that named it has stopped "
+            "(open a new session for the current plan), or this process has another /dev/shm "
+            "(a container or a service with PrivateIPC / PrivateDevices)"
+        ) from None
     try:  # Python < 3.13 registers every attach with the resource tracker
         from multiprocessing import resource_tracker
 
@@ -208,6 +292,11 @@ def map_cuda_pool(handle: bytes, offset_bytes: int, size_bytes: int, device_inde
     base = ctypes.c_void_p()
     raw = _CudaIpcHandle()
     ctypes.memmove(ctypes.addressof(raw), handle, CUDA_IPC_HANDLE_BYTES)
+    # The cudart found here may be another copy than torch's, with its own current device
+    # (0): open the handle on the device the caller named, not wherever that copy points.
+    status = cudart.cudaSetDevice(device_index)
+    if status != 0:
+        raise PoolMemoryError(f"cudaSetDevice({device_index}) failed with CUDA error {status}")
     cuda_ipc_mem_lazy_enable_peer_access = 1
     status = cudart.cudaIpcOpenMemHandle(ctypes.byref(base), raw, cuda_ipc_mem_lazy_enable_peer_access)
     if status != 0:
@@ -221,4 +310,12 @@ def map_cuda_pool(handle: bytes, offset_bytes: int, size_bytes: int, device_inde
             "version": 2,
         }
 
-    return torch.as_tensor(_Mapped(), device=f"cuda:{device_index}")
+    pool = torch.as_tensor(_Mapped(), device=f"cuda:{device_index}")
+    # as_tensor copies when the pointer is on another device than asked: the engine would
+    # then write into a private copy nobody else sees.
+    if pool.data_ptr() != base.value + offset_bytes:
+        raise PoolMemoryError(
+            f"the pool's memory is not on cuda:{device_index} as mapped; pass the device_index "
+            "of the daemon's GPU as this process numbers it"
+        )
+    return pool

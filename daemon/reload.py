@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvbudget.daemon.config import ConfigError, DaemonConfig, Roles, TenantQuota, load_roles
+from kvbudget.daemon.config import ConfigError, DaemonConfig, Roles, TenantQuota, load_roles, tokens_file_warnings
 from kvbudget.daemon.tls import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
 
 # AdmissionController.retune's keyword arguments, the config's field names
@@ -48,6 +48,7 @@ class ReloadPlan:
     roles: Roles | None  # the tokens file's tokens and certificate names
     certificate: CertificatePair | None = None
     client_ca: ClientAuthority | None = None
+    warnings: tuple[str, ...] = ()  # taken, but worth the journal's warning (tokens_file_warnings)
 
     @property
     def tokens(self) -> dict[str, str] | None:
@@ -65,6 +66,7 @@ def plan_reload(
     live: dict[str, object] = {}
     changes: list[str] = []
     at_restart: list[str] = []
+    warnings: list[str] = []
     roles: Roles | None = None
     certificate: CertificatePair | None = None
     client_ca: ClientAuthority | None = None
@@ -96,6 +98,7 @@ def plan_reload(
                 at_restart.append(f.name)  # with tokens or without: TCP trusts callers or not
             elif after:
                 roles = load_roles(after)  # the file's contents may have changed, not its name
+                warnings.extend(tokens_file_warnings(after, roles))
                 names = f", certificate names: {len(roles.certificate_names)}" if roles.certificate_names else ""
                 changes.append(f"tokens from {after}: {len(roles.tokens)}{names}")
                 live[f.name] = after
@@ -111,7 +114,7 @@ def plan_reload(
         else:
             changes.append(f"{f.name} {_shown(before)} -> {_shown(after)}")
     return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), roles,  # type: ignore[arg-type]
-                      certificate, client_ca)
+                      certificate, client_ca, tuple(warnings))
 
 
 def _certificate_to_serve(loaded: DaemonConfig, served: CertificatePair | None) -> CertificatePair | None:

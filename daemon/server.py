@@ -44,7 +44,7 @@ from kvbudget import __version__
 from kvbudget.daemon import convert, sdnotify
 from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.auth import Authorizer
-from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles, parse_host_port
+from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles, parse_host_port, tokens_file_warnings
 from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
@@ -183,19 +183,29 @@ class Daemon:
         index = int(self.config.device.split(":")[1]) if ":" in self.config.device else 0
         return probe_gpu(index)
 
-    def _allocate_memory(self, setup: PoolSetup) -> object | None:
+    def _allocate_memory(self, setup: PoolSetup, gpu: object | None) -> object | None:
         if self.config.memory_mode != "owned":
+            log.info("pool memory: accounting only (memory_mode accounting: engines keep their own KV memory)")
             return None
         from kvbudget.daemon.pool_memory import PoolMemoryError, allocate_pool_memory, page_layout
 
         sized = setup.sizing
         layout = page_layout(sized.num_blocks, setup.model.layout.group_size, sized.page_size_bytes)
+        device = self.config.device
+        if device == "auto" and getattr(gpu, "present", False):
+            # The pool was sized from this GPU's memory: it goes there, or start-up fails
+            # saying why (a CPU-only torch), rather than land in /dev/shm at a GPU's size.
+            device = f"cuda:{getattr(gpu, 'index', 0)}"
         try:
-            memory = allocate_pool_memory(sized.pool_bytes, device=self.config.device, layout=layout)
+            memory = allocate_pool_memory(sized.pool_bytes, device=device, layout=layout)
         except PoolMemoryError as exc:
             raise StartupError(f"memory_mode owned: {exc} (or use --memory-mode accounting)") from None
         if memory is None:
             log.warning("torch is not available: accounting-only pool (engines keep their memory)")
+        elif memory.is_cuda:
+            log.info("pool memory: %d bytes on %s, shared with engines by CUDA IPC", memory.size_bytes, memory.device)
+        else:
+            log.info("pool memory: %d bytes of host shared memory /dev/shm/%s", memory.size_bytes, memory.shm_name)
         return memory
 
     def _build_server(self, core: CoreService, health: health_aio.HealthServicer) -> grpc.aio.Server:
@@ -239,6 +249,12 @@ class Daemon:
         )
         for address in config.listen:
             if listen_kind(address) == "unix":
+                path = _unix_path(address)
+                if path is not None:
+                    # Checked again right before the bind: gRPC unlinks whatever socket is at
+                    # the path, and start-up (the pool, CUDA, the log) can take minutes since
+                    # the first check, time enough for another daemon to bind and serve there.
+                    prepare_unix_socket(path)
                 try:
                     server.add_insecure_port(address)
                 except RuntimeError as exc:
@@ -370,6 +386,8 @@ class Daemon:
             logging.getLogger().setLevel(target.log_level.upper())
         self.config = target
         # (With only restart keys changed, "nothing changed" read against the warning below.)
+        for warning in plan.warnings:
+            log.warning("%s", warning)
         log.info("reloaded: %s", "; ".join(changes) or ("nothing applied live" if plan.at_restart else "nothing changed"))
         if plan.at_restart:
             log.warning("reload: %s changed; that takes a restart (systemctl restart kvbudget)",
@@ -437,6 +455,9 @@ class Daemon:
         from kvbudget.daemon.decision_schema import DecisionLogError
 
         config = self.config
+        if config.tokens_file:
+            for warning in tokens_file_warnings(config.tokens_file, self.roles):
+                log.warning("%s", warning)
         # Taken once, before the pool is sized (that can take a while): every snapshot of
         # this process carries it, and a watcher that sees it change knows it restarted.
         started_unix_s = time.time()
@@ -460,7 +481,7 @@ class Daemon:
         gpu = await asyncio.to_thread(self.probe_gpu)
         self._stop_if_asked()
         if gpu is None:
-            log.info("no GPU: device=cpu, the pool lives in host memory")
+            log.info("no GPU probed: device=cpu")
         elif not getattr(gpu, "present", False):
             log.warning("%s", getattr(gpu, "note", "") or "no GPU")
         try:
@@ -470,7 +491,7 @@ class Daemon:
         # A large pool can take a while to map; ask systemd for more start time rather than
         # be killed mid-allocation (a no-op outside systemd).
         sdnotify.extend_timeout(120)
-        memory = await asyncio.to_thread(self._allocate_memory, setup)
+        memory = await asyncio.to_thread(self._allocate_memory, setup, gpu)
         if memory is not None:
             stack.callback(memory.close)  # unlinks the shared-memory segment
         self._stop_if_asked()

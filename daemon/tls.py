@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import calendar
 import hashlib
+import logging
 import re
 import ssl
 import time
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+log = logging.getLogger("kvbudget.daemon")
 
 _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.DOTALL)
 
@@ -58,17 +61,25 @@ class CertificatePair:
     key_pem: bytes
     fingerprint: str  # SHA-256 of the first certificate, as `openssl x509 -fingerprint -sha256` shows it
     not_after_unix_s: float  # when the first certificate expires; 0.0: could not be read
+    # From when it is valid: before that every client refuses it as it does an expired one
+    # (a certificate issued ahead, or this host's clock behind). 0.0: could not be read.
+    not_before_unix_s: float = 0.0
 
     def __repr__(self) -> str:  # (the key stays out of logs and tracebacks)
         return f"CertificatePair({self.cert_file!r}, sha256 {self.fingerprint})"
 
     def describe(self) -> str:
-        """`PATH: sha256 AB:..., valid until 2026-12-31 23:59:59 UTC`, for the journal."""
+        """`PATH: sha256 AB:..., valid until 2026-12-31 23:59:59 UTC`, for the journal (with
+        `, not valid before ...` first while that is still to come)."""
+        ahead = f", not valid before {_utc(self.not_before_unix_s)}" if self.not_yet_valid(time.time()) else ""
         until = f", valid until {_utc(self.not_after_unix_s)}" if self.not_after_unix_s else ""
-        return f"{self.cert_file}: sha256 {self.fingerprint}{until}"
+        return f"{self.cert_file}: sha256 {self.fingerprint}{ahead}{until}"
 
     def expired(self, now: float) -> bool:
         return 0.0 < self.not_after_unix_s <= now
+
+    def not_yet_valid(self, now: float) -> bool:
+        return self.not_before_unix_s > now
 
 
 def _no_passphrase() -> bytes:
@@ -98,16 +109,22 @@ def read_pair(cert_file: str, key_file: str) -> CertificatePair:
         raise TlsError("tls_key_file", message) from None
     digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(certificates[0].decode("ascii"))).hexdigest().upper()
     fingerprint = ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
-    return CertificatePair(cert_file, cert_pem, key_pem, fingerprint, _expiry(certificates[0]))
+    not_before, not_after = _validity(certificates[0])
+    return CertificatePair(cert_file, cert_pem, key_pem, fingerprint, not_after, not_before)
+
+
+def _validity(certificate_pem: bytes) -> tuple[float, float]:
+    """(notBefore, notAfter) of one PEM certificate, as unix time; 0.0 for one that cannot be
+    read (OpenSSL parsed it all the same: it is served, its dates unknown)."""
+    try:
+        return _validity_unix_s(ssl.PEM_cert_to_DER_cert(certificate_pem.decode("ascii")))
+    except (IndexError, ValueError):
+        return 0.0, 0.0
 
 
 def _expiry(certificate_pem: bytes) -> float:
-    """notAfter of one PEM certificate, as unix time; 0.0 when it cannot be read (OpenSSL
-    parsed it all the same: it is served, its expiry unknown)."""
-    try:
-        return _not_after_unix_s(ssl.PEM_cert_to_DER_cert(certificate_pem.decode("ascii")))
-    except (IndexError, ValueError):
-        return 0.0
+    """notAfter of one PEM certificate, as unix time; 0.0 when it cannot be read."""
+    return _validity(certificate_pem)[1]
 
 
 def _utc(unix_s: float) -> str:
@@ -165,8 +182,13 @@ def _tlv(der: bytes, pos: int) -> tuple[int, int, int]:
 
 
 def _not_after_unix_s(der: bytes) -> float:
-    """X.509's validity.notAfter: Certificate = SEQUENCE { TBSCertificate = SEQUENCE {
-    [0] version (optional), serialNumber, signature, issuer, validity = SEQUENCE {
+    """X.509's validity.notAfter (`_validity_unix_s`)."""
+    return _validity_unix_s(der)[1]
+
+
+def _validity_unix_s(der: bytes) -> tuple[float, float]:
+    """X.509's validity (notBefore, notAfter): Certificate = SEQUENCE { TBSCertificate =
+    SEQUENCE { [0] version (optional), serialNumber, signature, issuer, validity = SEQUENCE {
     notBefore, notAfter }, ... }, ... }. The `ssl` module has no public way to read it
     for a certificate that is not a CA's."""
     _, certificate, _ = _tlv(der, 0)
@@ -177,7 +199,12 @@ def _not_after_unix_s(der: bytes) -> float:
     for _ in range(3):  # serialNumber, signature, issuer
         position = _tlv(der, position)[2]
     _, validity, _ = _tlv(der, position)
-    tag, start, end = _tlv(der, _tlv(der, validity)[2])  # past notBefore
+    not_before = _tlv(der, validity)
+    return _asn1_time(der, *not_before), _asn1_time(der, *_tlv(der, not_before[2]))
+
+
+def _asn1_time(der: bytes, tag: int, start: int, end: int) -> float:
+    """A UTCTime or GeneralizedTime element's contents, as unix time."""
     text = der[start:end].decode("ascii")
     if tag == 0x17:  # UTCTime, YYMMDDHHMMSSZ: years 1950-2049
         year, rest = int(text[:2]), text[2:]
@@ -215,6 +242,7 @@ class ServedCertificate:
         self.pair = pair
         self.client_ca = client_ca
         self._configuration = _configuration(pair, client_ca)
+        _warn_if_not_yet_valid(pair)
 
     def credentials(self) -> grpc.ServerCredentials:
         """Credentials for ONE listener: each notes which configuration it last took, so
@@ -244,4 +272,14 @@ class ServedCertificate:
         pair = pair if pair is not None else self.pair
         client_ca = client_ca if client_ca is not None else self.client_ca
         self._configuration = _configuration(pair, client_ca)
+        if pair is not self.pair:
+            _warn_if_not_yet_valid(pair)
         self.pair, self.client_ca = pair, client_ca
+
+
+def _warn_if_not_yet_valid(pair: CertificatePair) -> None:
+    """Said when a pair starts being served: clients refuse it until its notBefore, and
+    "valid until" alone would read as all is well."""
+    if pair.not_yet_valid(time.time()):
+        log.warning("tls certificate %s is not valid before %s: clients refuse it until then (a certificate "
+                    "issued ahead of time, or this host's clock behind)", pair.cert_file, _utc(pair.not_before_unix_s))

@@ -156,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
             f"listen {', '.join(config.listen)}{tcp_access(config)}, log {config.db_path} "
             f"(kept: {_retention(config)})"
         )
+        if config.tokens_file:
+            from kvbudget.daemon.config import tokens_file_warnings
+
+            for warning in tokens_file_warnings(config.tokens_file, daemon.roles):
+                print(f"warning: {warning}")
         in_use = _log_in_use(config.db_path)
         if in_use:
             print(in_use)

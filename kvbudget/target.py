@@ -122,8 +122,18 @@ def resolve_target(flag: str | None) -> str:
 
 
 def resolve_token(flag: str | None) -> str | None:
-    """--token if given, else $KVBUDGET_TOKEN, else none (the unix socket needs none)."""
-    return flag or os.environ.get(TOKEN_ENV) or None
+    """--token if given, else $KVBUDGET_TOKEN, else none (the unix socket needs none).
+
+    Blanks around it are dropped: a token read from a file keeps its line end (a CRLF
+    file's \\r survives `$(cat FILE)`), and gRPC refuses a header holding one with INTERNAL
+    "Invalid metadata", which names neither the token nor the fix. A token has no blank
+    inside (the daemon's tokens file refuses one): that is one line naming the flag or the
+    variable, never the token."""
+    source, value = ("--token", flag) if flag else (f"${TOKEN_ENV}", os.environ.get(TOKEN_ENV))
+    token = (value or "").strip()
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise CLIError(f"{source}: a token has no spaces or control characters inside it (is it the right file?)")
+    return token or None
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -145,6 +155,15 @@ def channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> 
 _DROPPED = ("Socket closed", "Tls handshake failed", "Connection reset by peer")
 _TLS_HINT = ("(a TLS daemon drops connections whose handshake fails: --tls-ca must be the CA that signed its "
              "certificate, and a daemon with tls_client_ca_file wants --tls-cert/--tls-key signed by that CA)")
+# Handshakes that fail for another reason than the CA, by what gRPC's details say (checked
+# first: their details also say "Tls handshake failed", which would blame the CA).
+_TLS_HINTS = (
+    # TLS spoken to a plaintext port: the server's first bytes are no TLS record.
+    ("WRONG_VERSION_NUMBER", "(the daemon does not speak TLS on this port: call it without --tls-ca, --tls-cert "
+                             "and --tls-key, and without $KVBUDGET_TLS_CA, ..., with a --token)"),
+    ("Hostname Verification", "(the daemon's certificate does not name the host in --target: use a name its "
+                              "certificate lists, as its subjectAltName)"),
+)
 
 
 def rpc_error_line(target: str, exc: BaseException) -> str:
@@ -156,8 +175,12 @@ def rpc_error_line(target: str, exc: BaseException) -> str:
     name = code().name if callable(code) and code() is not None else type(exc).__name__
     text = " ".join(((details() if callable(details) else None) or "").split())[:300]
     line = f"{target}: {name}: {text or name}"
-    if name == "UNAVAILABLE" and is_tcp_target(target) and any(words in text for words in _DROPPED):
-        line += f" {_TLS_HINT}"
+    if name == "UNAVAILABLE" and is_tcp_target(target):
+        hint = next((hint for words, hint in _TLS_HINTS if words in text), None)
+        if hint is None and any(words in text for words in _DROPPED):
+            hint = _TLS_HINT
+        if hint is not None:
+            line += f" {hint}"
     return line
 
 

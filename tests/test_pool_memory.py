@@ -138,3 +138,28 @@ def test_cuda_pool_is_mapped_by_another_process_through_its_ipc_handle() -> None
         assert int(pool.tensor[100]) == 42
     finally:
         pool.close()
+
+
+def test_a_pool_sized_from_a_gpu_goes_to_that_gpu_or_start_up_says_why(tmp_path) -> None:
+    """device = auto, NVML finds GPU 0, but this torch has no CUDA (a CPU-only wheel): the
+    pool was sized from the GPU's memory, so it must not quietly land in /dev/shm at that
+    size; start-up fails naming the device and the way out."""
+    from kvbudget.daemon.config import load_config
+    from kvbudget.daemon.gpu import GPUProbe
+    from kvbudget.daemon.pool_setup import setup_pool
+    from kvbudget.daemon.server import Daemon, StartupError
+
+    config = load_config(None, {"model": "llama-3.1-8b", "num_gpu_blocks": 9, "memory_mode": "owned",
+                                "device": "auto", "db_path": str(tmp_path / "d.db")})
+    gpu = GPUProbe(present=True, index=0)
+    daemon = Daemon(config)
+    setup = setup_pool(config, None)
+    with pytest.raises(StartupError) as info:
+        daemon._allocate_memory(setup, gpu)
+    assert "cuda:0" in str(info.value) and "--memory-mode accounting" in str(info.value)
+    # Without a GPU, the same config puts the pool in host shared memory.
+    memory = daemon._allocate_memory(setup, GPUProbe(present=False, index=0))
+    try:
+        assert memory is not None and memory.device == "cpu" and memory.shm_name
+    finally:
+        memory.close()
