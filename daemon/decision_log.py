@@ -41,6 +41,13 @@ Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
     before it makes more. A log closed with some still unwritten says so: those are lost.
   * if the writer thread itself ever stops on an error, the commits waiting on it and every
     later one fail with DecisionLogError at once (`_run_or_fail`), rather than hang.
+  * a file removed or renamed while the daemon has it open is still written through the
+    open descriptors, but nobody can read it and it is gone when the daemon exits (a
+    restart starts a new, empty log at `path`). So a write first checks, at most every
+    `FILE_CHECK_S` (one stat), that `path` is still the file it opened; when it is not,
+    the write fails like one to a full disk (its decisions kept, the caller told "not
+    committed", retried every `unwritten_retry_s`), and it works again once the file is
+    back at `path` (renamed back). Gone for good: a restart starts a new log there.
 
 Checkpoints. SQLite's automatic checkpoint runs inside a commit every 1000 WAL pages and
 fsyncs the database file, which shows up as a latency spike for whichever engine step
@@ -127,6 +134,24 @@ PAGE_SIZE = 1024  # for new files; see start()
 # commits it would otherwise never start over: decision_upkeep.checkpoint), and a WAL
 # SQLite starts over is cut back to it.
 WAL_LIMIT_BYTES = 64 * 2**20
+
+
+# How often a write checks that `path` is still the file the log opened (one stat: a few
+# microseconds, so not on every commit). Decisions committed in the interval after the file
+# was removed go to the removed file, with the ones before them.
+FILE_CHECK_S = 0.1
+
+
+class FileMovedError(sqlite3.OperationalError):
+    """`path` is no longer the file the log has open (removed, renamed or replaced)."""
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _file_bytes(path: Path) -> int:
@@ -258,6 +283,10 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         self._unfolded = 0
         self._unfolded_since = 0.0  # monotonic time of the first unfolded commit
         self._purge_owed = 0  # (writer thread) rows a purge round still owes: folded while behind, + a chunk
+        # Guarded by _conn_lock: (st_dev, st_ino) of the file opened, and when a write checks it next.
+        self._identity: tuple[int, int] | None = None
+        self._stat_path = os.path.abspath(self.path)  # (a later chdir does not move the log)
+        self._file_check_at = 0.0  # (monotonic; 0: at the next write)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -296,6 +325,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         except DecisionLogError:
             conn.close()
             raise
+        self._identity = _file_identity(self._stat_path)
         self._db = db
         # One cursor for every insert: conn.execute makes (and registers, and frees) a
         # cursor per call, a few microseconds of a step's commit.
@@ -453,6 +483,21 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
             unwritten_since_unix_s=self._unwritten.since_unix_s,
         )
 
+    def _check_file(self) -> None:
+        """Raises FileMovedError when `path` is no longer the file the log has open (caller
+        holds _conn_lock): rows written now would reach no reader and be gone at exit. Checked
+        on every write while it is so, at most every FILE_CHECK_S otherwise."""
+        identity = _file_identity(self._stat_path)
+        if identity is not None and identity == self._identity:
+            self._file_check_at = time.monotonic() + FILE_CHECK_S
+            return
+        self._file_check_at = 0.0
+        what = "removed or renamed" if identity is None else "replaced by another file"
+        raise FileMovedError(
+            f"the file was {what} while the daemon had it open (what is written now would be lost): "
+            "put it back, or restart the daemon to start a new log there"
+        )
+
     def _count_wal_reset(self) -> None:
         self.wal_resets += 1  # (only the checkpoint thread writes it)
 
@@ -471,6 +516,8 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         when these are the first rows waiting to be folded."""
         if not rows:
             return False
+        if self._file_check_at <= time.monotonic():
+            self._check_file()
         cursor = self._cursor
         assert cursor is not None
         if len(rows) == 1:  # the row is the parameter sequence

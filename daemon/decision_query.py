@@ -146,6 +146,21 @@ def _query_by_time(
     return conn.execute(sql, params * len(parts) + tail).fetchall()
 
 
+def log_identity(path: str | os.PathLike[str]) -> str:
+    """What tells this log file from another later made at the same path (a log removed
+    and started over by a restarted daemon): its `meta.created_at` ("" when it has none).
+    `kvbudget log -f` checks it, where ids alone would wait for the new log to pass the
+    old one's newest id, and show nothing meanwhile."""
+    conn = open_read_only(path)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'created_at'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise DecisionLogError(f"{path}: {exc}") from None
+    finally:
+        conn.close()
+    return str(row[0]) if row else ""
+
+
 def newest_id(path: str | os.PathLike[str]) -> int:
     """The newest row's id (0: none), from the ends of the primary keys: instant."""
     conn = open_read_only(path)

@@ -96,7 +96,7 @@ def _parse_limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.daemon.decision_query import newest_id, query_decisions
+    from kvbudget.daemon.decision_query import log_identity, newest_id, query_decisions
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     if args.disk_usage:
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     limit = _parse_limit(args.limit) if args.limit is not None else (FOLLOW_LIMIT if args.follow else 100)
     try:
         # (taken first: a row committed meanwhile is in the query's answer, or matches not)
+        identity = log_identity(args.db) if args.follow else ""
         newest = newest_id(args.db) if args.follow else 0
         rows = query_decisions(
             args.db,
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     rows.reverse()  # newest N selected; shown oldest first, like a log
     if args.follow:
-        return _follow(args, rows, after_id=max([newest, *(row["id"] for row in rows)]))
+        return _follow(args, rows, after_id=max([newest, *(row["id"] for row in rows)]), identity=identity)
     if args.json:
         _print_json_lines(rows)
     elif args.csv:
@@ -143,15 +144,18 @@ FOLLOW_LIMIT = 10  # journalctl -f's
 FOLLOW_POLL_S = 0.25
 
 
-def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: int) -> int:
+def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: int, identity: str) -> int:
     """Prints `rows`, then, every FOLLOW_POLL_S, the matching rows committed since (by id:
     the daemon numbers them in commit order), until interrupted (the CLI's Ctrl-C).
-    Reading takes no lock the daemon waits for (WAL readers never block the writer)."""
-    from kvbudget.daemon.decision_query import query_decisions
+    Reading takes no lock the daemon waits for (WAL readers never block the writer).
+    A log started over at the same path (`identity`: removed, and a new one made by the
+    restarted daemon) numbers from 1 again: it is followed from its first decision on."""
+    from kvbudget.daemon.decision_query import log_identity, query_decisions
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     first = True
     table_header = True  # over the first rows printed (none may match at first)
+    gone = False  # the file is not there (removed; a restarted daemon makes a new one)
     while True:
         if rows or first:
             if args.json:
@@ -164,7 +168,18 @@ def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: i
             sys.stdout.flush()  # (a pipe would otherwise hold them back)
             first = False
         time.sleep(FOLLOW_POLL_S)
+        if not _has_content(args.db):  # (a new file is empty until its daemon makes the schema)
+            if not gone:
+                print(f"kvbudget log: {args.db} is gone: waiting for a log there", file=sys.stderr, flush=True)
+            gone, rows = True, []
+            continue
+        gone = False
         try:
+            now_identity = log_identity(args.db)
+            if now_identity != identity:
+                identity, after_id = now_identity, 0
+                print(f"kvbudget log: {args.db} is a new log (the old one was removed): following it from its start",
+                      file=sys.stderr, flush=True)
             rows = query_decisions(
                 args.db, request_id=args.request, engine_id=args.engine, tenant=args.tenant, kind=args.kind,
                 limit=None, newest_first=False, after_id=after_id,
@@ -173,6 +188,13 @@ def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: i
             raise CLIError(str(exc)) from None
         if rows:
             after_id = rows[-1]["id"]
+
+
+def _has_content(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
 
 
 _FILTERS = ("request", "engine", "tenant", "kind", "since", "until")

@@ -1,0 +1,42 @@
+"""`kvbudget log -f` while the log is removed and a restarted daemon starts a new one there.
+
+The new log numbers its decisions from 1 again: a follower that went by ids alone would
+wait for it to pass the old log's newest id, and show nothing meanwhile; and one that gave
+up while the file was gone would follow nothing at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvbudget.daemon.decision_log import DecisionLog
+
+from test_cmd_log_follow import Follower, decision, seqs
+
+
+def test_follow_goes_on_into_a_new_log_made_where_the_old_one_was_removed(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.db"
+    old = DecisionLog(path, fold_interval_s=0.01)
+    old.start()
+    old.append([decision(seq) for seq in range(1, 21)]).result()
+    follower = Follower(path, "--json")
+    try:
+        assert seqs(follower.take(10)) == list(range(11, 21))
+        old.close()
+        for name in ("decisions.db", "decisions.db-wal", "decisions.db-shm"):
+            (tmp_path / name).unlink(missing_ok=True)
+        new = DecisionLog(path, fold_interval_s=0.01)
+        new.start()
+        try:
+            new.append([decision(seq) for seq in (100, 101, 102)]).result()
+            assert seqs(follower.take(3)) == [100, 101, 102]
+            new.commit_inline([decision(103)])
+            assert seqs(follower.take(1)) == [103]
+        finally:
+            new.close()
+        code, stderr = follower.interrupt()
+    finally:
+        follower.kill()
+    assert code == 130 and "Traceback" not in stderr
+    assert "is a new log" in stderr
+    assert follower.lines.empty()
