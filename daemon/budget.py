@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import gcd
 
 from kvbudget.daemon.spec import KVCacheGroup, KVCacheLayout, LayerKind, LayerSpec
 
@@ -42,8 +43,17 @@ def _worst_sliding(spec: LayerSpec, num_tokens: int, F: int) -> int:
 
 
 def _worst_chunked(spec: LayerSpec, num_tokens: int, F: int) -> int:
+    # vLLM's cdiv(min(C + F, L), B) when C is a multiple of B (every shipped model). Else
+    # the current chunk may start mid-block, and the held span reaches back to the block
+    # boundary before it: up to B - gcd(C, B) tokens more, so at most
+    # (B - gcd(C, B)) + (C - 1) + F tokens from the first held block's start (C = 12, B = 8,
+    # F = 10: 23 computed, 33 slots hold blocks 1..4, where cdiv(22, 8) says 3).
     C = spec.attention_chunk_size  # type: ignore[union-attr]
-    return cdiv(min(C + F, num_tokens), spec.block_size)
+    B = spec.block_size
+    span = C + F
+    if C % B:
+        span += B - gcd(C, B) - 1
+    return cdiv(min(span, num_tokens), B)
 
 
 def _worst_capped(spec: LayerSpec, num_tokens: int, F: int) -> int:
