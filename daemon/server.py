@@ -82,6 +82,25 @@ def core_tick_s(default_s: float, lease_ttl_s: float) -> float:
     return max(MIN_TICK_S, min(default_s, lease_ttl_s / 4))
 
 
+class Health(health_aio.HealthServicer):
+    """The standard health service, with `List` too (the asyncio servicer of
+    grpcio-health-checking leaves it UNIMPLEMENTED though reflection lists it): every
+    service's status, as `Check` would answer each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._statuses: dict[str, int] = {"": health_pb2.HealthCheckResponse.SERVING}
+
+    async def set(self, service: str, status: int) -> None:
+        self._statuses[service] = status
+        await super().set(service, status)
+
+    async def List(self, request, context):
+        return health_pb2.HealthListResponse(
+            statuses={name: health_pb2.HealthCheckResponse(status=status) for name, status in self._statuses.items()}
+        )
+
+
 class StartupError(Exception):
     """One line for the operator; the CLI prints it and exits non-zero."""
 
@@ -242,7 +261,7 @@ class Daemon:
             admin_pb2_grpc.add_AdminServiceServicer_to_server,
             AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)), server,
         )
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        add_checked(health_pb2_grpc.add_HealthServicer_to_server, health, server)  # (bad bytes: INVALID_ARGUMENT)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
@@ -563,7 +582,7 @@ class Daemon:
             started_unix_s=started_unix_s,
             daemon_version=__version__,
         )
-        health = health_aio.HealthServicer()
+        health = Health()
         await self._set_health(health, False)
         server = self._build_server(core, health)
         if metrics is not None and self._certificate is not None:

@@ -39,6 +39,7 @@ MAX_ESTIMATE_TOKENS = 1 << 24
 MAX_QUERY_LIMIT = 10_000
 MAX_MESSAGE_BYTES = 64 << 20  # the server's send and receive limit (and EngineClient's): a Step may batch many ops
 MAX_REPLAY_TEXT = 512  # a trace's name (a file name is at most 255 bytes)
+MAX_QUOTED = 128  # characters of a caller's unbounded text quoted back in a status message
 _ENGINE = Role.ENGINE  # enum member lookups are slow on Python 3.11; Step reads it per call
 
 
@@ -87,9 +88,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             await context.abort(INVALID, f"lease_ttl_s: at most {MAX_LEASE_TTL_S}, got {request.lease_ttl_s}")
         fingerprint = self.core.plan.model_fingerprint
         if request.model_fingerprint and request.model_fingerprint != fingerprint:
+            # Quoted in part: the status message travels in an HTTP/2 trailer, and one past
+            # the client's header limit (16 KiB by default) reaches it as RESOURCE_EXHAUSTED.
+            given = request.model_fingerprint
+            shown = repr(given) if len(given) <= MAX_QUOTED else f"{given[:MAX_QUOTED]!r}... ({len(given)} characters)"
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"model_fingerprint: {request.model_fingerprint!r} does not match the daemon's {fingerprint!r}",
+                f"model_fingerprint: {shown} does not match the daemon's {fingerprint!r}",
             )
         sessions = self.core.sessions
         existing = sessions.of_engine(request.engine_id)
@@ -282,6 +287,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         await self.auth.require(context, Role.ENGINE)
         session = await self._session(context, request.session_id)
         replaced = asyncio.ensure_future(session.take_events().wait())
+        get = None
         try:
             while True:
                 get = asyncio.ensure_future(session.events.get())
@@ -295,6 +301,11 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 await context.write(engine_pb2.EventsResponse(decision=convert.decision_to_proto(decision)))
         finally:
             replaced.cancel()
+            # The call ended without a decision for it (the client went away: its handler
+            # is cancelled mid-wait): a get left pending would take the session's next
+            # decision, and the next stream would never see it.
+            if get is not None and not get.done():
+                get.cancel()
 
     async def Heartbeat(self, request, context):
         await self.auth.require(context, Role.ENGINE)

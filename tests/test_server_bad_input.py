@@ -246,6 +246,7 @@ def test_a_second_events_stream_of_a_session_replaces_the_first(tmp_path) -> Non
         ("/kvbudget.v1.EngineService/Events", "kvbudget.v1.EventsRequest"),
         ("/kvbudget.v1.ObserverService/QueryDecisions", "kvbudget.v1.QueryDecisionsRequest"),
         ("/kvbudget.v1.AdminService/SetTenantQuota", "kvbudget.v1.SetTenantQuotaRequest"),
+        ("/grpc.health.v1.Health/Check", "grpc.health.v1.HealthCheckRequest"),
     ],
 )
 def test_bytes_that_are_not_the_message_are_invalid_argument(daemon, method: str, message_type: str) -> None:

@@ -84,14 +84,15 @@ class EngineServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Events(self, request, context):
-        """Decisions taken later for this session's requests (queued request admitted, preempt order).
+        """Decisions taken later for this session's requests (queued request admitted, preempt order);
+        one reader per session (see EventsRequest). Reading it does not renew the lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Renews the lease without other work.
+        """Renews the lease without other work (a Step renews it too; the Events stream does not).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

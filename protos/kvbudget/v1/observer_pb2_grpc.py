@@ -67,7 +67,8 @@ class ObserverServiceServicer:
     """
 
     def Watch(self, request, context):
-        """A full snapshot first, then one update per interval with the decisions since the last.
+        """A full snapshot first, then one update per interval, each with a full snapshot and the
+        decisions since the last.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
