@@ -298,7 +298,17 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 decision = get.result()
                 if decision is None:
                     return
-                await context.write(engine_pb2.EventsResponse(decision=convert.decision_to_proto(decision)))
+                if replaced.done():  # a newer stream took over as this one got it: that one sends it
+                    session.events.put_front(decision)
+                    return
+                try:
+                    await context.write(engine_pb2.EventsResponse(decision=convert.decision_to_proto(decision)))
+                except BaseException:
+                    # The call ended mid-write (the client went away): the next stream sends
+                    # it first. It may have reached this client already: an engine that
+                    # reconnects may hear a decision twice (its seq tells), never not at all.
+                    session.events.put_front(decision)
+                    raise
         finally:
             replaced.cancel()
             # The call ended without a decision for it (the client went away: its handler

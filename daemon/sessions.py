@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections import deque
 from dataclasses import dataclass, field
 
 from kvbudget.daemon.records import Decision
@@ -74,15 +75,54 @@ class KeptStep:
     decisions: list[Decision] | None = None
 
 
+class EventQueue:
+    """A session's later decisions, for its Events stream. Bounded like an asyncio.Queue of
+    `maxsize` (the caller drops the oldest: admission never blocks on a reader) and read by
+    one stream at a time; unlike one, a decision a stream took but could not send (its call
+    ended mid-write, or a newer stream took over meanwhile) goes back to the front
+    (`put_front`), so the next stream sends it first, in the order made."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._items: deque[Decision | None] = deque()
+        self._ready = asyncio.Event()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return len(self._items) >= self.maxsize
+
+    def put_nowait(self, item: Decision | None) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    def put_front(self, item: Decision) -> None:
+        self._items.appendleft(item)  # (one past maxsize at most: it was in the queue a moment ago)
+        self._ready.set()
+
+    def get_nowait(self) -> Decision | None:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        item = self._items.popleft()
+        if not self._items:
+            self._ready.clear()
+        return item
+
+    async def get(self) -> Decision | None:
+        """The oldest item; a get cancelled while it waits takes nothing."""
+        while not self._items:
+            await self._ready.wait()
+        return self.get_nowait()
+
+
 @dataclass(eq=False)
 class Session:
     session_id: str
     engine_id: str
     lease_ttl_s: float
     expires_at: float  # monotonic
-    events: asyncio.Queue[Decision | None] = field(
-        default_factory=lambda: asyncio.Queue(EVENTS_QUEUE_LIMIT)
-    )
+    events: EventQueue = field(default_factory=lambda: EventQueue(EVENTS_QUEUE_LIMIT))
     events_dropped: int = 0
     # Set when another Events stream of this session takes over: one reader at a time.
     events_reader: asyncio.Event | None = None

@@ -274,3 +274,64 @@ async def test_a_reply_past_the_message_limit_goes_out_on_the_events_stream(core
     events = [session.events.get_nowait() for _ in range(session.events.qsize())]
     assert [d.request_id for d in events] == [f"r{i}" for i in range(1001)]
     assert core.log.figures().rows_written == 1001  # applied and logged before anyone heard
+
+
+class _StreamContext(_Context):
+    """An Events call's context whose client goes away during its first write."""
+
+    def __init__(self, fail_first_write: bool) -> None:
+        self.fail_first_write = fail_first_write
+        self.written: list[str] = []
+
+    async def write(self, message) -> None:
+        if self.fail_first_write:
+            self.fail_first_write = False
+            raise asyncio.CancelledError  # the call ended mid-write
+        self.written.append(message.decision.request_id)
+
+
+async def test_a_decision_an_events_stream_could_not_send_goes_first_on_the_next(core: CoreService) -> None:
+    # An ADMIT lost this way left the engine waiting for a request that held its blocks.
+    from kvbudget.daemon.auth import Authorizer
+    from kvbudget.daemon.servicers import EngineServicer
+    from kvbudget.v1 import engine_pb2
+
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
+    session = core.sessions.open("e", 60.0, time.monotonic())
+    request = engine_pb2.EventsRequest(session_id=session.session_id)
+    first, second = _StreamContext(fail_first_write=True), _StreamContext(fail_first_write=False)
+    for request_id in ("r1", "r2"):
+        session.push_event(submit(core, request_id)[0])
+    with pytest.raises(asyncio.CancelledError):
+        await servicer.Events(request, first)
+    assert first.written == [] and session.events.qsize() == 2  # r1 is back, at the front
+    reading = asyncio.ensure_future(servicer.Events(request, second))
+    await asyncio.sleep(0)
+    session.push_event(submit(core, "r3")[0])
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert second.written == ["r1", "r2", "r3"]  # in the order made
+    session.end_events()
+    await reading
+
+
+async def test_a_decision_taken_as_a_newer_stream_takes_over_goes_to_the_newer(core: CoreService) -> None:
+    from kvbudget.daemon.auth import Authorizer
+    from kvbudget.daemon.servicers import EngineServicer
+    from kvbudget.v1 import engine_pb2
+
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
+    session = core.sessions.open("e", 60.0, time.monotonic())
+    request = engine_pb2.EventsRequest(session_id=session.session_id)
+    old, new = _StreamContext(fail_first_write=False), _StreamContext(fail_first_write=False)
+    reading_old = asyncio.ensure_future(servicer.Events(request, old))
+    await asyncio.sleep(0)
+    # In one turn of the loop: a decision arrives and a newer stream takes over.
+    session.push_event(submit(core, "r1")[0])
+    reading_new = asyncio.ensure_future(servicer.Events(request, new))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert await reading_old is None and old.written == []
+    assert new.written == ["r1"]
+    session.end_events()
+    await reading_new
