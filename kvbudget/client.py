@@ -243,6 +243,9 @@ class EngineClient:
         self._max_backoff = max_backoff_s
         self._step_resends = step_resends
         self._last_step_seq = 0  # steps are numbered (StepRequest.step_seq) so a resend is safe
+        # (session id, seq) of the last event yielded: a decision the daemon sends again on
+        # the next stream (the last one ended mid-write) is heard once
+        self._event_seen: tuple[str, int] = ("", 0)
         # One step at a time, its resends included: the daemon keeps only the last numbered
         # step, so an overlapping step would be refused for its number (a lower one sent
         # second), or make the resend of the one before it "below this session's last step".
@@ -439,6 +442,11 @@ class EngineClient:
             try:
                 async for message in call:
                     backoff = 0.05
+                    seen_session, seen_seq = self._event_seen
+                    seq = message.decision.seq
+                    if seen_session == self.session_id and seq <= seen_seq:
+                        continue  # sent again after a reconnect (a session's seqs only grow)
+                    self._event_seen = (self.session_id, seq)
                     yield convert.decision_from_proto(message.decision)
             except grpc.aio.AioRpcError as error:
                 if self._closed:

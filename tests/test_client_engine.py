@@ -308,3 +308,46 @@ async def test_close_ends_an_observers_watch(daemon: DaemonProcess) -> None:
     await asyncio.wait_for(watcher, WAIT_S)
     assert not watcher.cancelled() and watcher.exception() is None
     assert set(updates) == {64}
+
+
+async def test_a_decision_sent_again_on_the_next_events_stream_is_heard_once() -> None:
+    """The daemon sends a decision again, first, on the next stream when the last one ended
+    mid-write (it may have arrived): the client yields it once."""
+    from kvbudget.v1 import common_pb2, engine_pb2
+
+    def message(seq: int, request_id: str) -> engine_pb2.EventsResponse:
+        return engine_pb2.EventsResponse(decision=common_pb2.Decision(
+            seq=seq, kind=common_pb2.DECISION_KIND_ADMIT, request_id=request_id))
+
+    class _Call:
+        def __init__(self, messages, then_fail: bool) -> None:
+            self.messages, self.then_fail = messages, then_fail
+
+        def cancel(self) -> None:
+            pass
+
+        async def __aiter__(self):
+            for m in self.messages:
+                yield m
+            if self.then_fail:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                           grpc.aio.Metadata(), "connection dropped")
+
+    calls = [_Call([message(7, "a"), message(9, "b")], then_fail=True),
+             _Call([message(9, "b"), message(12, "c")], then_fail=False)]
+
+    class _Stub:
+        def Events(self, request, **kwargs):
+            return calls.pop(0) if calls else _Call([], then_fail=False)
+
+    client = EngineClient("unix:///nowhere.sock", "e", heartbeat=False, max_backoff_s=0.01)
+    client.session_id = "s1"
+    client._stub = _Stub()
+    heard = []
+    async for decision in client.events():
+        heard.append(decision.request_id)
+        if len(heard) == 3:
+            break
+    assert heard == ["a", "b", "c"]
+    client.session_id = ""  # (no daemon to close a session with)
+    await client.close()
