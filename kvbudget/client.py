@@ -243,8 +243,10 @@ class EngineClient:
         self._max_backoff = max_backoff_s
         self._step_resends = step_resends
         self._last_step_seq = 0  # steps are numbered (StepRequest.step_seq) so a resend is safe
-        # (session id, seq) of the last event yielded: a decision the daemon sends again on
-        # the next stream (the last one ended mid-write) is heard once
+        # (session id, seq) of the last event yielded: the decision the daemon sends again,
+        # first, on the next stream (the last one ended as it wrote it) is heard once. Only
+        # that one: seqs on a stream need not grow (a too-large reply's decisions are put
+        # on it after others may have been)
         self._event_seen: tuple[str, int] = ("", 0)
         # One step at a time, its resends included: the daemon keeps only the last numbered
         # step, so an overlapping step would be refused for its number (a lower one sent
@@ -440,12 +442,14 @@ class EngineClient:
                 engine_pb2.EventsRequest(session_id=self.session_id), metadata=self._metadata, wait_for_ready=True
             )
             try:
+                first = True
                 async for message in call:
                     backoff = 0.05
-                    seen_session, seen_seq = self._event_seen
                     seq = message.decision.seq
-                    if seen_session == self.session_id and seq <= seen_seq:
-                        continue  # sent again after a reconnect (a session's seqs only grow)
+                    if first and self._event_seen == (self.session_id, seq):
+                        first = False
+                        continue  # the last one heard, sent again first after a reconnect
+                    first = False
                     self._event_seen = (self.session_id, seq)
                     yield convert.decision_from_proto(message.decision)
             except grpc.aio.AioRpcError as error:
