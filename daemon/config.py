@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbudget.daemon.admission import POLICIES, AdmissionConfig
+from kvbudget.daemon.records import OTHER_TENANTS, RESERVED_TENANT
 from kvbudget.daemon.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, memory_source_conflict
 from kvbudget.daemon.spec import KV_DTYPE_NAMES, KV_DTYPES
 
@@ -299,6 +300,8 @@ def _tenant_problem(name: str, quota: TenantQuota) -> tuple[str, str] | None:
     key = f"tenants.{name}"
     if not name:
         return "tenants", "a tenant name must not be empty"
+    if name == OTHER_TENANTS:
+        return key, RESERVED_TENANT
     if quota.max_share is not None and not 0.0 < quota.max_share <= 1.0:
         return f"{key}.max_share", f"must be in (0, 1], got {quota.max_share}"
     if quota.weight <= 0:

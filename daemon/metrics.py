@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import RestrictedRegistry
 
 from kvbudget import __version__
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, Snapshot, TenantSnapshot
+from kvbudget.daemon.records import OTHER_TENANTS, Decision, DecisionKind, Reason, Snapshot, TenantSnapshot
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -87,7 +87,6 @@ DECISION_PAIRS: tuple[tuple[DecisionKind, Reason], ...] = (
 # The largest tenants get their own series; the rest are summed into one, so a sum over
 # tenants stays exact.
 MAX_TENANT_SERIES = 50
-OTHER_TENANTS = "(other)"  # parentheses: not a name a tenant would be given
 
 
 # prometheus-client adds a `<name>_created` sample (the unix time the series was born) to

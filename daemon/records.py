@@ -109,7 +109,8 @@ class GroupSnapshot:
 # (metrics._tenant_rank), and the cap above its MAX_TENANT_SERIES, so its named series, read
 # from a snapshot, are the true largest and its "(other)" sum stays exact.
 MAX_SNAPSHOT_TENANTS = 100
-OTHER_TENANTS = "(other)"  # as metrics.OTHER_TENANTS: not a name a tenant would be given
+OTHER_TENANTS = "(other)"  # the sum of the tenants past a snapshot's (and /metrics') list
+RESERVED_TENANT = f"{OTHER_TENANTS!r} is reserved: it names the sum of the tenants past the snapshot's list"
 
 
 @dataclass(frozen=True)

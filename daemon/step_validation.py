@@ -30,7 +30,7 @@ from typing import NamedTuple
 import grpc
 
 from kvbudget.daemon.convert import submit_to_spec
-from kvbudget.daemon.records import RequestSpec, new_request_spec
+from kvbudget.daemon.records import OTHER_TENANTS, RESERVED_TENANT, RequestSpec, new_request_spec
 from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.v1 import engine_pb2
 
@@ -195,7 +195,7 @@ def _all_clear(
                 or prompt_tokens < 1
                 or (max_new_tokens < 1 and op.HasField("max_new_tokens"))
                 or len(hashes) > prompt_tokens // block_size
-                or (tenant and (len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable()))
+                or (tenant and (len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable() or tenant == OTHER_TENANTS))
                 or not 0.0 <= deadline < _INF  # also refuses NaN
             ):
                 return None
@@ -295,5 +295,7 @@ def _first_problem(step: engine_pb2.StepRequest, engine_id: str, find: Find, blo
             )
         if op.tenant and (len(op.tenant) > MAX_TENANT_CHARS or not op.tenant.isprintable()):
             raise _invalid(f"{field}.tenant", f"printable, at most {MAX_TENANT_CHARS} characters")
+        if op.tenant == OTHER_TENANTS:
+            raise _invalid(f"{field}.tenant", RESERVED_TENANT)
         if not math.isfinite(op.deadline_unix_s) or op.deadline_unix_s < 0:
             raise _invalid(f"{field}.deadline_unix_s", "must be a finite time >= 0 (0: none)")

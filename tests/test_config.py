@@ -143,6 +143,7 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[server]\nwatch_max_hz = inf\n", "server.watch_max_hz", "must be a finite number"),
         (MODEL + "[tenants.chat]\nweight = nan\n", "tenants.chat.weight", "must be a finite number"),
         (MODEL + "[tenants.chat]\nmax_share = -inf\n", "tenants.chat.max_share", "must be a finite number"),
+        (MODEL + '[tenants."(other)"]\nweight = 2.0\n', "tenants.(other)", "'(other)' is reserved"),
     ],
 )
 def test_every_error_names_its_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:

@@ -140,6 +140,7 @@ CASES = [
     ("policy-unspecified", lambda d: d.admin.SetPolicy(admin_pb2.SetPolicyRequest()), Code.INVALID_ARGUMENT, "policy"),
     ("policy-unknown", lambda d: d.admin.SetPolicy(admin_pb2.SetPolicyRequest(policy=99)), Code.INVALID_ARGUMENT, "policy"),
     ("quota-no-tenant", lambda d: d.admin.SetTenantQuota(admin_pb2.SetTenantQuotaRequest(max_share=0.5)), Code.INVALID_ARGUMENT, "tenant"),
+    ("quota-reserved-tenant", lambda d: d.admin.SetTenantQuota(admin_pb2.SetTenantQuotaRequest(tenant="(other)", max_share=0.5)), Code.INVALID_ARGUMENT, "tenant"),
     ("quota-share-above-one", lambda d: d.admin.SetTenantQuota(admin_pb2.SetTenantQuotaRequest(tenant="t", max_share=1.5)), Code.INVALID_ARGUMENT, "max_share"),
     ("quota-negative-share", lambda d: d.admin.SetTenantQuota(admin_pb2.SetTenantQuotaRequest(tenant="t", max_share=-0.5)), Code.INVALID_ARGUMENT, "max_share"),
     ("quota-nan-share", lambda d: d.admin.SetTenantQuota(admin_pb2.SetTenantQuotaRequest(tenant="t", max_share=math.nan)), Code.INVALID_ARGUMENT, "max_share"),

@@ -223,3 +223,15 @@ def test_a_typical_step_is_all_clear_and_each_rule_names_its_field() -> None:
         with pytest.raises(StepRejected) as info:
             validate_step(engine_pb2.StepRequest(**{field: [op]}), "e1", CTRL.find, B)
         assert (info.value.code, info.value.field) == (grpc.StatusCode.NOT_FOUND, f"{field}[0].request_id")
+
+
+def test_the_tenant_name_the_snapshot_sums_the_rest_under_is_refused() -> None:
+    # "(other)" stands for the tenants past the snapshot's list (and /metrics'): a tenant of
+    # that name would be summed in with them, and its quota read as theirs.
+    from kvbudget.v1 import engine_pb2
+
+    step = engine_pb2.StepRequest(submits=[engine_pb2.Submit(request_id="r", prompt_tokens=8, tenant="(other)")])
+    with pytest.raises(StepRejected) as info:
+        validate_step(step, "e1", CTRL.find, B)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value).startswith("submits[0].tenant: '(other)' is reserved")
