@@ -46,7 +46,7 @@ from kvbudget.daemon.spec import (
     group_layers,
 )
 
-from test_admission_support import B, BF16
+from test_admission_support import B, BF16, drain
 
 MAX_MODEL_LEN = 120
 MAX_REQUESTS = 30  # per run: keeps the final drain short
@@ -302,21 +302,7 @@ class HybridMachine(RuleBasedStateMachine):
         """Everything finishes; nothing is left held, cached blocks are all evictable."""
         if not hasattr(self, "ctrl"):
             return
-        last_progress, last_count = 0, -1
-        for step in range(100_000):
-            if not self.ctrl.num_running and not self.ctrl.num_waiting:
-                break
-            kinds = self.ctrl.snapshot(self.now).decisions_by_kind
-            count = kinds.get("release", 0) + kinds.get("reject", 0)
-            if count != last_count:
-                last_progress, last_count = step, count
-            assert step - last_progress < 4 * MAX_MODEL_LEN, "no request finished in a long while"
-            self.now += 1.0
-            self._observe(self.ctrl.schedule(self.now))
-            if self.ctrl.num_running:
-                self.step_all()
-            self.ctrl.check_integrity()
-        assert not self.ctrl.num_running and not self.ctrl.num_waiting, "requests never finished"
+        drain(self, MAX_MODEL_LEN)
         pool = self.ctrl.pool
         assert pool.num_held_blocks == 0
         assert pool.num_free_blocks == pool.capacity

@@ -21,7 +21,7 @@ from kvbudget.daemon.metrics import DECISION_PAIRS
 from kvbudget.daemon.records import DecisionKind, RequestSpec
 from kvbudget.daemon.requests import Status
 
-from test_admission_support import B, SMALL_LAYOUTS, engine_step
+from test_admission_support import B, SMALL_LAYOUTS, drain, engine_step
 
 MAX_MODEL_LEN = 96
 
@@ -195,20 +195,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         request leaving means something loops."""
         if not hasattr(self, "ctrl"):
             return
-        last_progress, last_count = 0, -1
-        for step in range(100_000):
-            if not self.ctrl.num_running and not self.ctrl.num_waiting:
-                break
-            kinds = self.ctrl.snapshot(self.now).decisions_by_kind
-            count = kinds.get("release", 0) + kinds.get("reject", 0)
-            if count != last_count:
-                last_progress, last_count = step, count
-            assert step - last_progress < 4 * MAX_MODEL_LEN, "no request finished in a long while"
-            self.now += 1.0
-            self._observe(self.ctrl.schedule(self.now))
-            self.step_all()
-            self.ctrl.check_integrity()
-        assert not self.ctrl.num_running and not self.ctrl.num_waiting, "requests never finished"
+        drain(self, MAX_MODEL_LEN)
         assert self.ctrl.pool.num_held_blocks == 0
 
 

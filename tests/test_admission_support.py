@@ -66,3 +66,25 @@ def engine_step(ctrl: AdmissionController, request_id: str, goal: int, now: floa
 
 def by_kind(decisions: list[Decision], kind: DecisionKind) -> list[Decision]:
     return [d for d in decisions if d.kind is kind]
+
+
+def drain(machine, max_model_len: int) -> None:
+    """A stateful machine's teardown: ticks and steps until nothing runs or waits (no
+    deadlock, no livelock, nobody waits for ever), the integrity checked after each step.
+    A running request needs at most `max_model_len` steps, so a long stretch without any
+    request leaving means something loops. `machine` has ctrl, now, _observe, step_all."""
+    ctrl = machine.ctrl
+    last_progress, last_count = 0, -1
+    for step in range(100_000):
+        if not ctrl.num_running and not ctrl.num_waiting:
+            break
+        kinds = ctrl.snapshot(machine.now).decisions_by_kind
+        count = kinds.get("release", 0) + kinds.get("reject", 0)
+        if count != last_count:
+            last_progress, last_count = step, count
+        assert step - last_progress < 4 * max_model_len, "no request finished in a long while"
+        machine.now += 1.0
+        machine._observe(ctrl.schedule(machine.now))
+        machine.step_all()
+        ctrl.check_integrity()
+    assert not ctrl.num_running and not ctrl.num_waiting, "requests never finished"
