@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from kvbudget.errors import CLIError
@@ -61,19 +62,24 @@ def run(args: argparse.Namespace) -> int:
     if not resolve_trace_path(args.trace).is_file():
         raise CLIError(f"--trace {args.trace!r}: not a file and not one of mooncake, azure")
     workdir = Path(tempfile.mkdtemp(prefix="kvbudget-demo-"))
-    daemon = None
+    started: list[subprocess.Popen] = []
+
+    def clean_up() -> None:
+        """Stop the daemon, remove the demo's folder (also called when the terminal is gone)."""
+        while started:
+            _stop(started.pop())
+        shutil.rmtree(workdir, ignore_errors=True)
+
     try:
-        daemon = _start_daemon(args, workdir)
+        started.append(_start_daemon(args, workdir))
         target = f"unix://{workdir / 'kvbudget.sock'}"
         print(f"kvbudget demo: daemon ({args.model}, {args.num_gpu_blocks} blocks, {args.policy}) "
               f"at {target}", file=sys.stderr)  # fmt: skip
         if _headless(args):
             return _replay_here(args, target)
-        return _dashboard(args, target, workdir)
+        return _dashboard(args, target, workdir, clean_up)
     finally:
-        if daemon is not None:
-            _stop(daemon)
-        shutil.rmtree(workdir, ignore_errors=True)
+        clean_up()
 
 
 def _start_daemon(args: argparse.Namespace, workdir: Path) -> subprocess.Popen:
@@ -139,8 +145,10 @@ def _replay_here(args: argparse.Namespace, target: str) -> int:
     return cmd_replay.run(parser.parse_args(_replay_argv(args, target, headless=True)))
 
 
-def _dashboard(args: argparse.Namespace, target: str, workdir: Path) -> int:
-    """The replay as a child process (its output in a file), the dashboard in the foreground."""
+def _dashboard(args: argparse.Namespace, target: str, workdir: Path, clean_up: Callable[[], None]) -> int:
+    """The replay as a child process (its output in a file), the dashboard in the foreground.
+    If the terminal goes away, the dashboard leaves at once (no `finally` runs): the replay
+    and `clean_up` (the daemon, the folder) are stopped first, not left running orphaned."""
     argv = [sys.executable, "-m", "kvbudget", "replay", *_replay_argv(args, target, headless=False)]
     log = open(workdir / "replay.log", "w")
     replay = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir)
@@ -148,7 +156,11 @@ def _dashboard(args: argparse.Namespace, target: str, workdir: Path) -> int:
     try:
         from kvbudget.tui.app import KVBudgetApp, exit_status
 
-        app = KVBudgetApp(target)
+        def on_terminal_lost() -> None:
+            _stop(replay, timeout=5.0)
+            clean_up()
+
+        app = KVBudgetApp(target, on_terminal_lost=on_terminal_lost)
         return exit_status(app, app.run())  # (non-zero after a crash)
     finally:
         _stop(replay, timeout=5.0)

@@ -359,19 +359,48 @@ def _run_live(args: argparse.Namespace, trace):
     import asyncio
 
     speed = None if args.as_fast_as_possible else (_float(args.speed, "--speed", positive=True) or 1.0)
+    stopped_by: list[int] = []
     try:
-        return asyncio.run(_live(args, trace, speed))
+        return asyncio.run(_live(args, trace, speed, stopped_by))
     except OSError as exc:
         raise CLIError(f"--target: {exc}") from None
+    except asyncio.CancelledError:
+        if not stopped_by:
+            raise
+        raise SystemExit(128 + stopped_by[0]) from None  # (as a shell reports a signal's end)
 
 
-async def _live(args: argparse.Namespace, trace, speed: float | None):
+def _stop_on_signals(stopped_by: list[int]) -> None:
+    """SIGTERM (the dashboard's and the demo's way to stop a replay) and SIGHUP (its terminal
+    gone) end a live replay as Ctrl-C does: the running task is cancelled, so its engine
+    sessions close and their requests are released (`release aborted`), where the default
+    action killed the process and left them held until the lease lapsed (`expire`)."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop(signum: int) -> None:
+        stopped_by.append(signum)
+        task.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            loop.add_signal_handler(signum, stop, signum)
+        except (ValueError, RuntimeError, NotImplementedError):
+            continue  # not the main thread (an embedder's): its own handlers stand
+
+
+async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by: list[int] | None = None):
     import grpc
 
     from kvbudget.client import ObserverClient, SessionLost
     from kvbudget.traces.replay import ReplaySetup, run_live
 
     target = args.target  # checked and resolved in run()
+    _stop_on_signals([] if stopped_by is None else stopped_by)
     replay_id = uuid.uuid4().hex[:8]
     async with ObserverClient(target, args.token, credentials=args.credentials) as observer:
         try:

@@ -66,3 +66,54 @@ def test_demo_refuses_before_it_starts_anything(capsys, argv: list[str], message
     assert main(["demo", *argv]) == 2
     assert capsys.readouterr().err == f"kvbudget demo: error: {message}\n"
     assert _demo_dirs() == before
+
+
+def test_a_demo_whose_terminal_goes_away_stops_its_daemon_and_cleans_up():
+    # `kvbudget demo` on a pseudo-terminal whose other end is closed (a tmux pane killed, an
+    # ssh session dropped). The dashboard leaves at once there (no `finally` runs), and the
+    # daemon, which takes SIGHUP for a reload, kept running orphaned with its folder.
+    import fcntl
+    import os
+    import pty
+    import select
+    import signal
+    import struct
+    import termios
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k != "CI"}  # (CI=true means headless)
+        env["TERM"] = "xterm-256color"
+        os.execve(sys.executable, [sys.executable, "-m", "kvbudget", "demo", "--num-gpu-blocks", "600",
+                                   "--memory-mode", "accounting", "--limit", "2000"], env)
+    output = bytearray()
+    status = None
+    try:
+        end = time.monotonic() + 120
+        while not re.search(rb"at unix://(\S+)/kvbudget\.sock", output) or b"Decisions" not in output:
+            assert time.monotonic() < end, output[-2000:]
+            if select.select([fd], [], [], 0.1)[0]:
+                output.extend(os.read(fd, 65536))
+        workdir = Path(re.search(rb"at unix://(\S+)/kvbudget\.sock", output).group(1).decode())
+        daemons = subprocess.run(["pgrep", "-f", "--", f"--db-path {workdir}/decisions.db"],
+                                 capture_output=True, text=True).stdout.split()
+        assert len(daemons) == 1, daemons
+        os.close(fd)  # the terminal goes away
+        fd = -1
+        end = time.monotonic() + 60  # (a bound on waiting, not a figure asserted)
+        while status is None and time.monotonic() < end:
+            waited, result = os.waitpid(pid, os.WNOHANG)
+            status = result if waited else None
+            time.sleep(0.05)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert status is not None, "the demo outlived its terminal"
+    assert not workdir.exists()
+    assert subprocess.run(["pgrep", "-f", "--", f"--db-path {workdir}/decisions.db"],
+                          capture_output=True, text=True).stdout.split() == []

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, wait_until
 
 from kvbudget.cli import main
 from kvbudget.client import ObserverClient
@@ -240,3 +243,29 @@ def test_a_daemon_restarted_under_a_live_replay_ends_it_with_one_line(tmp_path):
     [line] = [x for x in err.splitlines() if x.startswith("kvbudget")]
     assert "lost this replay's engine session mid-replay" in line
     assert line.endswith("start the replay again")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_live_replay_stopped_by_a_signal_releases_its_requests(tmp_path, signum):
+    """SIGTERM is how the dashboard and the demo stop a replay, SIGHUP what a closed terminal
+    sends: either ends it as Ctrl-C does, its requests released (`release aborted`) at once,
+    where the default action killed it and left them held until the lease lapsed."""
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "1500", "--max-model-len", "131072", lease_ttl_s=600)
+    with daemon:
+        replay = subprocess.Popen(
+            [sys.executable, "-m", "kvbudget", "replay", "azure", "--target", daemon.target, "--speed", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            wait_until(lambda: _snapshot(daemon.target).num_running > 0, timeout=60)
+            replay.send_signal(signum)
+            assert replay.wait(60) == 128 + signum, replay.stderr.read()
+        finally:
+            if replay.poll() is None:
+                replay.kill()
+                replay.wait()
+        # Released by the replay on its way out (a 600 s lease would keep them held).
+        snapshot = _snapshot(daemon.target)
+        assert (snapshot.num_running, snapshot.num_waiting, snapshot.num_held_blocks) == (0, 0, 0)
+        kinds = {(row["kind"], row["reason"]) for row in daemon.decision_rows()}
+        assert ("release", "aborted") in kinds and not any(kind == "expire" for kind, _ in kinds)

@@ -171,6 +171,7 @@ class KVBudgetApp(App[int]):
         traces: Iterable[Path] | None = None,
         playback: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        on_terminal_lost: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         if render_hz <= 0:
@@ -187,6 +188,9 @@ class KVBudgetApp(App[int]):
         self.traces = tuple(traces) if traces is not None else None
         self.playback = playback  # a recording: nothing goes stale, no replay to start
         self.clock = clock  # dates updates: how stale the panels are (tests pass their own)
+        # Run before the hurried exit when the terminal is gone (no cleanup of the caller's
+        # runs then: `kvbudget demo` stops its daemon here, which would outlive it otherwise).
+        self.on_terminal_lost = on_terminal_lost
         self.state = DashboardState.initial(target, limits, playback=playback)
         self.paused = False
         # The state as it was when space was pressed: the paused table's rows, whatever
@@ -468,6 +472,11 @@ class KVBudgetApp(App[int]):
             # hung there (its output thread gone, its queue full), leaving the dashboard
             # spinning with no terminal for good. Leave at once; a recording is flushed per
             # update, and the replays were stopped above.
+            if self.on_terminal_lost is not None:
+                try:
+                    self.on_terminal_lost()
+                finally:
+                    os._exit(128 + signum)
             os._exit(128 + signum)
         # 128 + N: what a shell reports for a process that signal N ended.
         self.exit(return_code=128 + signum)
