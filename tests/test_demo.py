@@ -76,10 +76,11 @@ def test_a_demo_whose_terminal_goes_away_stops_its_daemon_and_cleans_up():
     import os
     import pty
     import select
-    import signal
     import struct
     import termios
     import time
+
+    from tui_helpers import hang_up
 
     pid, fd = pty.fork()
     if pid == 0:
@@ -89,7 +90,6 @@ def test_a_demo_whose_terminal_goes_away_stops_its_daemon_and_cleans_up():
         os.execve(sys.executable, [sys.executable, "-m", "kvbudget", "demo", "--num-gpu-blocks", "600",
                                    "--memory-mode", "accounting", "--limit", "2000"], env)
     output = bytearray()
-    status = None
     try:
         end = time.monotonic() + 120
         while not re.search(rb"at unix://(\S+)/kvbudget\.sock", output) or b"Decisions" not in output:
@@ -100,19 +100,8 @@ def test_a_demo_whose_terminal_goes_away_stops_its_daemon_and_cleans_up():
         daemons = subprocess.run(["pgrep", "-f", "--", f"--db-path {workdir}/decisions.db"],
                                  capture_output=True, text=True).stdout.split()
         assert len(daemons) == 1, daemons
-        os.close(fd)  # the terminal goes away
-        fd = -1
-        end = time.monotonic() + 60  # (a bound on waiting, not a figure asserted)
-        while status is None and time.monotonic() < end:
-            waited, result = os.waitpid(pid, os.WNOHANG)
-            status = result if waited else None
-            time.sleep(0.05)
     finally:
-        if fd >= 0:
-            os.close(fd)
-        if status is None:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        status = hang_up(pid, fd)  # the terminal goes away
     assert status is not None, "the demo outlived its terminal"
     assert not workdir.exists()
     assert subprocess.run(["pgrep", "-f", "--", f"--db-path {workdir}/decisions.db"],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from textual import events
 from textual.widgets import DataTable
-from tui_helpers import QueueSource, screen_text, wait_until
+from tui_helpers import QueueSource, hang_up, screen_text, wait_until
 from tui_stream import load_stream
 
 from kvbudget import cli
@@ -740,26 +740,14 @@ def test_a_dashboard_whose_terminal_goes_away_exits(tmp_path: Path):
         os.execve(sys.executable, [sys.executable, "-m", "kvbudget", "tui", "--recording",
                                    str(STREAM_PATH), "--render-hz", "30"], env)
     output = bytearray()
-    status = None
     try:
         end = time.monotonic() + 60
         while b"playback" not in output and time.monotonic() < end:
             if select.select([fd], [], [], 0.1)[0]:
                 output.extend(os.read(fd, 65536))
         assert b"playback" in output, output[-2000:]
-        os.close(fd)  # the terminal goes away mid-draw
-        fd = -1
-        end = time.monotonic() + 30  # (a bound on waiting, not a figure asserted)
-        while status is None and time.monotonic() < end:
-            waited, result = os.waitpid(pid, os.WNOHANG)
-            status = result if waited else None
-            time.sleep(0.05)
     finally:
-        if fd >= 0:
-            os.close(fd)
-        if status is None:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        status = hang_up(pid, fd, bound_s=30)  # the terminal goes away mid-draw
     assert status is not None, "the dashboard outlived its terminal"
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP
 

@@ -93,3 +93,23 @@ class QueueSource:
     async def events(self) -> AsyncIterator:
         while True:
             yield await self.queue.get()
+
+
+def hang_up(pid: int, fd: int, bound_s: float = 60.0) -> int | None:
+    """Close the pseudo-terminal `fd` of child `pid` (its terminal goes away: the kernel
+    hangs it up) and wait for the child to exit: its wait status, or None if it was still
+    running after `bound_s` (a bound on waiting, not a figure asserted; it is killed then)."""
+    import os
+    import signal
+    import time
+
+    os.close(fd)
+    end = time.monotonic() + bound_s
+    while time.monotonic() < end:
+        waited, status = os.waitpid(pid, os.WNOHANG)
+        if waited:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
