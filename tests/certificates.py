@@ -14,16 +14,18 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def _openssl(*args: str) -> str:
+def run_openssl(*args: str, cwd: Path | None = None) -> str:
+    """`openssl ARGS` (in `cwd`), its stdout; the test is skipped where openssl is missing."""
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed: it makes the self-signed certificates this test serves")
-    return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True, timeout=60).stdout
+        pytest.skip("openssl is not installed: it makes the certificates this test serves")
+    return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True, timeout=60,
+                          cwd=cwd).stdout
 
 
 def make_pair(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
     """(certificate, key) for localhost, an EC P-256 key (quick to make), valid `days`."""
     cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+    run_openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", f"/CN=localhost/O={name}",
              "-addext", "subjectAltName=DNS:localhost")
     return cert, key
@@ -32,7 +34,7 @@ def make_pair(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
 def make_ca(directory: Path, name: str, days: int = 1) -> tuple[Path, Path]:
     """(certificate, key) of a CA named `name` that `make_signed` signs with, valid `days`."""
     cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+    run_openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", f"/CN={name}",
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
     return cert, key
@@ -42,24 +44,24 @@ def make_signed(directory: Path, name: str, ca: tuple[Path, Path], common_name: 
     """(certificate, key) signed by `ca` (`make_ca`), for `common_name` (also its DNS name),
     good for a server or a client, valid a day."""
     cert, key, request = directory / f"{name}.pem", directory / f"{name}.key", directory / f"{name}.csr"
-    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+    run_openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", str(key), "-out", str(request), "-subj", f"/CN={common_name}/O={name}")
     extensions = directory / f"{name}.ext"
     extensions.write_text(f"subjectAltName=DNS:{common_name}\nextendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
+    run_openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
              "-out", str(cert), "-days", "1", "-extfile", str(extensions))
     return cert, key
 
 
 def fingerprint(cert: Path) -> str:
     """`openssl x509 -fingerprint -sha256` of the (first) certificate in `cert`."""
-    line = _openssl("x509", "-noout", "-fingerprint", "-sha256", "-in", str(cert)).strip()
+    line = run_openssl("x509", "-noout", "-fingerprint", "-sha256", "-in", str(cert)).strip()
     return line.split("=", 1)[1]  # "sha256 Fingerprint=AB:CD:..."
 
 
 def not_after_unix_s(cert: Path) -> float:
     """`openssl x509 -enddate` of the (first) certificate in `cert`, as unix time."""
-    line = _openssl("x509", "-noout", "-enddate", "-in", str(cert)).strip()
+    line = run_openssl("x509", "-noout", "-enddate", "-in", str(cert)).strip()
     return float(ssl.cert_time_to_seconds(line.split("=", 1)[1]))  # "notAfter=Dec  2 21:22:40 2026 GMT"
 
 
