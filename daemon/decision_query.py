@@ -51,10 +51,14 @@ def query_decisions(
     limit: int | None = 100,
     newest_first: bool = True,
     after_id: int | None = None,
+    before_seq: int | None = None,
 ) -> list[dict[str, Any]]:
     """Rows matching every given filter (time filters on `logged_at`, unix seconds, since
     inclusive, until exclusive; `after_id`: ids above it, what `--follow` has not shown
-    yet), JSON columns decoded to lists. `limit=None` or 0: all."""
+    yet; `before_seq`: seqs below it, the next page back from a page whose oldest seq it
+    is), JSON columns decoded to lists. `limit=None` or 0: all."""
+    if before_seq is not None and before_seq > _SQLITE_MAX_INT:
+        before_seq = None  # every seq a log holds is below it (and it would not bind)
     where: list[str] = []
     params: list[Any] = []
     if after_id is not None:
@@ -85,6 +89,12 @@ def query_decisions(
     try:
         conn.row_factory = sqlite3.Row
         try:
+            if before_seq is not None:
+                # The id bound is what makes it cheap (a range on the primary key, and on
+                # every index); the seq condition keeps the promise in a log whose seqs do
+                # not rise (one written before restarts numbered on from the last seq).
+                where += ["id < ?", "seq < ?"]
+                params += [_first_id_at_or_after_seq(conn, before_seq), before_seq]
             if window and request_id is None and _window_is_sparse(conn, window, window_params):
                 rows = _query_by_time(conn, where + window, params + window_params, order, tail)
             else:
@@ -113,6 +123,32 @@ def query_decisions(
 # the same rows, whatever the wall clock did between them).
 SPARSE_WINDOW_ROWS = 10_000
 _TIME_INDEX = f"idx_{VIEW}_logged_at"  # (both schema versions name it so)
+
+
+_SQLITE_MAX_INT = 2**63 - 1
+
+
+def _first_id_at_or_after_seq(conn: sqlite3.Connection, seq: int) -> int:
+    """The lowest id whose row's seq is `seq` or more (past the newest id when none is).
+
+    Seq has no index, and `seq < ?` alone makes a page far back read every newer row
+    first. But seq rises with id (the daemon numbers decisions in the order it commits
+    them, and a restart numbers on from the log's last), so a binary search over the
+    primary key finds where seqs reach `seq` in about 30 lookups. Each looks up the first
+    row at or after an id, not that id: retention leaves no row below the oldest. (Each
+    table is asked on its own: through the view, SQLite sorts every row past the id.)"""
+    tables = _tables(conn)
+    low, high = 0, _newest_id(conn) + 1
+    while low < high:
+        middle = (low + high) // 2
+        found = [conn.execute(f"SELECT id, seq FROM {table} WHERE id >= ? ORDER BY id LIMIT 1", (middle,)).fetchone()
+                 for table in tables]
+        rows = [(row[0], row[1]) for row in found if row is not None]
+        if not rows or min(rows)[1] >= seq:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _tables(conn: sqlite3.Connection) -> tuple[str, ...]:
@@ -165,11 +201,15 @@ def newest_id(path: str | os.PathLike[str]) -> int:
     """The newest row's id (0: none), from the ends of the primary keys: instant."""
     conn = open_read_only(path)
     try:
-        ids = [conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0] for table in _tables(conn)]
+        return _newest_id(conn)
     except sqlite3.DatabaseError as exc:
         raise DecisionLogError(f"{path}: {exc}") from None
     finally:
         conn.close()
+
+
+def _newest_id(conn: sqlite3.Connection) -> int:
+    ids = [conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0] for table in _tables(conn)]
     return max((i for i in ids if i is not None), default=0)
 
 

@@ -398,6 +398,7 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
             since_s=request.since_unix_s or None,
             until_s=request.until_unix_s or None,
             limit=request.limit or 100,
+            before_seq=request.before_seq or None,
         )
         return observer_pb2.QueryDecisionsResponse(
             decisions=[convert.decision_to_proto(decision_from_row(row)) for row in rows]

@@ -6,8 +6,10 @@
     kvbudget log --since 2026-11-29T08:00Z --csv   CSV with a header row
     kvbudget log --disk-usage                      how big the log is, how far back it reaches
     kvbudget log -f --kind preempt                 the last 10 preemptions, then each new one
+    kvbudget log --limit 50 --before-seq 9001      the 50 before those, when the first shown was seq 9001
 
 Rows are printed oldest first; `--limit` keeps the newest N that match (0: all).
+`--before-seq` pages back exactly: decisions of one step share a time, seqs do not.
 `-f` (like journalctl -f) prints the newest 10 that match, then follows the file, printing
 new matching decisions as the daemon commits them, until Ctrl-C.
 Times are unix seconds, ISO 8601 (naive means local time, like journalctl), or relative
@@ -46,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", metavar="TIME", help="from this time on (unix s, ISO 8601, or 10m / 2h / 1d ago)")
     parser.add_argument("--until", metavar="TIME", help="before this time (same forms as --since)")
     parser.add_argument("--limit", metavar="N", help="newest N matching rows (default 100, 10 with -f; 0: all)")
+    parser.add_argument("--before-seq", metavar="N",
+                        help="only decisions with a seq below N (the next page: the first seq shown; 0: no bound)")
     parser.add_argument("-f", "--follow", action="store_true",
                         help="then print new matching decisions as they are committed, until Ctrl-C")
     output = parser.add_mutually_exclusive_group()
@@ -75,9 +79,22 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> float:
         seconds = float(value)
     except ValueError:
         try:
-            return datetime.fromisoformat(value).timestamp()
+            moment = datetime.fromisoformat(value)
         except ValueError:
             raise cannot_read from None
+        # A date it reads can still be no unix time (0001-01-01 local has none) or one
+        # before 1970: saying it cannot be read sent users hunting for a typo.
+        out_of_range = CLIError(
+            f"{option}: {text!r} is out of range "
+            "(times from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z)"
+        )
+        try:
+            seconds = moment.timestamp()
+        except (ValueError, OverflowError):
+            raise out_of_range from None
+        if not 0 <= seconds <= _LATEST_S:
+            raise out_of_range
+        return seconds
     # nan and inf read as floats, and so does 1e20: none is a time a log holds (datetime
     # reaches year 9999, 253402300799 s)
     if not 0 <= seconds <= _LATEST_S:
@@ -95,6 +112,17 @@ def _parse_limit(text: str) -> int:
     return min(limit, 2**63 - 1)  # (SQLite's largest integer: more rows than any log holds)
 
 
+def _parse_before_seq(text: str) -> int | None:
+    """A seq bound, None for 0 (as in QueryDecisions)."""
+    try:
+        seq = int(text)
+    except ValueError:
+        raise CLIError(f"--before-seq: expected a whole number, got {text!r}") from None
+    if seq < 0:
+        raise CLIError(f"--before-seq: must be 0 (no bound) or more, got {seq}")
+    return seq or None
+
+
 def run(args: argparse.Namespace) -> int:
     from kvbudget.daemon.decision_query import log_identity, newest_id, query_decisions
     from kvbudget.daemon.decision_schema import DecisionLogError
@@ -110,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--since must be earlier than --until")
     if args.follow and until is not None:
         raise CLIError("--follow: shows decisions as they come; drop --until")
+    if args.follow and args.before_seq is not None:
+        raise CLIError("--follow: shows decisions as they come; drop --before-seq")
+    before_seq = _parse_before_seq(args.before_seq) if args.before_seq is not None else None
     limit = _parse_limit(args.limit) if args.limit is not None else (FOLLOW_LIMIT if args.follow else 100)
     try:
         # (taken first: a row committed meanwhile is in the query's answer, or matches not)
@@ -125,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             until_s=until,
             limit=limit,
             newest_first=True,
+            before_seq=before_seq,
         )
     except DecisionLogError as exc:
         raise CLIError(str(exc)) from None
@@ -208,7 +240,8 @@ def _disk_usage(args: argparse.Namespace) -> int:
     from kvbudget.daemon.decision_schema import DecisionLogError
 
     given = [f"--{name}" for name in _FILTERS if getattr(args, name) is not None]
-    given += ["--limit"] * (args.limit is not None) + ["--csv"] * args.csv + ["--follow"] * args.follow
+    given += ["--limit"] * (args.limit is not None) + ["--before-seq"] * (args.before_seq is not None)
+    given += ["--csv"] * args.csv + ["--follow"] * args.follow
     if given:
         raise CLIError(f"--disk-usage: describes the whole log; drop {', '.join(given)}")
     try:

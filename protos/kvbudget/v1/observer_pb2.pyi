@@ -36,7 +36,7 @@ class GetSnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[_common_pb2.Snapshot, _Mapping]] = ...) -> None: ...
 
 class QueryDecisionsRequest(_message.Message):
-    __slots__ = ("request_id", "engine_id", "tenant", "kind", "since_unix_s", "until_unix_s", "limit")
+    __slots__ = ("request_id", "engine_id", "tenant", "kind", "since_unix_s", "until_unix_s", "limit", "before_seq")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class QueryDecisionsRequest(_message.Message):
     SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SEQ_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     engine_id: str
     tenant: str
@@ -51,7 +52,8 @@ class QueryDecisionsRequest(_message.Message):
     since_unix_s: float
     until_unix_s: float
     limit: int
-    def __init__(self, request_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., tenant: _Optional[str] = ..., kind: _Optional[_Union[_common_pb2.DecisionKind, str]] = ..., since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+    before_seq: int
+    def __init__(self, request_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., tenant: _Optional[str] = ..., kind: _Optional[_Union[_common_pb2.DecisionKind, str]] = ..., since_unix_s: _Optional[float] = ..., until_unix_s: _Optional[float] = ..., limit: _Optional[int] = ..., before_seq: _Optional[int] = ...) -> None: ...
 
 class QueryDecisionsResponse(_message.Message):
     __slots__ = ("decisions",)
