@@ -194,6 +194,8 @@ def plan_to_proto(
                 sliding_window_tokens=getattr(spec, "sliding_window", 0),
                 attention_chunk_tokens=getattr(spec, "attention_chunk_size", 0),
                 token_cap=getattr(spec, "token_cap", 0),
+                max_encoder_tokens=getattr(spec, "max_encoder_tokens", 0),
+                state_pages_per_request=getattr(spec, "pages_per_request", 0),
             )
         )
     plan = common_pb2.PoolPlan(

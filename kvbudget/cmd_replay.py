@@ -32,10 +32,15 @@ import sys
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
 from kvbudget.target import add_target_arguments, check_target, resolve_target, resolve_token, rpc_error_line
+
+if TYPE_CHECKING:  # the CLI imports the daemon's modules only when it runs
+    from kvbudget.daemon.spec import KVCacheLayout, LayerSpec
+    from kvbudget.v1 import common_pb2
 
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -510,28 +515,17 @@ def _progress_bar(total: int):
     return progress, task
 
 
-def layout_from_plan(plan):
-    """A layout with the daemon's block size and groups; the engine needs no more than that."""
-    from kvbudget.daemon.spec import (
-        AttentionSpec,
-        ChunkedLocalAttentionSpec,
-        KVCacheGroup,
-        KVCacheLayout,
-        SlidingWindowSpec,
-        kv_dtype,
-    )
+def layout_from_plan(plan: common_pb2.PoolPlan) -> KVCacheLayout:
+    """A layout with the daemon's block size and groups, each group of its own kind, so the
+    simulated engine counts blocks per group as the daemon does.
+
+    The plan gives no head counts or dtypes, so the specs' own page sizes are placeholders
+    (the layout's page size is the plan's); none of them counts blocks.
+    """
+    from kvbudget.daemon.spec import AttentionSpec, KVCacheGroup, KVCacheLayout, kv_dtype
 
     block_size = plan.block_size_tokens or 16
-    groups = []
-    for g in plan.groups:
-        if g.layer_type == "sliding_window":
-            spec = SlidingWindowSpec(block_size, 1, 1, kv_dtype("bf16"), sliding_window=g.sliding_window_tokens)
-        elif g.layer_type == "chunked_local":
-            spec = ChunkedLocalAttentionSpec(block_size, 1, 1, kv_dtype("bf16"),
-                                             attention_chunk_size=g.attention_chunk_tokens)  # fmt: skip
-        else:
-            spec = AttentionSpec(block_size, 1, 1, kv_dtype("bf16"))
-        groups.append(KVCacheGroup(spec, tuple(g.layer_ids)))
+    groups = [KVCacheGroup(_spec_from_plan_group(g, block_size), tuple(g.layer_ids)) for g in plan.groups]
     if not groups:
         groups.append(KVCacheGroup(AttentionSpec(block_size, 1, 1, kv_dtype("bf16")), (0,)))
     return KVCacheLayout(
@@ -539,3 +533,43 @@ def layout_from_plan(plan):
         page_size_bytes=plan.page_size_bytes, num_layers=sum(len(g.layer_ids) for g in groups),
         model_name=plan.model,
     )  # fmt: skip
+
+
+def _spec_from_plan_group(group: common_pb2.KVCacheGroup, block_size: int) -> LayerSpec:
+    """The spec of one plan group (convert.plan_to_proto wrote it), with what counts blocks."""
+    from kvbudget.daemon.spec import (
+        AttentionSpec,
+        CappedAttentionSpec,
+        ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+        LayerKind,
+        MambaSpec,
+        MLASpec,
+        SlidingWindowSpec,
+        kv_dtype,
+    )
+
+    bf16 = kv_dtype("bf16")
+    kind = group.layer_type
+    if kind == LayerKind.SLIDING.value:
+        return SlidingWindowSpec(block_size, 1, 1, bf16, sliding_window=group.sliding_window_tokens)
+    if kind == LayerKind.CHUNKED.value:
+        return ChunkedLocalAttentionSpec(block_size, 1, 1, bf16, attention_chunk_size=group.attention_chunk_tokens)
+    if kind == LayerKind.CAPPED.value:
+        return CappedAttentionSpec(block_size, 1, 1, bf16, token_cap=group.token_cap)
+    if kind == LayerKind.MLA.value:
+        return MLASpec(block_size, 1, 0, bf16)
+    if kind == LayerKind.MAMBA.value:
+        # A daemon older than the field sends 0: every Mamba spec it built held one page.
+        return MambaSpec(block_size, state_bytes=1, pages_per_request=group.state_pages_per_request or 1)
+    if kind == LayerKind.CROSS.value:
+        if not group.max_encoder_tokens:
+            # No safe guess: the encoder's length is not bounded by max_model_len.
+            raise CLIError(
+                f"the daemon's pool plan: group {group.group_index} (cross_attention) does not say its "
+                "encoder length (max_encoder_tokens): the daemon is older than this client"
+            )
+        return CrossAttentionSpec(block_size, 1, 1, bf16, max_encoder_tokens=group.max_encoder_tokens)
+    # full_attention, or a kind newer than this build: every token cached, the most any
+    # kind whose blocks grow with the request holds.
+    return AttentionSpec(block_size, 1, 1, bf16)

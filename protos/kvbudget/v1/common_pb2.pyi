@@ -100,7 +100,7 @@ class Decision(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., tenant: _Optional[str] = ..., policy: _Optional[_Union[Policy, str]] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., blocks_reserved: _Optional[_Iterable[int]] = ..., blocks_held: _Optional[_Iterable[int]] = ..., new_blocks: _Optional[_Iterable[_Union[GroupBlocks, _Mapping]]] = ..., freed_blocks: _Optional[int] = ..., cached_hit_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class KVCacheGroup(_message.Message):
-    __slots__ = ("group_index", "layer_type", "description", "layer_ids", "sliding_window_tokens", "attention_chunk_tokens", "token_cap")
+    __slots__ = ("group_index", "layer_type", "description", "layer_ids", "sliding_window_tokens", "attention_chunk_tokens", "token_cap", "max_encoder_tokens", "state_pages_per_request")
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAYER_TYPE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,8 @@ class KVCacheGroup(_message.Message):
     SLIDING_WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_CAP_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENCODER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STATE_PAGES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     group_index: int
     layer_type: str
     description: str
@@ -115,7 +117,9 @@ class KVCacheGroup(_message.Message):
     sliding_window_tokens: int
     attention_chunk_tokens: int
     token_cap: int
-    def __init__(self, group_index: _Optional[int] = ..., layer_type: _Optional[str] = ..., description: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., sliding_window_tokens: _Optional[int] = ..., attention_chunk_tokens: _Optional[int] = ..., token_cap: _Optional[int] = ...) -> None: ...
+    max_encoder_tokens: int
+    state_pages_per_request: int
+    def __init__(self, group_index: _Optional[int] = ..., layer_type: _Optional[str] = ..., description: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., sliding_window_tokens: _Optional[int] = ..., attention_chunk_tokens: _Optional[int] = ..., token_cap: _Optional[int] = ..., max_encoder_tokens: _Optional[int] = ..., state_pages_per_request: _Optional[int] = ...) -> None: ...
 
 class PoolPlan(_message.Message):
     __slots__ = ("model", "block_size_tokens", "num_blocks", "page_size_bytes", "layers_per_group", "bytes_per_block", "groups", "max_model_len_tokens", "max_num_batched_tokens", "kv_tokens", "memory", "model_fingerprint")
