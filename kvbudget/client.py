@@ -547,7 +547,11 @@ class ObserverClient:
         since_unix_s: float = 0.0,
         until_unix_s: float = 0.0,
         limit: int = 100,
+        before_seq: int = 0,
     ) -> list[Decision]:
+        """Newest first, at most `limit`. To page back, pass the oldest seq returned as
+        `before_seq` (0: no bound): exact, where `until_unix_s` skips decisions that share
+        the oldest one's time (one step's do)."""
         request = observer_pb2.QueryDecisionsRequest(
             request_id=request_id,
             engine_id=engine_id,
@@ -556,6 +560,7 @@ class ObserverClient:
             since_unix_s=since_unix_s,
             until_unix_s=until_unix_s,
             limit=limit,
+            before_seq=before_seq,
         )
         response = await self._observer.QueryDecisions(request, metadata=self._metadata, timeout=30.0)
         return [convert.decision_from_proto(d) for d in response.decisions]

@@ -138,6 +138,15 @@ async def test_query_decisions_pages_by_before_seq_on_a_daemon(tmp_path: Path) -
             await engine.step(finishes=["p0", "p1", "p2"])
             snapshot = await observer.snapshot()
             assert (snapshot.num_free_blocks, snapshot.num_held_blocks) == (64, 0)  # all 64 back
+            # The Python client pages the same way (its before_seq reaches the daemon).
+            pages, before = [], 0
+            for _ in range(MAX_PAGES):
+                page = await observer.query_decisions(limit=4, before_seq=before)
+                if not page:
+                    break
+                pages.append([d.seq for d in page])
+                before = page[-1].seq
+            assert pages == [[6, 5, 4, 3], [2, 1]]
         async with grpc.aio.insecure_channel(daemon.target) as channel:
             stub = observer_pb2_grpc.ObserverServiceStub(channel)
             got: list[list[tuple[int, str]]] = []
