@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import sys
@@ -70,6 +71,9 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> float:
         f"{option}: cannot read {text!r} as a time "
         "(use unix seconds, ISO 8601 like 2026-11-29T08:00:00Z, or relative like 10m, 2h, 1d)"
     )
+    out_of_range = CLIError(
+        f"{option}: {text!r} is out of range (times from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z)"
+    )
     if value == "now":
         return now
     relative = _RELATIVE.match(value)
@@ -84,10 +88,6 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> float:
             raise cannot_read from None
         # A date it reads can still be no unix time (0001-01-01 local has none) or one
         # before 1970: saying it cannot be read sent users hunting for a typo.
-        out_of_range = CLIError(
-            f"{option}: {text!r} is out of range "
-            "(times from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z)"
-        )
         try:
             seconds = moment.timestamp()
         except (ValueError, OverflowError):
@@ -95,10 +95,12 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> float:
         if not 0 <= seconds <= _LATEST_S:
             raise out_of_range
         return seconds
-    # nan and inf read as floats, and so does 1e20: none is a time a log holds (datetime
-    # reaches year 9999, 253402300799 s)
-    if not 0 <= seconds <= _LATEST_S:
+    # nan and inf read as floats but are no number of seconds; -5 and 1e20 are, of no time a
+    # log holds (datetime reaches year 9999, 253402300799 s)
+    if not math.isfinite(seconds):
         raise cannot_read
+    if not 0 <= seconds <= _LATEST_S:
+        raise out_of_range
     return seconds
 
 

@@ -130,9 +130,13 @@ def test_parse_time_forms() -> None:
     assert parse_time("2026-01-01T01:00:00+01:00", option="--since") == 1767225600.0
     with pytest.raises(CLIError, match="--until: cannot read 'soon'"):
         parse_time("soon", option="--until")
-    for not_a_time in ("nan", "inf", "-inf", "1e20", "-5", ""):  # floats, but no time a log holds
+    for not_a_time in ("nan", "inf", "-inf", ""):  # floats (but ""), but no number of seconds
         with pytest.raises(CLIError, match=f"--since: cannot read '{not_a_time}' as a time"):
             parse_time(not_a_time, option="--since")
+    for out_of_range in ("1e20", "-5", "253402300800"):  # seconds, of no time a log holds (past 9999-12-31)
+        with pytest.raises(CLIError, match=f"^--since: '{out_of_range}' is out of range \\(times from 1970"):
+            parse_time(out_of_range, option="--since")
+    assert parse_time("253402300799", option="--since") == 253402300799.0  # the last second of 9999
 
 
 @pytest.mark.parametrize(
