@@ -101,6 +101,10 @@ class CoreService:
         self._stopping = asyncio.Event()  # set by stop(): the dispatcher waits no longer for a failed write
         self._snapshot_cache: tuple[float, common_pb2.Snapshot] | None = None
         self._resolved_future: asyncio.Future | None = None
+        # Sessions expired (lease lapsed, replaced) whose EXPIRE decisions are not yet on
+        # their Events stream, with the last seq of those: the dispatcher ends the stream
+        # once it is past that seq, so an engine still reading hears its requests expired.
+        self._expiring: list[tuple[int, Session]] = []
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -112,8 +116,7 @@ class CoreService:
     async def stop(self) -> None:
         """Ends streams, drains the dispatcher, flushes the log. Idempotent."""
         self.watch_hub.close_all()
-        for session in self.sessions:
-            session.end_events()
+        self.end_all_streams()
         if not self._tasks:
             return
         ticker = self._tasks[1]
@@ -125,10 +128,22 @@ class CoreService:
         await self._dispatch.put(None)
         await asyncio.gather(self._tasks[0], return_exceptions=True)
         self._tasks = []
+        self._expiring.clear()  # (their streams were ended above)
         try:
             await asyncio.to_thread(self.log.flush)
         except DecisionLogError as exc:  # decisions still unwritten: close() says how many are lost
             log.error("decision log: %s", exc)
+
+    def end_all_streams(self) -> None:
+        """Ends every Events stream, the expired sessions' still waiting for their EXPIRE
+        decisions included: at shutdown an open stream keeps its call in flight, and the
+        server waits for those (drain_timeout_s). An expired session stays listed until the
+        dispatcher is past its decisions, so that they go to no other session meanwhile."""
+        for session in self.sessions:
+            session.end_events()
+        for _, session in self._expiring:
+            if not session.closed:
+                session.end_events()
 
     @property
     def gpu(self) -> object | None:
@@ -207,11 +222,14 @@ class CoreService:
                 # The caller reports a failure; nothing was promised, nothing is published.
                 log.error("decision log commit failed (%s); %d decisions not published",
                           "cancelled" if committed.cancelled() else committed.exception(), len(decisions))
-                continue
-            try:
-                self._publish(decisions, origin_engine, started)
-            except Exception:  # a broken watcher or metric must not stop the others
-                log.exception("publishing decisions failed")
+            else:
+                try:
+                    self._publish(decisions, origin_engine, started)
+                except Exception:  # a broken watcher or metric must not stop the others
+                    log.exception("publishing decisions failed")
+            # Published or not: an expired engine never hears of a decision not in the log,
+            # so if its EXPIRE decisions could not be written its stream ends without them.
+            self._end_expired_streams(decisions[-1].seq)
 
     async def _written_in_time(self, failure: UnwrittenError) -> bool:
         """Waits until the decisions of a failed write are written after all (True), or
@@ -231,15 +249,39 @@ class CoreService:
 
     def _publish(self, decisions: list[Decision], origin_engine: str, started: float | None) -> None:
         of_engine = self.sessions.of_engine
+        expiring = self._expiring
         for d in decisions:
             if d.engine_id and d.engine_id != origin_engine:
-                session = of_engine(d.engine_id)
+                session = self._expired_owner(d) if expiring else None
+                if session is None:
+                    session = of_engine(d.engine_id)
                 if session is not None:
                     session.push_event(d)
         self.watch_hub.publish(decisions)
         if self.metrics is not None:
             latency = time.perf_counter() - started if started is not None else None
             self.metrics.record(decisions, latency)
+
+    def _expired_owner(self, d: Decision) -> Session | None:
+        """The expired session a decision was made under, if it is one still being told:
+        not the session that replaced it, which never had that request."""
+        for last_seq, session in self._expiring:  # (in the order expired: seqs grow)
+            if d.seq <= last_seq and d.engine_id == session.engine_id:
+                return session
+        return None
+
+    def _end_expired_streams(self, upto_seq: int) -> None:
+        """Ends the streams of the expired sessions whose decisions go no further than
+        `upto_seq` (the dispatcher is past them)."""
+        if not self._expiring:
+            return
+        waiting: list[tuple[int, Session]] = []
+        for last_seq, session in self._expiring:
+            if last_seq > upto_seq:
+                waiting.append((last_seq, session))
+            elif not session.closed:
+                session.end_events()
+        self._expiring = waiting
 
     # ------------------------------------------------------------------ engine ops
     def requests_of(self, engine_id: str) -> tuple[list, list]:
@@ -330,10 +372,19 @@ class CoreService:
         return decisions
 
     def close_engine(self, session: Session, *, expire: bool) -> list[Decision]:
-        """Ends a session: its requests are expired (lease lapsed, replaced) or aborted."""
+        """Ends a session: its requests are expired (lease lapsed, replaced) or aborted.
+
+        The session leaves the table at once (a replacing one opens right after). An expired
+        one's Events stream stays open until its EXPIRE decisions, which the caller records,
+        are logged and on it: an engine whose lease lapsed but still reads hears of them."""
         now = time.time()
         if expire:
             decisions = self.controller.expire_engine(session.engine_id, now)
+            own = [d.seq for d in decisions if d.engine_id == session.engine_id]
+            if own:
+                self.sessions.remove(session, end_events=False)
+                self._expiring.append((max(own), session))  # the dispatcher ends its stream
+                return decisions
         else:
             decisions = []
             running, waiting = self.requests_of(session.engine_id)

@@ -462,8 +462,7 @@ class Daemon:
             await self._set_health(health, False)
             core.draining = True
             core.watch_hub.close_all()  # long-lived streams end, so in-flight calls can finish
-            for session in core.sessions:
-                session.end_events()
+            core.end_all_streams()  # (expired sessions' too, still waiting for their decisions)
             await server.stop(self.config.drain_timeout_s)
             await core.stop()
         return self._exit_status

@@ -202,11 +202,14 @@ class SessionTable:
         self._by_engine[engine_id] = session
         return session
 
-    def remove(self, session: Session) -> None:
+    def remove(self, session: Session, *, end_events: bool = True) -> None:
+        """`end_events=False` leaves its Events stream open: the caller ends it once the
+        decisions its removal made are on it (they reach a stream only once logged)."""
         self._by_id.pop(session.session_id, None)
         if self._by_engine.get(session.engine_id) is session:
             del self._by_engine[session.engine_id]
-        session.end_events()
+        if end_events:
+            session.end_events()
 
     def expired(self, now_monotonic: float) -> list[Session]:
         return [s for s in self._by_id.values() if s.expires_at <= now_monotonic]
