@@ -48,6 +48,21 @@ Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
     the write fails like one to a full disk (its decisions kept, the caller told "not
     committed", retried every `unwritten_retry_s`), and it works again once the file is
     back at `path` (renamed back). Gone for good: a restart starts a new log there.
+  * a WAL file removed (or replaced by another file) while the daemon has it open is the
+    same trouble for the decisions not checkpointed yet: the daemon commits into the
+    unlinked file, readers see only what was checkpointed (or an I/O error, reading frames
+    from a new, empty `-wal`), and those decisions are gone when the daemon exits or
+    crashes. But the daemon's own connection still reads every frame of it, so the same
+    check stats `<path>-wal` too, and a write that finds it gone or another file heals the
+    log before it commits (`_heal_wal`): checkpoints everything into the database file,
+    closes both connections on the old WAL (writer and checkpointer) and opens them again,
+    which makes SQLite start a new WAL at `<path>-wal`, and says so in a warning. Nothing
+    acknowledged is lost (what was committed since the file went is in the checkpoint) unless
+    the daemon dies before the next write checks. While the log cannot heal (a reader holds a
+    snapshot of the old WAL, so the checkpoint cannot finish), writes fail as above and the
+    heal is tried again at most every `FILE_CHECK_S`. (SQLite itself deletes the WAL only when
+    the last connection closes, and a checkpoint truncates it in place: while the log is open,
+    the WAL at `<path>-wal` is the one it opened.)
 
 Checkpoints. SQLite's automatic checkpoint runs inside a commit every 1000 WAL pages and
 fsyncs the database file, which shows up as a latency spike for whichever engine step
@@ -144,6 +159,10 @@ FILE_CHECK_S = 0.1
 
 class FileMovedError(sqlite3.OperationalError):
     """`path` is no longer the file the log has open (removed, renamed or replaced)."""
+
+
+class WalLostError(sqlite3.OperationalError):
+    """`<path>-wal` is no longer the WAL the log writes to, and the log could not heal yet."""
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -287,6 +306,11 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         self._identity: tuple[int, int] | None = None
         self._stat_path = os.path.abspath(self.path)  # (a later chdir does not move the log)
         self._file_check_at = 0.0  # (monotonic; 0: at the next write)
+        # Guarded by _conn_lock: the WAL the connections opened (None: no WAL to check), and
+        # when a heal that failed may be tried again (monotonic).
+        self._wal_path = f"{self._stat_path}-wal"
+        self._wal_identity: tuple[int, int] | None = None
+        self._wal_heal_at = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -308,13 +332,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
                 # before the first write.
                 conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
             db.enable_wal()
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=5000")  # a reader's checkpoint may hold the lock briefly
-            conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")  # WAL shrinks back after a burst
-            if self.checkpoint_interval_s is not None:
-                # Checkpoints (copying the WAL into the file, with an fsync) move off the
-                # commit path onto their own thread; see decision_upkeep.checkpoint_loop.
-                conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._tune(conn)
             create_or_upgrade(db, str(self.path))
             self._next_id = upkeep.newest_id(conn) + 1
             self.rows_folded += upkeep.fold(conn)  # rows a crash left in the recent table
@@ -326,6 +344,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
             conn.close()
             raise
         self._identity = _file_identity(self._stat_path)
+        self._wal_identity = _file_identity(self._wal_path)  # (the reads above opened it)
         self._db = db
         # One cursor for every insert: conn.execute makes (and registers, and frees) a
         # cursor per call, a few microseconds of a step's commit.
@@ -333,14 +352,37 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         self._thread = threading.Thread(target=self._run_or_fail, name="kvbudget-decision-log", daemon=True)
         self._thread.start()
         if self.checkpoint_interval_s is not None:
-            self._checkpointer = threading.Thread(
-                target=upkeep.checkpoint_loop,
-                args=(self.path, self.checkpoint_interval_s, self._stop_checkpoints),
-                kwargs={"wal_reset_bytes": self.wal_limit_bytes, "on_reset": self._count_wal_reset},
-                name="kvbudget-decision-log-checkpoint",
-                daemon=True,
-            )
-            self._checkpointer.start()
+            self._start_checkpointer()
+
+    def _tune(self, conn: sqlite3.Connection) -> None:
+        """The writer connection's settings (the file is in WAL mode already)."""
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")  # a reader's checkpoint may hold the lock briefly
+        conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")  # WAL shrinks back after a burst
+        if self.checkpoint_interval_s is not None:
+            # Checkpoints (copying the WAL into the file, with an fsync) move off the
+            # commit path onto their own thread; see decision_upkeep.checkpoint_loop.
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+
+    def _start_checkpointer(self) -> None:
+        """Starts the checkpoint thread, on a connection of its own (start(), and a healed WAL)."""
+        assert self.checkpoint_interval_s is not None
+        self._stop_checkpoints = threading.Event()
+        self._checkpointer = threading.Thread(
+            target=upkeep.checkpoint_loop,
+            args=(self.path, self.checkpoint_interval_s, self._stop_checkpoints),
+            kwargs={"wal_reset_bytes": self.wal_limit_bytes, "on_reset": self._count_wal_reset},
+            name="kvbudget-decision-log-checkpoint",
+            daemon=True,
+        )
+        self._checkpointer.start()
+
+    def _stop_checkpointer(self) -> None:
+        """Stops the checkpoint thread and waits for it (its connection is closed then)."""
+        self._stop_checkpoints.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
+            self._checkpointer = None
 
     def append(self, decisions: Sequence[Decision]) -> concurrent.futures.Future[None]:
         """Queue rows; the future resolves once they are committed (or fails with the error)."""
@@ -446,9 +488,11 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
                 self._queue.put(STOP)
         if thread is not None:
             thread.join()
-        self._stop_checkpoints.set()
-        if self._checkpointer is not None:
-            self._checkpointer.join()
+        with self._conn_lock:  # (a heal under way starts no checkpointer once this ran: _heal_wal)
+            self._stop_checkpoints.set()
+            checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer.join()
         if self.num_unwritten:
             with self._conn_lock:
                 why = f"{self._unwritten.error}; the log closed before they could be written"
@@ -486,9 +530,15 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
     def _check_file(self) -> None:
         """Raises FileMovedError when `path` is no longer the file the log has open (caller
         holds _conn_lock): rows written now would reach no reader and be gone at exit. Checked
-        on every write while it is so, at most every FILE_CHECK_S otherwise."""
+        on every write while it is so, at most every FILE_CHECK_S otherwise. A WAL that is no
+        longer at `<path>-wal` is healed first (`_heal_wal`), or raises WalLostError."""
         identity = _file_identity(self._stat_path)
         if identity is not None and identity == self._identity:
+            if self._wal_identity is not None:
+                wal_identity = _file_identity(self._wal_path)
+                if wal_identity != self._wal_identity:
+                    self._file_check_at = 0.0  # (until healed: every write)
+                    self._heal_wal("removed" if wal_identity is None else "replaced by another file")
             self._file_check_at = time.monotonic() + FILE_CHECK_S
             return
         self._file_check_at = 0.0
@@ -496,6 +546,69 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         raise FileMovedError(
             f"the file was {what} while the daemon had it open (what is written now would be lost): "
             "put it back, or restart the daemon to start a new log there"
+        )
+
+    def _heal_wal(self, what: str) -> None:
+        """The WAL at `<path>-wal` is not the one the connections write to (`what` became of
+        it): puts everything committed into the database file and starts a new WAL there.
+        Caller holds _conn_lock. Raises WalLostError when it cannot (yet): the write must not
+        go on into a WAL nobody else reads; the checkpoint thread stays stopped until a heal
+        works (opened now, it would read the frames the writer puts in the old WAL from the new).
+
+        The writer connection still reads the old WAL through its descriptor, so a TRUNCATE
+        checkpoint on it copies every committed frame into the file (and syncs it) and marks
+        the WAL empty in the shared index. A connection opens the WAL by name only when it
+        opens, so both are opened again. The checkpointer's goes first and comes back only once
+        the writer's is on the new WAL: it reads frames through its own descriptor, and on the
+        old one would copy the wrong pages (or fail on every round). The new writer connection
+        opens before the old one closes, so that the old one is never the file's last connection
+        (the last one deletes `<path>-wal`: here, a file someone else put there). While a reader
+        holds a snapshot of the old WAL, the checkpoint cannot finish: writes fail until it is
+        gone, the heal tried again at most every FILE_CHECK_S."""
+        wal = self._wal_path
+        trouble = f"the WAL file {wal} was {what} while the daemon had it open and the log cannot heal yet"
+        now = time.monotonic()
+        if now < self._wal_heal_at:
+            raise WalLostError(f"{trouble}: writes are refused until it can, retrying")
+        assert self._db is not None
+        self._stop_checkpointer()
+        old = self._db.conn
+        try:
+            # (bounded like the checkpoint thread's RESTART: this holds up a commit)
+            old.execute(f"PRAGMA busy_timeout={upkeep.RESET_WAIT_MS}")
+            try:
+                _, frames, _ = old.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                (busy, _, _) = old.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                old.execute("PRAGMA busy_timeout=5000")
+            if busy:
+                raise sqlite3.OperationalError("a reader holds a snapshot of it (a long read transaction)")
+            new = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                self._tune(new)
+                upkeep.prepare_fold_below(new)
+                new.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL at its name
+                wal_identity = _file_identity(wal)
+                if wal_identity is None:
+                    raise sqlite3.OperationalError("no WAL at its name after opening it again")
+            except BaseException:
+                new.close()
+                raise
+        except sqlite3.Error as exc:
+            self._wal_heal_at = now + FILE_CHECK_S
+            raise WalLostError(f"{trouble} ({exc}): writes are refused until it can, retrying") from exc
+        self._cursor = None
+        old.close()
+        self._db = sqlite_utils.Database(new)
+        self._cursor = new.cursor()
+        self._wal_identity = wal_identity
+        self._wal_heal_at = 0.0
+        if self.checkpoint_interval_s is not None and not self._closed:
+            self._start_checkpointer()
+        _log.warning(
+            "decision log: the WAL file %s was %s while the daemon had it open; its %d frames (every decision "
+            "committed) are checkpointed into %s and a new WAL is started: nothing was lost",
+            wal, what, frames, self.path,
         )
 
     def _count_wal_reset(self) -> None:

@@ -101,9 +101,14 @@ class WriterThread:
             if self._on_failure is not None:
                 self._on_failure(self._failure)
 
-    def _run(self) -> None:
+    def _connection(self) -> sqlite3.Connection:
+        """The log's connection now. Not kept across turns: healing a removed WAL opens a new
+        one (decision_log._heal_wal), and an upkeep step that straddles it fails on the closed
+        one, like any failed fold or purge, and is tried again."""
         assert self._db is not None
-        conn = self._db.conn
+        return self._db.conn
+
+    def _run(self) -> None:
         next_retention = time.monotonic()
         retention_behind = False
         stopping = False
@@ -112,13 +117,13 @@ class WriterThread:
             folded_before = self.rows_folded  # (a stall's folds too: retention owes them)
             if batch:
                 self._in_flight = batch
-                self._stall_for_upkeep(conn, sum(len(p.decisions) for p in batch))
-                self._commit_queued(conn, batch)
+                self._stall_for_upkeep(self._connection(), sum(len(p.decisions) for p in batch))
+                self._commit_queued(self._connection(), batch)
             now = time.monotonic()
             if self._unfolded and (
                 stopping or self._unfolded >= self.fold_rows or now >= self._unfolded_since + self.fold_interval_s
             ):
-                self._fold_chunks(conn, everything=stopping)
+                self._fold_chunks(self._connection(), everything=stopping)
             # Not on the way out (close() called): a stop must be quick (systemd's
             # TimeoutStopSec), and the purge owed while behind can be a million rows (20 s);
             # the next start purges first.
@@ -128,9 +133,9 @@ class WriterThread:
             # rows to 1.1 million before each (bench_soak.py).
             if self._has_retention and not self._closed and (
                 retention_behind or now >= next_retention
-                or (self.rows_folded > folded_before and self._over_bound(conn))
+                or (self.rows_folded > folded_before and self._over_bound(self._connection()))
             ):
-                retention_behind = self._purge_chunks(conn, folded=self.rows_folded - folded_before)
+                retention_behind = self._purge_chunks(self._connection(), folded=self.rows_folded - folded_before)
                 next_retention = time.monotonic() + self.retention_interval_s
             if self.num_unwritten and time.monotonic() >= self._unwritten_retry_at:
                 self.write_unwritten()
@@ -139,10 +144,10 @@ class WriterThread:
         leftover, _ = self._take_batch(0.0)
         while leftover:
             self._in_flight = leftover
-            self._commit_queued(conn, leftover)
+            self._commit_queued(self._connection(), leftover)
             leftover, _ = self._take_batch(0.0)
         self.write_unwritten()  # a last try (close() reports what is still left)
-        self._fold_chunks(conn, everything=True)  # a cleanly closed log has every row indexed
+        self._fold_chunks(self._connection(), everything=True)  # a cleanly closed log has every row indexed
         # (nothing is committed after the drain above: close() has stopped appends and
         # the caller's inline commits)
 
