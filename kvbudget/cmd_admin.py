@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
+from kvbudget.pool_parts import pool_parts  # shared with the dashboard (no textual)
 from kvbudget.target import (
     add_target_arguments,
     call_metadata,
@@ -258,10 +259,18 @@ def _status(daemon: AdminConnection) -> Outcome:
 
 
 def status_fields(s: Any) -> dict[str, Any]:
-    """The snapshot's operator-facing figures, as plain JSON values."""
+    """The snapshot's operator-facing figures, as plain JSON values.
+
+    "blocks": "parts" is the pool split as the dashboard's pool panel splits it (held,
+    reserved, cached, free: they add up to "total"; kvbudget.pool_parts). "not_held" is the
+    daemon's free count, which takes in reserved and evictable cached blocks. "free" and
+    "evictable" are kept as older scripts read them: "free" is "not_held" (not the parts'
+    free), "evictable" every evictable block (a promise may have taken some: "parts"
+    "cached" is what is left)."""
     from kvbudget.daemon import convert
 
     folded = tenants_folded(s)
+    parts = pool_parts(s)
     return {
         "model": s.plan.model,
         "policy": convert.policy_from_proto(s.policy) or "unknown",
@@ -272,6 +281,8 @@ def status_fields(s: Any) -> dict[str, Any]:
             "held": s.num_held_blocks,
             "reserved": s.num_reserved_blocks,
             "evictable": s.num_evictable_blocks,
+            "not_held": s.num_free_blocks,
+            "parts": parts._asdict(),
         },
         "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions,
                      # why the waiting ones wait: what their last try lacked (queue_ahead: not tried)
@@ -311,13 +322,14 @@ def render_status(s: Any, target: str) -> str:
     """One screen: the figures an operator checks before and after an admin action."""
     f = status_fields(s)
     blocks, requests = f["blocks"], f["requests"]
-    usage = blocks["held"] / blocks["total"] if blocks["total"] else 0.0
+    parts = blocks["parts"]
+    usage = parts["held"] / blocks["total"] if blocks["total"] else 0.0
     lines = [
         f"kvbudget daemon at {target}: {f['model'] or 'unknown model'}",
         f"  policy     {f['policy']}{'  (DRAINING: no new requests)' if f['draining'] else ''}",
-        # free counts evictable cached blocks too; reserved blocks are promised out of free ones
-        f"  blocks     {blocks['total']} total, {blocks['free']} free ({blocks['evictable']} evictable), "
-        f"{blocks['held']} held ({usage:.0%}), {blocks['reserved']} reserved",
+        # the dashboard's four parts, in its order: each block counted once
+        f"  blocks     {blocks['total']} total: {parts['held']} held ({usage:.0%}), {parts['reserved']} reserved, "
+        f"{parts['cached']} cached, {parts['free']} free",
         f"  requests   {requests['running']} running, {requests['waiting']} waiting"
         + (" (" + ", ".join(f"{n} {why}" for why, n in requests["waiting_by_reason"].items()) + ")"
            if requests["waiting_by_reason"] else "")

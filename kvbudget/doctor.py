@@ -164,15 +164,15 @@ def check_reservations(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
     """Reservations far beyond what requests hold: every request is charged for its whole
     possible length (max_model_len or a large max_new_tokens), most of which never comes."""
     last = samples[-1]
-    data = {"held": last.held, "reserved": last.reserved, "policy": last.policy}
+    data: dict[str, object] = {"held": last.held, "reserved": last.reserved, "policy": last.policy}
     if last.reserved and last.reserved >= t.reservation_ratio * max(last.held, 1):
-        max_len = last.plan.max_model_len if last.plan else 0
+        cause, why = _reservation_cause(last)
+        data["cause"] = cause
         return Finding(
             "reservations",
             Status.WARN,
             f"{last.reserved} blocks reserved for only {last.held} held "
-            f"({last.reserved / max(last.held, 1):.1f}x): max_model_len-sized reservations"
-            + (f" (max_model_len {max_len})" if max_len else ""),
+            f"({last.reserved / max(last.held, 1):.1f}x): {why}",
             knob="lower max new tokens (or max_model_len), or use the layer-aware policy: "
             "[admission] policy = predictive or optimistic (AdminService.SetPolicy switches live)",
             data=data,
@@ -183,6 +183,52 @@ def check_reservations(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
         f"reserved {last.reserved} / held {last.held} blocks",
         data=data,
     )
+
+
+def _reservation_cause(sample: PoolSample) -> tuple[str, str]:
+    """What sizes the reservations, "max_model_len", "max_new_tokens" or "unknown" (it may
+    be either), and the clause that says so with its figures.
+
+    A request is promised the worst case of L = prompt + max new tokens, capped at
+    max_model_len (L = max_model_len when it sends none). The snapshot gives no request's
+    L, only totals: the blocks committed (held + reserved) over the n running requests are
+    read against M = cdiv(max_model_len, block size), what a request commits in a
+    full-attention group at max_model_len, and the most it can commit there:
+      n x M        every request is charged for max_model_len;
+      <= n x M / 2 at most half of them can be at max_model_len: the rest, most, are
+                   sized by the max new tokens they send;
+      between      some at max_model_len, or all a little under it: either;
+      > n x M      more than one KV-cache group (a hybrid model's window groups add
+                   theirs): the totals cannot say which lengths take it: either.
+    (Prefix blocks shared by requests count once, so sharing can only lower the total.)
+    Under the naive policy every request is charged max_model_len, whatever it asks for.
+    """
+    plan = sample.plan
+    max_len = plan.max_model_len if plan is not None else 0
+    if sample.policy == "naive":
+        return "max_model_len", (
+            "max_model_len-sized reservations: the naive policy charges every request "
+            + (f"max_model_len {max_len}" if max_len else "max_model_len")
+            + ", whatever its max new tokens"
+        )
+    either = "max_model_len-sized reservations or the clients' large max new tokens, the totals cannot tell which"
+    if plan is None or not max_len or plan.block_size <= 0 or not sample.running:
+        return "unknown", either
+    at_max_len = -(-max_len // plan.block_size)
+    committed, running = sample.held + sample.reserved, sample.running
+    figures = (
+        f"{committed} blocks committed to {_requests(running)}, {committed / running:.4g} each; "
+        f"max_model_len {max_len} takes cdiv({max_len}, {plan.block_size}) = {at_max_len}"
+    )
+    if committed == at_max_len * running:
+        return "max_model_len", (
+            f"max_model_len-sized reservations ({figures}: clients send no max new tokens, or ones that reach it)"
+        )
+    if 2 * committed <= at_max_len * running:
+        return "max_new_tokens", f"reservations sized by the clients' max new tokens ({figures})"
+    if committed > at_max_len * running:
+        return "unknown", f"{either} ({figures} in a full-attention group: the model has more groups)"
+    return "unknown", f"{either} ({figures})"
 
 
 def check_preemptions(samples: Sequence[PoolSample]) -> Finding:

@@ -162,9 +162,9 @@ def test_status_text_is_one_screen_with_the_pool_figures(daemon, capsys) -> None
     lines = out.splitlines()
     assert lines[0] == f"kvbudget daemon at {daemon.target}: llama-3.1-8b"
     assert lines[1].split() == ["policy", "guaranteed"]
-    # Nothing runs on this daemon: all 64 blocks free, none held.
-    assert lines[2].split() == ["blocks", "64", "total,", "64", "free", "(0", "evictable),", "0", "held", "(0%),",
-                                "0", "reserved"]
+    # Nothing runs on this daemon: all 64 blocks free, none held, promised or cached.
+    assert lines[2].split() == ["blocks", "64", "total:", "0", "held", "(0%),", "0", "reserved,", "0", "cached,",
+                                "64", "free"]
     assert lines[3].split() == ["requests", "0", "running,", "0", "waiting,", "0", "preemptions"]
     assert len(lines) <= 24
     assert not any(line.split()[0] == "log" for line in lines[1:])  # said only when writes fail

@@ -744,8 +744,8 @@ def test_replays_that_do_not_fit_are_counted_the_finished_ones_last():
     dead = common_pb2.ReplayState(replay_id="c", trace="dead.jsonl", position=40, total=100,
                                   speed=5.0, done=True)
     state = state_of(snapshot(replays=[done, live, dead]))
-    # A panel 7 lines high: two replays of 3 lines, the unfinished ones (in the daemon's
-    # order), and the line that counts the third; no line left for the hint.
+    # A panel 7 lines high: two replays of 3 lines, the unfinished ones (running before
+    # stopped short), and the line that counts the third; no line left for the hint.
     # Bars: 36 - 1 - len("30/100 20×") = 25 cells, 30% = 7.5 -> 8 █; 36 - 1 - 9 = 26, 40% =
     # 10.4 -> 10 █.
     assert text_of(panels.replays_panel(state), height=7) == "\n".join([
@@ -761,6 +761,27 @@ def test_replays_that_do_not_fit_are_counted_the_finished_ones_last():
     assert text_of(panels.replays_panel(state)).splitlines()[6:] == [
         "done.csv", "█" * 24 + " 100/100 20×", "100% done  policy —", "r: start a replay",
     ]
+
+
+def test_replays_are_listed_newest_first_and_running_ones_stay_in_view():
+    def replay(replay_id: str, position: int, done: bool = False, total: int = 100) -> common_pb2.ReplayState:
+        return common_pb2.ReplayState(replay_id=replay_id, trace=f"{replay_id}.csv", position=position,
+                                      total=total, speed=1.0, done=done)
+
+    # In the daemon's order, oldest first: a replay still running, one finished, one that
+    # stopped at 40%, another finished, one with no total that finished, the newest running.
+    replays = [replay("old-live", 30), replay("done-1", 100, True), replay("stopped", 40, True),
+               replay("done-2", 100, True), replay("no-total", 0, True, total=0), replay("new-live", 60)]
+    state = state_of(snapshot(replays=replays))
+    names = [line for line in text_of(panels.replays_panel(state)).splitlines() if line.endswith(".csv")]
+    # Newest first within running, stopped short, finished.
+    assert names == ["new-live.csv", "old-live.csv", "stopped.csv", "no-total.csv", "done-2.csv", "done-1.csv"]
+    # 7 lines: the two running ones (3 lines each) and "+4 more"; 5 lines at 80x24 (2 lines
+    # each): the same two.
+    assert [line for line in text_of(panels.replays_panel(state), height=7).splitlines()
+            if line.endswith(".csv") or line.startswith("+")] == ["new-live.csv", "old-live.csv", "+4 more replays"]
+    compact = text_of(panels.replays_panel(state, compact=True), height=5).splitlines()
+    assert [line.split()[0] for line in compact[::2]] == ["new-live.csv", "old-live.csv", "+4"]
 
 
 # -- which daemon: its start time tells a restart, its version and uptime head the screen ---

@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvbudget.pool_parts import pool_parts  # shared with `kvbudget admin status`
 from kvbudget.tenants import tenants_folded
 from kvbudget.tui.drawing import (
     Blocks,
@@ -34,7 +35,6 @@ from kvbudget.tui.state import (
     Link,
     daemon_uptime_s,
     policy_name,
-    pool_parts,
 )
 from kvbudget.tui.verdict import Bound, gib, verdict
 from kvbudget.units import format_duration
@@ -364,9 +364,10 @@ def _engines_compact(s) -> RenderableType:
 
 
 def replays_panel(state: DashboardState, compact: bool = False) -> RenderableType:
-    """Replays: trace, position, speed, status, policy. The unfinished ones first (running,
-    stalled, stopped short): when they do not all fit, the finished ones are what a
-    "+N more" line stands for."""
+    """Replays: trace, position, speed, status, policy; newest first, as htop and k9s put
+    what runs now on top. Running (or stalled) ones before those that stopped short, before
+    the finished: when they do not all fit, a "+N more" line stands for finished ones, never
+    for one still running."""
     s = state.snapshot
     if s is None:
         return WAITING
@@ -377,7 +378,7 @@ def replays_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
     if not s.replays:
         return Group(Text("no replay running", style="dim"), hint)
     blocks: list[RenderableType] = []
-    for replay in sorted(s.replays, key=_finished):
+    for replay in replays_in_panel_order(s.replays):
         status = replay_status(state, replay)
         name = Text(replay.trace or replay.replay_id, style="bold")
         if compact:
@@ -400,6 +401,20 @@ def replays_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
             lines.append(Text.assemble(status, ("  policy ", "dim"), (replay.policy or "—", "")))
         blocks.append(Group(*lines))
     return Blocks(tuple(blocks), "replays", None if compact else hint)
+
+
+def replays_in_panel_order(replays: Sequence[common_pb2.ReplayState]) -> list[common_pb2.ReplayState]:
+    """The daemon lists replays as they first reported, oldest first: reversed, then
+    running ones, stopped-short ones and finished ones (a stable sort keeps them newest
+    first within each)."""
+    return sorted(reversed(replays), key=_standing)
+
+
+def _standing(replay: common_pb2.ReplayState) -> int:
+    """0 running (or stalled), 1 stopped short, 2 finished (as replay_status tells them)."""
+    if not replay.done and not _finished(replay):
+        return 0
+    return 1 if replay.total and not _finished(replay) else 2
 
 
 def _finished(replay) -> bool:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from kvbudget.pool_parts import pool_parts  # (the pool panel's split; the free plot samples it)
 from kvbudget.v1 import common_pb2, observer_pb2
 
 
@@ -57,25 +58,13 @@ class Sample:
     waiting_by_reason: Mapping[str, int] = field(default_factory=dict)
 
 
-def pool_parts(s: common_pb2.Snapshot) -> tuple[int, int, int, int]:
-    """(held, reserved, cached, free): the four parts that make the pool, as the dashboard
-    shows them. The daemon's `num_free_blocks` is every block no request holds (reserved
-    ones and evictable cached ones included); here promises are kept out of the cached
-    and free blocks, so that what a promise has taken is not shown as cached or free too
-    (a reservation larger than the uncached free blocks drew 2,053 of a 2,047-block pool)."""
-    held, reserved = s.num_held_blocks, s.num_reserved_blocks
-    cached = min(s.num_evictable_blocks, max(0, s.num_blocks - held - reserved))
-    free = max(0, s.num_blocks - held - reserved - cached)
-    return held, reserved, cached, free
-
-
 def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
     capacity = snapshot.num_blocks
     gpu = snapshot.gpu
     outside = max(0, gpu.used_bytes - gpu.pool_bytes) if gpu.present else 0
     return Sample(
         time_s=snapshot.time_unix_s,
-        free_blocks=pool_parts(snapshot)[3],
+        free_blocks=pool_parts(snapshot).free,
         usage=snapshot.num_held_blocks / capacity if capacity else 0.0,
         waiting=snapshot.num_waiting,
         running=snapshot.num_running,

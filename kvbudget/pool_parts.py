@@ -1,0 +1,51 @@
+"""A snapshot's pool as four parts that add up to it: the one split `kvbudget admin status`
+and the dashboard share.
+
+The daemon's `num_free_blocks` is every block no request holds: blocks promised to running
+requests (reserved) and evictable cached blocks are in it too. Shown beside "reserved" and
+"cached", that free count says the same blocks twice (60 of 64 blocks promised still read
+"64 free"), so both clients split the pool here, the same way. Nothing of
+the project (and no textual, torch or protobuf) is imported: the dashboard (`kvbudget.tui`)
+and the CLI, which must load no dashboard code, may both import it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+
+class PoolCounts(Protocol):
+    """What is read of a `Snapshot` (duck-typed: the proto message, or a test's stand-in)."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def num_held_blocks(self) -> int: ...
+
+    @property
+    def num_reserved_blocks(self) -> int: ...
+
+    @property
+    def num_evictable_blocks(self) -> int: ...
+
+
+class PoolParts(NamedTuple):
+    """held + reserved + cached + free == the pool's usable blocks (a tuple, so that
+    `held, reserved, cached, free = pool_parts(s)` reads as it did)."""
+
+    held: int  # blocks requests hold
+    reserved: int  # promised to running requests, not yet held
+    cached: int  # evictable cached blocks no promise has taken
+    free: int  # neither held, promised nor cached
+
+
+def pool_parts(s: PoolCounts) -> PoolParts:
+    """(held, reserved, cached, free): promises are kept out of the cached and free blocks,
+    so that what a promise has taken is not shown as cached or free too (a reservation
+    larger than the uncached free blocks drew 2,053 of a 2,047-block pool). A promise takes
+    uncached free blocks before cached ones: what is left of the cached ones is shown."""
+    held, reserved = s.num_held_blocks, s.num_reserved_blocks
+    cached = min(s.num_evictable_blocks, max(0, s.num_blocks - held - reserved))
+    free = max(0, s.num_blocks - held - reserved - cached)
+    return PoolParts(held, reserved, cached, free)
