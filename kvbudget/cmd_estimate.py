@@ -4,6 +4,12 @@ Layer-aware concurrency charges each KV-cache group its own worst case (a slidin
 holds about W - 1 + F tokens, a chunked layer C + F, Mamba one state); naive concurrency
 charges every layer the full request length, as a system without layer awareness does.
 All block arithmetic comes from `kvbudget.daemon.budget`.
+
+Block counts are vLLM's (num_gpu_blocks, "GPU KV cache size", "Maximum concurrency"), so
+its printed figures can be checked here; but block 0 is the null block, never handed out
+(vLLM v1's BlockPool, and the daemon's pool), so `kvbudget daemon` on the same pool hands
+out one block fewer. Both are shown: the daemon's usable blocks and concurrency, and
+vLLM's figure beside them, labelled.
 """
 
 from __future__ import annotations
@@ -229,7 +235,9 @@ def _lengths(args: argparse.Namespace, model: ModelInfo, num_blocks: int, F: int
     if text is None:
         max_len, source = model.max_model_len, "model"
     elif text.strip().lower() == "auto":
-        max_len = max_model_len_that_fits(num_blocks, model.layout, F, model.max_model_len)
+        # On the blocks the daemon has usable: one request at vLLM's N-block figure would
+        # need the null block too, and the daemon rejects it as never fitting.
+        max_len = max_model_len_that_fits(daemon_usable_blocks(num_blocks), model.layout, F, model.max_model_len)
         source = "auto"
         if max_len == 0:
             raise CLIError("--max-model-len auto: not even a one-token request fits the pool")
@@ -284,6 +292,12 @@ def _trace_lengths(path: str, max_model_len: int) -> TraceLengths:
     )
 
 
+def daemon_usable_blocks(num_blocks: int) -> int:
+    """Blocks `kvbudget daemon` hands out on a pool of `num_blocks` (vLLM's count): block 0
+    is the null block (the daemon's server takes `num_blocks - 1` for its controller)."""
+    return max(0, num_blocks - 1)
+
+
 def build_report(
     model: ModelInfo, sizing: PoolSizing, lengths: Lengths, F: int, trace: TraceLengths | None
 ) -> dict[str, Any]:
@@ -309,6 +323,8 @@ def build_report(
         entry["naive_blocks_per_request"] = naive.per_group[i]
         groups.append(entry)
 
+    usable = daemon_usable_blocks(sizing.num_blocks)
+
     def concurrency(n: int) -> dict[str, Any]:
         return {
             "tokens": n,
@@ -316,9 +332,12 @@ def build_report(
             "naive_blocks_per_request": budget.request_naive(layout, n).total,
             "max_concurrency": budget.max_concurrency(sizing.num_blocks, layout, n, F),
             "naive_max_concurrency": budget.naive_max_concurrency(sizing.num_blocks, layout, n),
+            "daemon_max_concurrency": budget.max_concurrency(usable, layout, n, F),
+            "daemon_naive_max_concurrency": budget.naive_max_concurrency(usable, layout, n),
         }
 
-    fits_len = budget.max_model_len_that_fits(sizing.num_blocks, layout, F, model.max_model_len)
+    fits_len = budget.max_model_len_that_fits(usable, layout, F, model.max_model_len)  # (as auto: the daemon's)
+    vllm_concurrency = budget.max_concurrency(sizing.num_blocks, layout, tokens, F)
     sizing_dict = sizing.as_dict()
     sizing_dict["weights_note"] = model.weights.note if sizing.weights_estimated else None
     report: dict[str, Any] = {
@@ -330,7 +349,9 @@ def build_report(
         "num_parameters": model.weights.num_parameters,
         "estimated_weight_bytes": model.weights.weight_bytes,
         "block_size": layout.block_size,
+        # vLLM's count (num_gpu_blocks), the null block included; the daemon hands out one fewer
         "num_blocks": sizing.num_blocks,
+        "daemon_usable_blocks": usable,
         "page_size_bytes": layout.page_size_bytes,
         "group_size": layout.group_size,
         "bytes_per_block": layout.bytes_per_block,
@@ -346,8 +367,13 @@ def build_report(
         "groups": groups,
         "blocks_per_request": worst.total,
         "naive_blocks_per_request": naive.total,
-        "max_concurrency": budget.max_concurrency(sizing.num_blocks, layout, tokens, F),
+        # "max_concurrency" is vLLM's figure, on num_blocks (kept as it was; "vllm_max_concurrency"
+        # says whose it is); "daemon_max_concurrency" is on the daemon's usable blocks.
+        "max_concurrency": vllm_concurrency,
         "naive_max_concurrency": budget.naive_max_concurrency(sizing.num_blocks, layout, tokens),
+        "vllm_max_concurrency": vllm_concurrency,
+        "daemon_max_concurrency": budget.max_concurrency(usable, layout, tokens, F),
+        "daemon_naive_max_concurrency": budget.naive_max_concurrency(usable, layout, tokens),
         "sizing": sizing_dict,
         "trace": None,
         "notes": list(layout.notes),
@@ -393,6 +419,12 @@ def _pool_tokens_line(report: dict[str, Any]) -> str:
     )
 
 
+def _usable_line(report: dict[str, Any]) -> str:
+    """`13,731 usable by kvbudget daemon (block 0 is the null block)`: what the daemon
+    started on this pool hands out, one fewer than the count vLLM prints."""
+    return f"{report['daemon_usable_blocks']:,} usable by kvbudget daemon (block 0 is the null block)"
+
+
 def _print_tables(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -423,6 +455,7 @@ def _print_tables(report: dict[str, Any]) -> None:
     else:
         console.print("[bold]pool[/]    num_gpu_blocks override")
     console.print(f"        {_pool_tokens_line(report)}", soft_wrap=True)
+    console.print(f"        {_usable_line(report)}", soft_wrap=True)
     console.print(
         f"[bold]lengths[/] max_model_len {report['max_model_len']:,} "
         f"({report['max_model_len_source']}), max_num_batched_tokens "
@@ -454,7 +487,7 @@ def _print_tables(report: dict[str, Any]) -> None:
     console.print(groups)
 
     table = Table(title="Max concurrency (requests at once)")
-    for name in ("tokens per request", "layer-aware", "naive", "gain"):
+    for name in ("tokens per request", "layer-aware", "naive", "gain", "vLLM's figure"):
         table.add_column(name, justify="right")
     rows = [(f"{report['tokens_per_request']:,}", report)]
     if report["trace"]:
@@ -462,10 +495,15 @@ def _print_tables(report: dict[str, Any]) -> None:
             point = report["trace"][key]
             rows.append((f"trace {key} {point['tokens']:,}", point))
     for label, point in rows:
-        aware, naive = point["max_concurrency"], point["naive_max_concurrency"]
+        aware, naive = point["daemon_max_concurrency"], point["daemon_naive_max_concurrency"]
         gain = aware / naive if naive and not math.isinf(aware) else float("nan")
-        table.add_row(label, _fmt_x(aware), _fmt_x(naive), f"x{gain:.2f}")
+        table.add_row(label, _fmt_x(aware), _fmt_x(naive), f"x{gain:.2f}", _fmt_x(point["max_concurrency"]))
     console.print(table)
+    console.print(
+        f"layer-aware, naive: on the daemon's {report['daemon_usable_blocks']:,} usable blocks; "
+        f"vLLM's figure: on its {report['num_blocks']:,} (the null block counted)",
+        soft_wrap=True,
+    )
     if report["max_model_len_that_fits"] < report["max_model_len"]:
         console.print(
             f"[yellow]one request of {report['max_model_len']:,} tokens does not fit the pool; "

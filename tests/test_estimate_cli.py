@@ -102,7 +102,8 @@ def test_human_table_shows_layer_aware_and_naive_side_by_side():
     header = next(line for line in out.splitlines() if "layer-aware" in line and "naive" in line)
     assert header.index("layer-aware") < header.index("naive")
     row = next(line for line in out.splitlines() if "131,072 " in line and "│" in line)
-    # 13732 / 11654 = 1.18 layer-aware, 13732 / 57344 = 0.24 naive, gain 57344 / 11654 = 4.92
+    # on the daemon's 13731 usable blocks: 13731 / 11654 = 1.18 layer-aware, 13731 / 57344 = 0.24
+    # naive, gain 57344 / 11654 = 4.92; vLLM's figure on its 13732: 13732 / 11654 = 1.18 too
     assert "1.18" in row and "0.24" in row and "x4.92" in row
     assert "sliding_window" in out and "1,024" in out
 
@@ -141,12 +142,13 @@ def test_max_model_len_auto(tmp_path):
     config = write_config(tmp_path, num_key_value_heads=32, torch_dtype="float16")
     out = run_json("--model", config, "--kv-cache-memory-bytes", "8GiB", "--max-model-len", "auto")
     # page 16 x 32 x 256 x 2 = 256 KiB, x 32 layers = 8 MiB per block; 8 GiB -> 1024 blocks;
-    # full attention: cdiv(L, 16) <= 1024 -> L = 16384 (below the model's 32768)
+    # the daemon has 1023 usable (block 0 is the null block); full attention: cdiv(L, 16) <=
+    # 1023 -> L = 16368 (below the model's 32768)
     assert out["page_size_bytes"] == 262144
     assert out["bytes_per_block"] == 8 * 2**20
-    assert out["num_blocks"] == 1024
-    assert out["max_model_len"] == 16384 and out["max_model_len_source"] == "auto"
-    assert out["max_concurrency"] == 1.0
+    assert out["num_blocks"] == 1024 and out["daemon_usable_blocks"] == 1023
+    assert out["max_model_len"] == 16368 and out["max_model_len_source"] == "auto"
+    assert out["daemon_max_concurrency"] == 1.0  # 1023 / cdiv(16368, 16) = 1023 / 1023
 
 
 def test_max_model_len_auto_capped_by_model(tmp_path):
