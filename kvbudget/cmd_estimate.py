@@ -501,7 +501,7 @@ def _print_tables(report: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         f"layer-aware, naive: on the daemon's {report['daemon_usable_blocks']:,} usable blocks; "
-        f"vLLM's figure: on its {report['num_blocks']:,} (the null block counted)",
+        f"vLLM's: on {report['num_blocks']:,}",
         soft_wrap=True,
     )
     if report["max_model_len_that_fits"] < report["max_model_len"]:
