@@ -48,6 +48,7 @@ from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles,
 from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
+from kvbudget.daemon.reflection_pool import reflection_pool
 from kvbudget.daemon.servicers import MAX_MESSAGE_BYTES, AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.sessions import SessionTable
 from kvbudget.daemon.tls import (
@@ -262,9 +263,11 @@ class Daemon:
             AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)), server,
         )
         add_checked(health_pb2_grpc.add_HealthServicer_to_server, health, server)  # (bad bytes: INVALID_ARGUMENT)
+        # pool: the served descriptors with the .proto comments, so `grpcurl describe` shows the docs
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
+            pool=reflection_pool(),
         )
         for address in config.listen:
             if listen_kind(address) == "unix":

@@ -1,4 +1,5 @@
-"""The committed generated code is exactly what protos/generate.sh produces from the .proto files.
+"""The committed generated code (and the descriptor set reflection serves) is exactly what
+protos/generate.sh produces from the .proto files.
 
 If this fails, run `protos/generate.sh` and commit the result (or the .proto edit was not
 regenerated). Needs grpcio-tools at the version pinned in pyproject's test extras.
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos" / "kvbudget" / "v1"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+DESCRIPTOR_SET = "descriptor_set.binpb"  # see daemon/reflection_pool.py
 
 
 def test_generated_code_matches_the_protos(tmp_path: Path) -> None:
@@ -30,6 +32,9 @@ def test_generated_code_matches_the_protos(tmp_path: Path) -> None:
             fresh = (tmp_path / "kvbudget" / "v1" / name).read_text()
             committed = (PROTO_DIR / name).read_text()
             assert fresh == committed, f"{name} is stale: run protos/generate.sh"
+    # the descriptor set reflection serves (the same files, with their comments)
+    fresh_set = (tmp_path / "kvbudget" / "v1" / DESCRIPTOR_SET).read_bytes()
+    assert fresh_set == (PROTO_DIR / DESCRIPTOR_SET).read_bytes(), f"{DESCRIPTOR_SET} is stale: run protos/generate.sh"
 
 
 def test_every_generated_module_imports() -> None:

@@ -1,0 +1,156 @@
+"""Server reflection that carries the contract's documentation.
+
+`grpcurl describe kvbudget.v1.StepRequest` (or any reflection client) shows the comments of
+a type only if the file descriptor reflection sends holds `source_code_info`. The generated
+*_pb2 modules have none (protoc's Python generator leaves it out), and a descriptor pool
+cannot add it back: the upb pool drops source info in `CopyToProto` even for a file added
+with it. So protos/generate.sh also writes `descriptor_set.binpb` (the same files, with
+their comments) beside the generated code, and `DocumentedPool` hands the reflection
+service that copy of a file, while every lookup still goes to the pool the daemon serves
+from: the types a client learns are the daemon's own, and health and reflection (which the
+set does not hold) resolve as before.
+
+Documentation never stops the daemon: a missing, unreadable or stale set is a warning, and
+reflection then describes the types without their comments.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from importlib.resources.abc import Traversable
+
+from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.descriptor import FileDescriptor
+from google.protobuf.message import DecodeError
+
+log = logging.getLogger("kvbudget.daemon")
+
+DESCRIPTOR_SET = "descriptor_set.binpb"  # in the kvbudget.v1 package, written by protos/generate.sh
+
+
+def bundled_descriptor_set() -> Traversable:
+    return resources.files("kvbudget.v1") / DESCRIPTOR_SET
+
+
+class DocumentedFile:
+    """A served file descriptor whose `CopyToProto` gives the documented copy of the file.
+
+    The reflection service walks `dependencies` and serializes each file with `CopyToProto`;
+    anything else is the served descriptor's own."""
+
+    def __init__(self, served: FileDescriptor, documented: Mapping[str, descriptor_pb2.FileDescriptorProto]) -> None:
+        self._served = served
+        self._documented = documented
+
+    @property
+    def name(self) -> str:
+        return self._served.name
+
+    @property
+    def dependencies(self) -> list[DocumentedFile]:
+        return [DocumentedFile(dependency, self._documented) for dependency in self._served.dependencies]
+
+    def CopyToProto(self, proto: descriptor_pb2.FileDescriptorProto) -> None:  # noqa: N802 (protobuf's name)
+        documented = self._documented.get(self._served.name)
+        if documented is None:
+            self._served.CopyToProto(proto)
+        else:
+            proto.CopyFrom(documented)
+
+    def __getattr__(self, attribute: str):
+        return getattr(self._served, attribute)
+
+
+class DocumentedPool:
+    """A descriptor pool for `enable_server_reflection(pool=...)`: the served pool's answers,
+    with the files that `documented` holds (by file name) documented."""
+
+    def __init__(self, served: descriptor_pool.DescriptorPool,
+                 documented: Mapping[str, descriptor_pb2.FileDescriptorProto]) -> None:
+        self._served = served
+        self._documented = dict(documented)
+
+    @property
+    def documented_files(self) -> tuple[str, ...]:
+        return tuple(sorted(self._documented))
+
+    def FindFileByName(self, file_name: str) -> DocumentedFile:  # noqa: N802
+        return DocumentedFile(self._served.FindFileByName(file_name), self._documented)
+
+    def FindFileContainingSymbol(self, symbol: str) -> DocumentedFile:  # noqa: N802
+        return DocumentedFile(self._served.FindFileContainingSymbol(symbol), self._documented)
+
+    def __getattr__(self, attribute: str):  # message and extension lookups: the served pool's
+        return getattr(self._served, attribute)
+
+
+def reflection_pool(
+    descriptor_set: Traversable | None = None,
+    served: descriptor_pool.DescriptorPool | None = None,
+) -> DocumentedPool | descriptor_pool.DescriptorPool:
+    """The pool to give the reflection service: `served` (default: the default pool, which
+    the generated code and grpcio's health and reflection modules fill) with the comments
+    of `descriptor_set` (default: the one shipped with kvbudget.v1). Never raises: without
+    a usable set it is `served` itself, and the log says why."""
+    served = descriptor_pool.Default() if served is None else served
+    source = bundled_descriptor_set() if descriptor_set is None else descriptor_set
+    try:
+        files = descriptor_pb2.FileDescriptorSet.FromString(source.read_bytes()).file
+    except (OSError, DecodeError) as exc:
+        log.warning("reflection: cannot read the descriptor set %s (%s): clients see the API without its "
+                    "comments", source, exc)
+        return served
+    documented: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    stale: list[str] = []
+    for file in files:
+        try:
+            served_file = served.FindFileByName(file.name)
+        except KeyError:
+            continue  # not a file this daemon serves
+        if _without_docs(file) == _without_docs(_as_proto(served_file)):
+            documented[file.name] = file
+        else:
+            stale.append(file.name)
+    if stale:
+        # A client must get the types the daemon serves, so a differing file is served bare.
+        log.warning("reflection: %s in the descriptor set differ from the generated code (run "
+                    "protos/generate.sh): served without comments", ", ".join(stale))
+    if not documented:
+        if not stale:
+            log.warning("reflection: the descriptor set %s holds none of the served files: clients see the API "
+                        "without its comments", source)
+        return served
+    return DocumentedPool(served, documented)
+
+
+def _as_proto(file: FileDescriptor) -> descriptor_pb2.FileDescriptorProto:
+    proto = descriptor_pb2.FileDescriptorProto()
+    file.CopyToProto(proto)
+    return proto
+
+
+def _without_docs(file: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDescriptorProto:
+    """The file as the generated code holds it, to compare the two: no source info and no
+    `json_name` (protoc's descriptor set spells out the default json names, the Python
+    generator leaves them to be derived; either way they are the same names)."""
+    bare = descriptor_pb2.FileDescriptorProto()
+    bare.CopyFrom(file)
+    bare.ClearField("source_code_info")
+    _clear_json_names(bare.extension)
+    for message in bare.message_type:
+        _clear_message_json_names(message)
+    return bare
+
+
+def _clear_message_json_names(message: descriptor_pb2.DescriptorProto) -> None:
+    _clear_json_names(message.field)
+    _clear_json_names(message.extension)
+    for nested in message.nested_type:
+        _clear_message_json_names(nested)
+
+
+def _clear_json_names(fields: Iterable[descriptor_pb2.FieldDescriptorProto]) -> None:
+    for field in fields:
+        field.ClearField("json_name")
