@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvbudget.daemon.config import ConfigError, DaemonConfig, Roles, TenantQuota, load_roles, tokens_file_warnings
+from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
+from kvbudget.daemon.tokens_file import Roles, load_roles, tokens_file_warnings
 from kvbudget.daemon.tls import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
 
 # AdmissionController.retune's keyword arguments, the config's field names

@@ -44,7 +44,7 @@ from kvbudget import __version__
 from kvbudget.daemon import convert, sdnotify
 from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.auth import Authorizer
-from kvbudget.daemon.config import DaemonConfig, Roles, listen_kind, load_roles, parse_host_port, tokens_file_warnings
+from kvbudget.daemon.config import DaemonConfig, listen_kind, parse_host_port
 from kvbudget.daemon.core_service import CoreOptions, CoreService
 from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
@@ -59,6 +59,7 @@ from kvbudget.daemon.tls import (
     read_client_ca,
     read_pair,
 )
+from kvbudget.daemon.tokens_file import Roles, load_roles, tokens_file_warnings
 from kvbudget.daemon.watch import WatchHub
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             f"(kept: {_retention(config)})"
         )
         if config.tokens_file:
-            from kvbudget.daemon.config import tokens_file_warnings
+            from kvbudget.daemon.tokens_file import tokens_file_warnings
 
             for warning in tokens_file_warnings(config.tokens_file, daemon.roles):
                 print(f"warning: {warning}")

@@ -17,10 +17,9 @@ from kvbudget.daemon.config import (
     config_keys,
     listen_kind,
     load_config,
-    load_roles,
-    load_tokens,
     parse_host_port,
 )
+from kvbudget.daemon.tokens_file import load_roles, load_tokens
 
 from certificates import make_ca, make_pair
 
