@@ -89,10 +89,16 @@ def query_decisions(
     try:
         conn.row_factory = sqlite3.Row
         try:
+            # One read transaction, so every statement below sees the same rows: the daemon
+            # folds recent rows into the indexed table meanwhile, and a row moved between
+            # the two tables' probes of the seq search was in neither (the page skipped it).
+            conn.execute("BEGIN")
             if before_seq is not None:
                 # The id bound is what makes it cheap (a range on the primary key, and on
-                # every index); the seq condition keeps the promise in a log whose seqs do
-                # not rise (one written before restarts numbered on from the last seq).
+                # every index). It assumes seqs rise with ids: in a log written before
+                # restarts numbered on from the last seq (each run from 1 again), seqs
+                # repeat and a page skips matches of a later run (the seq condition only
+                # keeps rows at or above the bound out); no seq bound pages such a log.
                 where += ["id < ?", "seq < ?"]
                 params += [_first_id_at_or_after_seq(conn, before_seq), before_seq]
             if window and request_id is None and _window_is_sparse(conn, window, window_params):

@@ -1,0 +1,106 @@
+"""QA of paging back by seq (`before_seq`) where the daemon changes the log while a page is
+read: it folds recent rows into the indexed table a fraction of a second after each commit,
+and a reader's query must still hold every matching decision once."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kvbudget.daemon import decision_query
+from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.decision_query import query_decisions
+from kvbudget.daemon.decision_schema import INDEXED, RECENT
+from kvbudget.daemon.decision_upkeep import fold
+from kvbudget.daemon.records import Decision, DecisionKind, Reason
+
+
+def make_log(path: Path, seqs: range, *, indexed_below_id: int) -> None:
+    """Seqs in id order from id 1 (all at one time, as one step's), ids below
+    `indexed_below_id` folded, the rest still in the recent table."""
+    with DecisionLog(path) as log:
+        log.append([
+            Decision(seq=seq, time_s=5.0, kind=DecisionKind.ADMIT, reason=Reason.FITS, request_id=f"r{seq}")
+            for seq in seqs
+        ]).result()
+    conn = sqlite3.connect(path)
+    with conn:  # (close() folded every row)
+        conn.execute(f"INSERT INTO {RECENT} SELECT * FROM {INDEXED} WHERE id >= ?", (indexed_below_id,))
+        conn.execute(f"DELETE FROM {INDEXED} WHERE id >= ?", (indexed_below_id,))
+    conn.close()
+
+
+class FoldingDaemon:
+    """Opens the log as `open_read_only` does, and commits the daemon's fold (every recent
+    row into the indexed table, in one transaction, `decision_upkeep.fold`) as the query's
+    `fold_at`-th statement begins (before it reads: SQLite calls the trace first)."""
+
+    def __init__(self) -> None:
+        self.fold_at = 0
+        self.folded = False
+        self._opened = decision_query.open_read_only
+
+    def open(self, path: str) -> sqlite3.Connection:
+        conn = self._opened(path)
+        statements = 0
+
+        def trace(_sql: str) -> None:
+            nonlocal statements
+            statements += 1
+            if statements == self.fold_at:
+                writer = sqlite3.connect(path, isolation_level=None)
+                try:
+                    fold(writer)
+                finally:
+                    writer.close()
+                self.folded = True
+
+        conn.set_trace_callback(trace)
+        return conn
+
+
+@pytest.fixture
+def folding_daemon(monkeypatch: pytest.MonkeyPatch) -> FoldingDaemon:
+    daemon = FoldingDaemon()
+    monkeypatch.setattr(decision_query, "open_read_only", daemon.open)
+    return daemon
+
+
+def test_a_page_read_while_the_daemon_folds_skips_no_decision(tmp_path: Path, folding_daemon: FoldingDaemon) -> None:
+    # Seqs 101..112 at ids 1..12; ids 1..4 folded, 5..12 recent (a busy daemon's newest).
+    # For every bound, and a fold before each statement of the query in turn, on a fresh
+    # copy of the log: before_seq=B holds seqs B-1 down to 101, newest first (limit 0).
+    # (Each probe of the seq search read one table, then the other: rows the fold moved
+    # between them were in neither, the probe found no row, and the search stopped below
+    # them: the page skipped the recent rows under the bound.)
+    original = tmp_path / "original.db"
+    make_log(original, range(101, 113), indexed_below_id=5)
+    wrong: dict[tuple[int, int], list[int]] = {}
+    folded: Path | None = None
+    for before_seq in range(102, 114):
+        want = list(range(before_seq - 1, 100, -1))
+        for fold_at in range(1, MAX_STATEMENTS + 1):
+            copy = tmp_path / f"copy-{before_seq}-{fold_at}.db"  # (a new name: no WAL left beside it)
+            shutil.copyfile(original, copy)
+            folding_daemon.fold_at, folding_daemon.folded = fold_at, False
+            got = [row["seq"] for row in query_decisions(copy, before_seq=before_seq, limit=0)]
+            if got != want:
+                wrong[before_seq, fold_at] = got
+            if not folding_daemon.folded:
+                break  # the query ran fewer statements: every place of the fold was tried
+            folded = copy
+        else:
+            pytest.fail(f"before_seq={before_seq}: a query of more than {MAX_STATEMENTS} statements")
+    assert wrong == {}
+    assert folded is not None
+    # Nothing lost by the folds themselves: every row still there, once, all folded.
+    conn = sqlite3.connect(folded)
+    assert conn.execute(f"SELECT count(*) FROM {RECENT}").fetchone() == (0,)
+    assert conn.execute("SELECT count(*), min(seq), max(seq) FROM decisions").fetchone() == (12, 101, 112)
+    conn.close()
+
+
+MAX_STATEMENTS = 200  # the seq search over 12 ids takes about 2 x 4 probes
