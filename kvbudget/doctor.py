@@ -200,7 +200,15 @@ def _reservation_cause(sample: PoolSample) -> tuple[str, str]:
       between      some at max_model_len, or all a little under it: either;
       > n x M      more than one KV-cache group (a hybrid model's window groups add
                    theirs): the totals cannot say which lengths take it: either.
-    (Prefix blocks shared by requests count once, so sharing can only lower the total.)
+    Prefix blocks shared by requests count once in "held", so sharing lowers the committed
+    total: n requests at max_model_len that share a long prompt commit well under n x M
+    (20 sharing 70 of 71 prompt blocks, M = 128: 1,230 committed, under 2,560 / 2). So
+    "at most half" is judged on bounds sharing cannot move: a request at max_model_len is
+    owed at least M - held (it holds no more than the pool's held blocks), and the n of
+    them hold at most n x held, so k at max_model_len need
+      k x (M - held) <= reserved  and  k x M <= reserved + n x held;
+    max new tokens are named only when those let k be at most n / 2; when only the
+    committed total does, they are said with that "if" and the cause is "unknown".
     Under the naive policy every request is charged max_model_len, whatever it asks for.
     """
     plan = sample.plan
@@ -224,11 +232,29 @@ def _reservation_cause(sample: PoolSample) -> tuple[str, str]:
         return "max_model_len", (
             f"max_model_len-sized reservations ({figures}: clients send no max new tokens, or ones that reach it)"
         )
-    if 2 * committed <= at_max_len * running:
+    at_most = _most_at_max_model_len(sample, at_max_len)
+    if 2 * at_most <= running:
         return "max_new_tokens", f"reservations sized by the clients' max new tokens ({figures})"
     if committed > at_max_len * running:
         return "unknown", f"{either} ({figures} in a full-attention group: the model has more groups)"
+    if 2 * committed <= at_max_len * running:  # low, but shared prefix blocks may be why
+        return "unknown", (
+            f"reservations sized by the clients' max new tokens if the requests share no long prompt "
+            f"prefix ({figures}; prefix blocks they share count once: up to {at_most} of them may be "
+            f"at max_model_len)"
+        )
     return "unknown", f"{either} ({figures})"
+
+
+def _most_at_max_model_len(sample: PoolSample, at_max_len: int) -> int:
+    """The most running requests that can be charged for max_model_len (`at_max_len`
+    blocks in a full-attention group), whatever prefix blocks they share: each is owed at
+    least at_max_len - held, and all of them hold at most running x held blocks in all."""
+    held, reserved, running = sample.held, sample.reserved, sample.running
+    most = min(running, (reserved + running * held) // at_max_len)
+    if held < at_max_len:
+        most = min(most, reserved // (at_max_len - held))
+    return most
 
 
 def check_preemptions(samples: Sequence[PoolSample]) -> Finding:
