@@ -32,15 +32,9 @@ import sys
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from kvbudget.client_tls import channel_credentials, resolve_tls
 from kvbudget.errors import CLIError
 from kvbudget.target import add_target_arguments, check_target, resolve_target, resolve_token, rpc_error_line
-
-if TYPE_CHECKING:  # the CLI imports the daemon's modules only when it runs
-    from kvbudget.daemon.spec import KVCacheLayout, LayerSpec
-    from kvbudget.v1 import common_pb2
 
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -402,6 +396,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
     import grpc
 
     from kvbudget.client import ObserverClient, SessionLost
+    from kvbudget.daemon import convert
     from kvbudget.traces.replay import ReplaySetup, run_live
 
     target = args.target  # checked and resolved in run()
@@ -415,7 +410,10 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
         except grpc.aio.AioRpcError as exc:
             raise CLIError(rpc_error_line(target, exc)) from None
         plan = snapshot.plan
-        layout = layout_from_plan(plan)
+        try:
+            layout = convert.layout_from_plan(plan)
+        except ValueError as exc:  # a plan this client cannot read whole
+            raise CLIError(f"the daemon's pool plan: {exc}") from None
         engine = _engine_config(
             args, trace, max_model_len=plan.max_model_len_tokens,
             max_num_batched_tokens=plan.max_num_batched_tokens or 8192,
@@ -513,63 +511,3 @@ def _progress_bar(total: int):
     task = progress.add_task("replay", total=total)
     progress.start()
     return progress, task
-
-
-def layout_from_plan(plan: common_pb2.PoolPlan) -> KVCacheLayout:
-    """A layout with the daemon's block size and groups, each group of its own kind, so the
-    simulated engine counts blocks per group as the daemon does.
-
-    The plan gives no head counts or dtypes, so the specs' own page sizes are placeholders
-    (the layout's page size is the plan's); none of them counts blocks.
-    """
-    from kvbudget.daemon.spec import AttentionSpec, KVCacheGroup, KVCacheLayout, kv_dtype
-
-    block_size = plan.block_size_tokens or 16
-    groups = [KVCacheGroup(_spec_from_plan_group(g, block_size), tuple(g.layer_ids)) for g in plan.groups]
-    if not groups:
-        groups.append(KVCacheGroup(AttentionSpec(block_size, 1, 1, kv_dtype("bf16")), (0,)))
-    return KVCacheLayout(
-        block_size=block_size, groups=tuple(groups), group_size=plan.layers_per_group or 1,
-        page_size_bytes=plan.page_size_bytes, num_layers=sum(len(g.layer_ids) for g in groups),
-        model_name=plan.model,
-    )  # fmt: skip
-
-
-def _spec_from_plan_group(group: common_pb2.KVCacheGroup, block_size: int) -> LayerSpec:
-    """The spec of one plan group (convert.plan_to_proto wrote it), with what counts blocks."""
-    from kvbudget.daemon.spec import (
-        AttentionSpec,
-        CappedAttentionSpec,
-        ChunkedLocalAttentionSpec,
-        CrossAttentionSpec,
-        LayerKind,
-        MambaSpec,
-        MLASpec,
-        SlidingWindowSpec,
-        kv_dtype,
-    )
-
-    bf16 = kv_dtype("bf16")
-    kind = group.layer_type
-    if kind == LayerKind.SLIDING.value:
-        return SlidingWindowSpec(block_size, 1, 1, bf16, sliding_window=group.sliding_window_tokens)
-    if kind == LayerKind.CHUNKED.value:
-        return ChunkedLocalAttentionSpec(block_size, 1, 1, bf16, attention_chunk_size=group.attention_chunk_tokens)
-    if kind == LayerKind.CAPPED.value:
-        return CappedAttentionSpec(block_size, 1, 1, bf16, token_cap=group.token_cap)
-    if kind == LayerKind.MLA.value:
-        return MLASpec(block_size, 1, 0, bf16)
-    if kind == LayerKind.MAMBA.value:
-        # A daemon older than the field sends 0: every Mamba spec it built held one page.
-        return MambaSpec(block_size, state_bytes=1, pages_per_request=group.state_pages_per_request or 1)
-    if kind == LayerKind.CROSS.value:
-        if not group.max_encoder_tokens:
-            # No safe guess: the encoder's length is not bounded by max_model_len.
-            raise CLIError(
-                f"the daemon's pool plan: group {group.group_index} (cross_attention) does not say its "
-                "encoder length (max_encoder_tokens): the daemon is older than this client"
-            )
-        return CrossAttentionSpec(block_size, 1, 1, bf16, max_encoder_tokens=group.max_encoder_tokens)
-    # full_attention, or a kind newer than this build: every token cached, the most any
-    # kind whose blocks grow with the request holds.
-    return AttentionSpec(block_size, 1, 1, bf16)

@@ -192,8 +192,9 @@ def _reservation_cause(sample: PoolSample) -> tuple[str, str]:
     A request is promised the worst case of L = prompt + max new tokens, capped at
     max_model_len (L = max_model_len when it sends none). The snapshot gives no request's
     L, only totals: the blocks committed (held + reserved) over the n running requests are
-    read against M = cdiv(max_model_len, block size), what a request commits in a
-    full-attention group at max_model_len, and the most it can commit there:
+    read against M, what a request at max_model_len commits in all the plan's groups
+    (budget.request_worst_case: a window caps a sliding group's share), or, where the plan
+    gives no groups, M = cdiv(max_model_len, block size), a full-attention group's share:
       n x M        every request is charged for max_model_len;
       <= n x M / 2 at most half of them can be at max_model_len: the rest, most, are
                    sized by the max new tokens they send;
@@ -222,12 +223,15 @@ def _reservation_cause(sample: PoolSample) -> tuple[str, str]:
     either = "max_model_len-sized reservations or the clients' large max new tokens, the totals cannot tell which"
     if plan is None or not max_len or plan.block_size <= 0 or not sample.running:
         return "unknown", either
-    at_max_len = -(-max_len // plan.block_size)
     committed, running = sample.held + sample.reserved, sample.running
-    figures = (
-        f"{committed} blocks committed to {_requests(running)}, {committed / running:.4g} each; "
-        f"max_model_len {max_len} takes cdiv({max_len}, {plan.block_size}) = {at_max_len}"
-    )
+    if plan.blocks_at_max_model_len:  # the plan's groups: every group's share, windows capped
+        at_max_len = plan.blocks_at_max_model_len
+        takes = f"max_model_len {max_len} takes {at_max_len} in all its KV-cache groups"
+    else:  # a full-attention group's share only
+        at_max_len = -(-max_len // plan.block_size)
+        takes = f"max_model_len {max_len} takes cdiv({max_len}, {plan.block_size}) = {at_max_len}"
+    figures = f"{committed} blocks committed to {_requests(running)}, {committed / running:.4g} each; {takes}"
+
     if committed == at_max_len * running:
         return "max_model_len", (
             f"max_model_len-sized reservations ({figures}: clients send no max new tokens, or ones that reach it)"
@@ -235,7 +239,7 @@ def _reservation_cause(sample: PoolSample) -> tuple[str, str]:
     at_most = _most_at_max_model_len(sample, at_max_len)
     if 2 * at_most <= running:
         return "max_new_tokens", f"reservations sized by the clients' max new tokens ({figures})"
-    if committed > at_max_len * running:
+    if committed > at_max_len * running:  # (only with a full-attention group's share to go by)
         return "unknown", f"{either} ({figures} in a full-attention group: the model has more groups)"
     if 2 * committed <= at_max_len * running:  # low, but shared prefix blocks may be why
         return "unknown", (

@@ -55,6 +55,9 @@ class PlanView:
     block_size: int
     max_model_len: int
     memory_bytes: int = 0  # size of the memory handle; 0 in accounting-only mode
+    # What one request at max_model_len commits, in every KV-cache group (a window caps a
+    # sliding group's share); 0: the plan does not say (no groups, or one not understood).
+    blocks_at_max_model_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
             block_size=int(plan.block_size_tokens),
             max_model_len=int(plan.max_model_len_tokens),
             memory_bytes=int(plan.memory.size_bytes) if plan.HasField("memory") else 0,
+            blocks_at_max_model_len=_blocks_at_max_model_len(plan),
         ),
         tenants=tuple(
             TenantSample(
@@ -273,3 +277,17 @@ def expectation_from_config(
             ),
         )
     return None
+
+
+def _blocks_at_max_model_len(plan: common_pb2.PoolPlan) -> int:
+    """What the daemon charges a request of max_model_len tokens, summed over the plan's
+    groups (its admission formulas: budget.request_worst_case); 0 when it cannot say."""
+    from kvbudget.daemon.budget import request_worst_case
+
+    if not plan.groups or not plan.max_model_len_tokens:
+        return 0
+    try:
+        layout = convert.layout_from_plan(plan)
+    except ValueError:
+        return 0
+    return request_worst_case(layout, plan.max_model_len_tokens, plan.max_num_batched_tokens or 8192).total

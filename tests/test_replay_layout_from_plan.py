@@ -1,5 +1,5 @@
 """A live replay's simulated engine rebuilds the daemon's layout from its pool plan
-(`cmd_replay.layout_from_plan`): every group must count blocks as the daemon's does.
+(`convert.layout_from_plan`, for live replay and the doctor): every group must count blocks as the daemon's does.
 
 plan_to_proto(layout) -> layout_from_plan -> the same kind per group, and the same
 worst-case (and held) blocks per group as the original layout, for every shipped preset,
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.cmd_replay import layout_from_plan
+from kvbudget.daemon.convert import layout_from_plan
 from kvbudget.daemon import budget
 from kvbudget.daemon.convert import plan_to_proto
 from kvbudget.daemon.hf_config import PRESETS_DIR, load_model
 from kvbudget.daemon.spec import AttentionSpec, CrossAttentionSpec, KVCacheLayout, group_layers, kv_dtype
-from kvbudget.errors import CLIError
 from kvbudget.v1 import common_pb2
 
 PRESETS = sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
@@ -81,11 +80,11 @@ def test_hybrid_worst_cases_after_the_plan_by_hand():
     assert budget.request_worst_case(cross, 5000, 8192).per_group == (313, 94)
 
 
-def test_a_cross_attention_group_without_its_encoder_length_is_one_line():
+def test_a_cross_attention_group_without_its_encoder_length_is_refused_naming_it():
     plan = common_pb2.PoolPlan(block_size_tokens=16, groups=[
         common_pb2.KVCacheGroup(group_index=0, layer_type="full_attention", layer_ids=[0]),
         common_pb2.KVCacheGroup(group_index=1, layer_type="cross_attention", description="cross_attention",
                                 layer_ids=[1]),
     ])  # fmt: skip
-    with pytest.raises(CLIError, match=r"group 1 \(cross_attention\) does not say its encoder length"):
+    with pytest.raises(ValueError, match=r"group 1 \(cross_attention\) does not say its encoder length"):
         layout_from_plan(plan)

@@ -1,4 +1,4 @@
-"""QA of the operator figures: doctor's reservations cause when requests share prefix blocks."""
+"""The doctor's reservations cause: shared prefix blocks, and models whose groups are not all full attention."""
 
 from __future__ import annotations
 
@@ -85,3 +85,26 @@ def test_shared_prefix_from_a_real_controller_is_not_named_max_new_tokens() -> N
     assert found.status is Status.WARN
     # every one of the 20 is at max_model_len: max new tokens must not be named
     assert found.data["cause"] == "unknown"
+
+
+def test_a_sliding_window_model_at_max_model_len_is_read_on_its_own_groups() -> None:
+    # mistral-7b-v0.1: every layer sliding, W = 4096; max_model_len 32768, 8192 batched tokens.
+    # A request at max_model_len commits cdiv(4096 - 1 + 8192, 16) + 1 = 768 + 1 = 769 blocks
+    # (the window caps it), not cdiv(32768, 16) = 2048. Two requests sending no max new tokens:
+    # 1,538 committed (142 held, 1,396 reserved) = 2 x 769, every one at max_model_len. Read
+    # against 2048 a request, 1,538 <= 2 x 2048 / 2 and the doctor named max new tokens.
+    from kvbudget.daemon.convert import plan_to_proto
+    from kvbudget.daemon.hf_config import load_model
+
+    layout = load_model("mistral-7b-v0.1").layout
+    plan = plan_to_proto(layout, 4000, max_model_len=32768, max_num_batched_tokens=8192)
+    snapshot = common_pb2.Snapshot(num_blocks=4000, num_free_blocks=4000 - 142, num_held_blocks=142,
+                                   num_reserved_blocks=1396, num_running=2, plan=plan,
+                                   policy=common_pb2.POLICY_GUARANTEED)
+    sample = doctor_samples.sample_from_snapshot(snapshot)
+    assert sample.plan is not None and sample.plan.blocks_at_max_model_len == 769
+    found = _finding(sample)
+    assert found.data["cause"] == "max_model_len"
+    assert "(1538 blocks committed to 2 requests, 769 each; max_model_len 32768 takes 769 in all its " \
+           "KV-cache groups: clients send no max new tokens, or ones that reach it)" in found.summary
+
