@@ -104,25 +104,16 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> float:
     return seconds
 
 
-def _parse_limit(text: str) -> int:
+def _parse_count(text: str, flag: str, zero_means: str) -> int:
+    """A whole number >= 0 for `flag` (0 is `zero_means`), at most SQLite's largest integer
+    (more rows, or seqs, than any log holds)."""
     try:
-        limit = int(text)
+        count = int(text)
     except ValueError:
-        raise CLIError(f"--limit: expected a whole number, got {text!r}") from None
-    if limit < 0:
-        raise CLIError(f"--limit: must be 0 (all) or more, got {limit}")
-    return min(limit, 2**63 - 1)  # (SQLite's largest integer: more rows than any log holds)
-
-
-def _parse_before_seq(text: str) -> int | None:
-    """A seq bound, None for 0 (as in QueryDecisions)."""
-    try:
-        seq = int(text)
-    except ValueError:
-        raise CLIError(f"--before-seq: expected a whole number, got {text!r}") from None
-    if seq < 0:
-        raise CLIError(f"--before-seq: must be 0 (no bound) or more, got {seq}")
-    return seq or None
+        raise CLIError(f"{flag}: expected a whole number, got {text!r}") from None
+    if count < 0:
+        raise CLIError(f"{flag}: must be 0 ({zero_means}) or more, got {count}")
+    return min(count, 2**63 - 1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--follow: shows decisions as they come; drop --until")
     if args.follow and args.before_seq is not None:
         raise CLIError("--follow: shows decisions as they come; drop --before-seq")
-    before_seq = _parse_before_seq(args.before_seq) if args.before_seq is not None else None
-    limit = _parse_limit(args.limit) if args.limit is not None else (FOLLOW_LIMIT if args.follow else 100)
+    before_seq = None  # (0: no bound, as in QueryDecisions)
+    if args.before_seq is not None:
+        before_seq = _parse_count(args.before_seq, "--before-seq", "no bound") or None
+    limit = _parse_count(args.limit, "--limit", "all") if args.limit is not None else (FOLLOW_LIMIT if args.follow else 100)
     try:
         # (taken first: a row committed meanwhile is in the query's answer, or matches not)
         identity = log_identity(args.db) if args.follow else ""
