@@ -99,7 +99,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         sessions = self.core.sessions
         existing = sessions.of_engine(request.engine_id)
         if existing is not None:
-            if not request.replace_existing:
+            # A lease that lapsed holds the engine id only until the next tick takes it
+            # back: meanwhile the engine's own re-open must not read as another process's.
+            lapsed = existing.expires_at <= time.monotonic()
+            if not request.replace_existing and not lapsed:
                 await context.abort(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"engine_id: {request.engine_id!r} already has a live session "
