@@ -63,6 +63,16 @@ Durability contract. The file is in WAL mode with `synchronous=NORMAL`:
     heal is tried again at most every `FILE_CHECK_S`. (SQLite itself deletes the WAL only when
     the last connection closes, and a checkpoint truncates it in place: while the log is open,
     the WAL at `<path>-wal` is the one it opened.)
+    The WAL's index `<path>-shm` removed or replaced (`rm decisions.db-*`) is healed the same
+    way, and must be: SQLite shares one index among a process's connections to a file, so
+    the daemon kept the removed one while readers in other processes made a new one at that
+    name; neither saw the other's changes (a reader that stayed open, Datasette or
+    `kvbudget log -f`, saw the log stop where its first read found it, and the two sides'
+    locks did not meet, so a checkpoint could start the WAL over under a reader). So the
+    heal closes the old connection before it opens the new one: the process's last
+    connection to the file lets go of the old index, and the new one opens the index at its
+    name. (Closing the last connection deletes `<path>-wal` and `<path>-shm` by name only
+    when no other process has the file open: then nobody uses what is there.)
 
 Checkpoints. SQLite's automatic checkpoint runs inside a commit every 1000 WAL pages and
 fsyncs the database file, which shows up as a latency spike for whichever engine step
@@ -310,7 +320,10 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         # when a heal that failed may be tried again (monotonic).
         self._wal_path = f"{self._stat_path}-wal"
         self._wal_identity: tuple[int, int] | None = None
+        self._shm_path = f"{self._stat_path}-shm"  # (the WAL's index; same as _wal_identity)
+        self._shm_identity: tuple[int, int] | None = None
         self._wal_heal_at = 0.0
+        self._heal_frames = 0  # what the heal's checkpoint found in the old WAL (a retry says it too)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -345,6 +358,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
             raise
         self._identity = _file_identity(self._stat_path)
         self._wal_identity = _file_identity(self._wal_path)  # (the reads above opened it)
+        self._shm_identity = _file_identity(self._shm_path)
         self._db = db
         # One cursor for every insert: conn.execute makes (and registers, and frees) a
         # cursor per call, a few microseconds of a step's commit.
@@ -536,9 +550,10 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         if identity is not None and identity == self._identity:
             if self._wal_identity is not None:
                 wal_identity = _file_identity(self._wal_path)
-                if wal_identity != self._wal_identity:
+                shm_identity = _file_identity(self._shm_path) if self._shm_identity is not None else None
+                if wal_identity != self._wal_identity or shm_identity != self._shm_identity:
                     self._file_check_at = 0.0  # (until healed: every write)
-                    self._heal_wal("removed" if wal_identity is None else "replaced by another file")
+                    self._heal_wal(self._what_became(wal_identity, shm_identity))
             self._file_check_at = time.monotonic() + FILE_CHECK_S
             return
         self._file_check_at = 0.0
@@ -548,25 +563,38 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
             "put it back, or restart the daemon to start a new log there"
         )
 
+    def _what_became(self, wal_identity: tuple[int, int] | None, shm_identity: tuple[int, int] | None) -> str:
+        """What became of the WAL and/or its index, as the journal says it."""
+        said = []
+        for name, path, identity, opened in (
+            ("the WAL file", self._wal_path, wal_identity, self._wal_identity),
+            ("the WAL index file", self._shm_path, shm_identity, self._shm_identity),
+        ):
+            if identity != opened:
+                said.append(f"{name} {path} was {'removed' if identity is None else 'replaced by another file'}")
+        return f"{' and '.join(said)} while the daemon had {'them' if len(said) > 1 else 'it'} open"
+
     def _heal_wal(self, what: str) -> None:
-        """The WAL at `<path>-wal` is not the one the connections write to (`what` became of
-        it): puts everything committed into the database file and starts a new WAL there.
+        """The WAL at `<path>-wal`, or its index at `<path>-shm`, is not the one the
+        connections use (`what` became of them): puts everything committed into the database
+        file and starts a new WAL and index there.
         Caller holds _conn_lock. Raises WalLostError when it cannot (yet): the write must not
         go on into a WAL nobody else reads; the checkpoint thread stays stopped until a heal
         works (opened now, it would read the frames the writer puts in the old WAL from the new).
 
         The writer connection still reads the old WAL through its descriptor, so a TRUNCATE
         checkpoint on it copies every committed frame into the file (and syncs it) and marks
-        the WAL empty in the shared index. A connection opens the WAL by name only when it
-        opens, so both are opened again. The checkpointer's goes first and comes back only once
-        the writer's is on the new WAL: it reads frames through its own descriptor, and on the
-        old one would copy the wrong pages (or fail on every round). The new writer connection
-        opens before the old one closes, so that the old one is never the file's last connection
-        (the last one deletes `<path>-wal`: here, a file someone else put there). While a reader
-        holds a snapshot of the old WAL, the checkpoint cannot finish: writes fail until it is
-        gone, the heal tried again at most every FILE_CHECK_S."""
+        the WAL empty in the shared index. A connection opens the WAL and the index by name
+        only when it opens, so both are opened again. The checkpointer's goes first and comes
+        back only once the writer's is on the new WAL: it reads frames through its own
+        descriptor, and on the old one would copy the wrong pages (or fail on every round).
+        The old writer connection closes before the new one opens: a process's connections to
+        a file share one index, kept while any of them is open, and the new one would join the
+        old (removed) one (module docstring). While a reader holds a snapshot of the old WAL,
+        the checkpoint cannot finish: writes fail until it is gone, the heal tried again at
+        most every FILE_CHECK_S."""
         wal = self._wal_path
-        trouble = f"the WAL file {wal} was {what} while the daemon had it open and the log cannot heal yet"
+        trouble = f"{what} and the log cannot heal yet"
         now = time.monotonic()
         if now < self._wal_heal_at:
             raise WalLostError(f"{trouble}: writes are refused until it can, retrying")
@@ -574,15 +602,20 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         self._stop_checkpointer()
         old = self._db.conn
         try:
-            # (bounded like the checkpoint thread's RESTART: this holds up a commit)
-            old.execute(f"PRAGMA busy_timeout={upkeep.RESET_WAIT_MS}")
-            try:
-                _, frames, _ = old.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                (busy, _, _) = old.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            finally:
-                old.execute("PRAGMA busy_timeout=5000")
-            if busy:
-                raise sqlite3.OperationalError("a reader holds a snapshot of it (a long read transaction)")
+            if self._cursor is not None:  # (None: a heal that failed after closing it)
+                # (bounded like the checkpoint thread's RESTART: this holds up a commit)
+                old.execute(f"PRAGMA busy_timeout={upkeep.RESET_WAIT_MS}")
+                try:
+                    _, self._heal_frames, _ = old.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    (busy, _, _) = old.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                finally:
+                    old.execute("PRAGMA busy_timeout=5000")
+                if busy:
+                    raise sqlite3.OperationalError("a reader holds a snapshot of it (a long read transaction)")
+                # Everything is in the file now. The cursor holds the last statement, which
+                # would keep the connection (and the old index) open past close().
+                self._cursor = None
+                old.close()
             new = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             try:
                 self._tune(new)
@@ -597,18 +630,17 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
         except sqlite3.Error as exc:
             self._wal_heal_at = now + FILE_CHECK_S
             raise WalLostError(f"{trouble} ({exc}): writes are refused until it can, retrying") from exc
-        self._cursor = None
-        old.close()
         self._db = sqlite_utils.Database(new)
         self._cursor = new.cursor()
         self._wal_identity = wal_identity
+        self._shm_identity = _file_identity(self._shm_path)
         self._wal_heal_at = 0.0
         if self.checkpoint_interval_s is not None and not self._closed:
             self._start_checkpointer()
         _log.warning(
-            "decision log: the WAL file %s was %s while the daemon had it open; its %d frames (every decision "
-            "committed) are checkpointed into %s and a new WAL is started: nothing was lost",
-            wal, what, frames, self.path,
+            "decision log: %s; its %d frames (every decision committed) are checkpointed into %s and a new WAL "
+            "is started: nothing was lost",
+            what, self._heal_frames, self.path,
         )
 
     def _count_wal_reset(self) -> None:
