@@ -350,6 +350,10 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
             self._next_id = upkeep.newest_id(conn) + 1
             self.rows_folded += upkeep.fold(conn)  # rows a crash left in the recent table
             upkeep.prepare_fold_below(conn)
+            # The schema (and what the fold moved) into the file itself: until the first
+            # checkpoint a new log's tables were only in the WAL, and a reader that opened it
+            # after an `rm decisions.db-wal` found no KVBudget log there at all.
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise DecisionLogError(f"{self.path}: {exc}") from exc

@@ -166,3 +166,20 @@ def test_while_a_reader_holds_the_removed_wal_writes_fail_and_go_through_once_it
     finally:
         log.close()
     assert outside_seqs(path) == [1, 2, 3, 4, 5]
+
+
+def test_a_new_log_holds_its_tables_in_the_file_itself(tmp_path: Path) -> None:
+    # Before the first checkpoint a new log's schema was only in its WAL: with the WAL
+    # removed (and no write since to heal it), a reader found "no meta table", no log at all.
+    from kvbudget.daemon.decision_query import open_read_only, query_decisions
+
+    path = tmp_path / "decisions.db"
+    log = DecisionLog(path, checkpoint_interval_s=3600.0)  # (no checkpoint of the thread's)
+    log.start()
+    try:
+        wal_of(path).unlink()
+        open_read_only(path).close()  # a KVBudget log, though empty
+        assert query_decisions(path) == []
+    finally:
+        log.close()
+
