@@ -22,7 +22,7 @@ import pytest
 from kvbudget.client import EngineClient
 from kvbudget.daemon.records import RequestSpec
 
-from daemon_harness import DaemonProcess, wait_until
+from daemon_harness import DaemonProcess
 
 pytestmark = pytest.mark.slow
 
@@ -164,8 +164,10 @@ def assert_the_journal_says_each_heal_once(daemon: DaemonProcess, heals: int) ->
     assert "writer stopped" not in journal
 
 
-async def test_a_stopped_daemon_logged_every_decision_once_across_wal_removals(tmp_path: Path) -> None:
-    daemon = DaemonProcess(tmp_path, lease_ttl_s=30).start()
+async def heal_under_load_then_stop(daemon: DaemonProcess) -> Engines:
+    """Three engines step while the operator removes and replaces the WAL; then SIGTERM: a
+    clean exit, and the journal says each heal once."""
+    daemon.start()
     try:
         async with Engines(daemon, 3) as engines:
             heals = await operator_removes_and_replaces_the_wal(daemon, engines)
@@ -174,6 +176,12 @@ async def test_a_stopped_daemon_logged_every_decision_once_across_wal_removals(t
     finally:
         daemon.stop()
     assert_the_journal_says_each_heal_once(daemon, heals)
+    return engines
+
+
+async def test_a_stopped_daemon_logged_every_decision_once_across_wal_removals(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path, lease_ttl_s=30)
+    engines = await heal_under_load_then_stop(daemon)
     assert_every_decision_received_is_logged_once_in_order(engines, daemon.db_path)
 
 
@@ -199,15 +207,8 @@ async def test_retention_folds_and_purges_go_on_across_heals(tmp_path: Path) -> 
     """Small bounds keep the writer thread folding and purging while the heals come: it stays
     alive (a dead writer fails every commit from then on), and the rows kept are the newest,
     each once."""
-    daemon = DaemonProcess(tmp_path, "--retention-max-rows", "100", lease_ttl_s=30).start()
-    try:
-        async with Engines(daemon, 3) as engines:
-            heals = await operator_removes_and_replaces_the_wal(daemon, engines)
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(WAIT_S) == 0
-    finally:
-        daemon.stop()
-    assert_the_journal_says_each_heal_once(daemon, heals)
+    daemon = DaemonProcess(tmp_path, "--retention-max-rows", "100", lease_ttl_s=30)
+    engines = await heal_under_load_then_stop(daemon)
     logged = seqs_in_the_file(daemon.db_path)
     assert logged == sorted(set(logged))
     assert len(engines.received) == 2 * engines.requests
