@@ -18,6 +18,7 @@ from kvbudget.v1 import (
     observer_pb2_grpc,
 )
 
+from certificates import make_pair
 from daemon_harness import DaemonProcess
 
 pytestmark = pytest.mark.slow
@@ -108,17 +109,7 @@ def test_health_needs_no_token(tcp) -> None:
 
 def test_tls_listener_with_tokens(tmp_path) -> None:
     """TLS on TCP: a client trusting the daemon's certificate connects; tokens still decide."""
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-        check=True, capture_output=True, timeout=60,
-    )
+    cert, key = make_pair(tmp_path, "daemon")  # (skipped, with its reason, where openssl is missing)
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(f'observer = ["{TOKENS["observer"]}"]\n')
     address = f"localhost:{_free_port()}"
