@@ -6,8 +6,9 @@ bug, or a port scan, read as the daemon's. Here each method's deserializer retur
 `Malformed` marker instead of raising, and the method answers it with INVALID_ARGUMENT
 naming the message type, before the servicer sees it.
 
-`add_checked(add_fn, servicer, server)` registers a servicer as the generated
-`add_*Servicer_to_server` would, with every method so wrapped.
+`add_checked(add_fn, servicer, server, calls)` registers a servicer as the generated
+`add_*Servicer_to_server` would, with every method so wrapped; the wrapper also counts each
+call in `calls` (`in_flight`: a stop ends once none is left).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
+from kvbudget.daemon.in_flight import InFlightCalls
 
 
 class Malformed:
@@ -41,16 +44,18 @@ class _Capture:
         self.services.append((service, handlers))
 
 
-def add_checked(add_fn: Callable[[Any, Any], None], servicer: object, server: grpc.aio.Server) -> None:
+def add_checked(
+    add_fn: Callable[[Any, Any], None], servicer: object, server: grpc.aio.Server, calls: InFlightCalls
+) -> None:
     capture = _Capture()
     add_fn(servicer, capture)
     for service, handlers in capture.services:
-        checked = {method: _checked(handler) for method, handler in handlers.items()}
+        checked = {method: _checked(handler, calls) for method, handler in handlers.items()}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, checked),))
         server.add_registered_method_handlers(service, checked)
 
 
-def _checked(handler: Any) -> Any:
+def _checked(handler: Any, calls: InFlightCalls) -> Any:
     deserialize = handler.request_deserializer
     message_type = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
     what = message_type.full_name if message_type is not None else "request message"
@@ -68,7 +73,10 @@ def _checked(handler: Any) -> Any:
     else:
         return handler  # (no streaming requests in this contract)
 
+    started = calls.started
+
     async def guarded(request: object, context: grpc.aio.ServicerContext) -> object:
+        started(context)
         if request.__class__ is Malformed:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {what}: {request.why}")
         return await behavior(request, context)

@@ -10,7 +10,8 @@ decisions kept meanwhile are written (decision_unwritten).
 
 Stop (SIGTERM / SIGINT): health NOT_SERVING and STOPPING=1 first (load balancers and
 systemd learn it), then streams are ended, the server stops accepting and waits up to
-`drain_timeout_s` for in-flight calls, the core drains and the log is flushed and closed.
+`drain_timeout_s` for in-flight calls (no longer once none is left: `in_flight`), the core
+drains and the log is flushed and closed.
 Exit status 0.
 
 Listening: unix sockets by default (a stale socket file is removed; a live one means
@@ -46,6 +47,7 @@ from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.auth import Authorizer
 from kvbudget.daemon.config import DaemonConfig, listen_kind, parse_host_port
 from kvbudget.daemon.core_service import CoreOptions, CoreService
+from kvbudget.daemon.in_flight import InFlightCalls, stop_server
 from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.reflection_pool import reflection_pool
@@ -192,6 +194,7 @@ class Daemon:
         self._exit_status = 0
         self._health: health_aio.HealthServicer | None = None
         self._core: CoreService | None = None
+        self._calls = InFlightCalls()  # (a stop ends once none is left: in_flight)
         self._health_updates: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ setup
@@ -254,16 +257,17 @@ class Daemon:
         roles = self.roles
         auth = self._auth = Authorizer(roles.tokens, certificate_names=roles.certificate_names,
                                        trust_tcp=not config.tokens_file)
-        add_checked(engine_pb2_grpc.add_EngineServiceServicer_to_server, EngineServicer(core, auth), server)
+        calls = self._calls
+        add_checked(engine_pb2_grpc.add_EngineServiceServicer_to_server, EngineServicer(core, auth), server, calls)
         add_checked(
             observer_pb2_grpc.add_ObserverServiceServicer_to_server,
-            ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server,
+            ObserverServicer(core, auth, db_path=config.db_path, watch_max_hz=config.watch_max_hz), server, calls,
         )
         add_checked(
             admin_pb2_grpc.add_AdminServiceServicer_to_server,
-            AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)), server,
+            AdminServicer(core, auth, on_drain=lambda: self._set_health(health, False)), server, calls,
         )
-        add_checked(health_pb2_grpc.add_HealthServicer_to_server, health, server)  # (bad bytes: INVALID_ARGUMENT)
+        add_checked(health_pb2_grpc.add_HealthServicer_to_server, health, server, calls)  # (bad bytes: INVALID_ARGUMENT)
         # pool: the served descriptors with the .proto comments, so `grpcurl describe` shows the docs
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -467,7 +471,8 @@ class Daemon:
             core.draining = True
             core.watch_hub.close_all()  # long-lived streams end, so in-flight calls can finish
             core.end_all_streams()  # (expired sessions' too, still waiting for their decisions)
-            await server.stop(self.config.drain_timeout_s)
+            if await stop_server(server, self._calls, self.config.drain_timeout_s):
+                log.info("stopped: no call in flight; closed the connections still open")
             await core.stop()
         return self._exit_status
 
