@@ -19,7 +19,11 @@ running requests, plus one block per extra reference on a shared sliding-window 
 (see ledger.py). Admission, growth within a reservation, reclamation and release all keep
 it, so a reservation is a promise the pool can always keep. Module map: fit.py decides
 whether a request fits, ledger.py moves blocks and keeps the totals, waiting_queue.py
-orders the queue, policies.py and predictor.py say what to reserve.
+orders the queue, backfill.py picks which waiting requests to try (bounded backfill,
+aging, tenants held by their quota), preemption.py picks the victims of a growth that
+does not fit, policies.py and predictor.py say what to reserve, admission_report.py
+reports (snapshot) and checks (check_integrity), admission_config.py holds the settings
+and the misuse errors (all re-exported here).
 
 Contract with the engine (vLLM's chunked prefill): a request's slots run at most F =
 `max_num_batched_tokens` tokens ahead of its computed tokens. Admission allocates the
@@ -28,36 +32,27 @@ more than F ahead is allowed but is not covered by a guaranteed reservation. Gro
 L (prompt + max new tokens, capped at max_model_len) is misuse: AdmissionError on
 `num_tokens`.
 
-Victims (optimistic and predictive requests only; guaranteed and naive ones are never
-preempted): the running request with the numerically largest priority value, then the
-latest arrival, first; the request that grows stops the search — if it is itself the worst,
-it is preempted (vLLM's behaviour). A preempted request frees all its blocks, waits at the
-front of its priority class, and is readmitted only when the worst case of the length it
-had reached fits (that is also what it then reserves), so its recompute cannot be
-preempted by its own growth and it cannot bounce straight back in.
-
-Queue: bounded backfill — when the head does not fit, up to `backfill_depth` requests
-behind it may be admitted past it, until the head has waited `max_head_wait_s`; from then
-on nothing passes it. Bound: with equal priorities, a request that reaches the head is
-admitted at most `max_head_wait_s` plus the time the requests running at that moment take
-to release enough blocks (nothing new is admitted ahead of it meanwhile, except preempted
-requests returning).
+Victims and preemption: preemption.py (optimistic and predictive requests only; the worst
+first; a preempted request comes back at the length it had reached). Queue: bounded
+backfill and aging, backfill.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Callable
-from operator import attrgetter
-from dataclasses import dataclass
 
-from kvbudget.daemon import policies
+from kvbudget.daemon import admission_report, policies
+from kvbudget.daemon.admission_config import (  # re-exported: see __all__
+    POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
+)
+from kvbudget.daemon.backfill import admit_from_queue, candidates
 from kvbudget.daemon.budget import blocks_held
 from kvbudget.daemon.fit import FitTest, extra_for_growth
 from kvbudget.daemon.ledger import BlockLedger
 from kvbudget.daemon.pool import BlockPool
 from kvbudget.daemon.predictor import OutputLengthPredictor
+from kvbudget.daemon.preemption import preempt_for, resume_length
 from kvbudget.daemon.records import (
     Decision,
     DecisionKind,
@@ -70,61 +65,16 @@ from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.daemon.spec import KVCacheLayout
 from kvbudget.daemon.waiting_queue import WaitingQueue
 
-_wait_reason = attrgetter("wait_reason")  # (a C call per waiting request: snapshots)
-POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive", "naive")
+# The settings and errors live in admission_config.py; importers take them from here.
+__all__ = [
+    "POLICIES", "AdmissionConfig", "AdmissionController", "AdmissionError", "DuplicateRequest", "UnknownRequest",
+]
+
 # Hot enum members as module constants: `Status.RUNNING` is a ~70 ns metaclass lookup on
 # Python 3.11 and a submit + finish makes a dozen of them.
-RUNNING, WAITING = Status.RUNNING, Status.WAITING
+RUNNING = Status.RUNNING
 ADMIT, RELEASE = DecisionKind.ADMIT, DecisionKind.RELEASE
 FITS, PREFIX_HIT, FINISHED, TENANT_QUOTA = Reason.FITS, Reason.PREFIX_HIT, Reason.FINISHED, Reason.TENANT_QUOTA
-
-
-class AdmissionError(Exception):
-    """Misuse of the controller; `field` names the offending input."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-class UnknownRequest(AdmissionError):
-    pass
-
-
-class DuplicateRequest(AdmissionError):
-    pass
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    max_model_len: int
-    max_num_batched_tokens: int = 8192  # F in the budget formulas
-    policy: str = "optimistic"
-    enable_prefix_caching: bool = True
-    lookahead_tokens: int = 0  # optimistic: slots allocated beyond the prompt at admission
-    watermark: float = 0.01  # optimistic: share of the pool kept free at admission
-    max_queue_len: int = 0  # 0: unbounded
-    backfill_depth: int = 16  # requests behind a blocked head that may be tried
-    max_head_wait_s: float = 30.0  # aging: after this, nothing may pass the head
-    reject_over_quota: bool = False  # tenant over quota: reject (True) or queue (False)
-    fair_share: bool = True  # across tenants: least charged per weight first (else arrival)
-    predictor_quantile: float = 0.9  # predictive: output-length quantile reserved for
-
-    def validate(self) -> None:
-        checks = (
-            ("max_model_len", self.max_model_len >= 1, "must be at least 1"),
-            ("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "must be at least 1"),
-            ("policy", self.policy in policies.POLICIES, f"must be one of {', '.join(POLICIES)}"),
-            ("lookahead_tokens", self.lookahead_tokens >= 0, "must not be negative"),
-            ("watermark", 0.0 <= self.watermark < 1.0, "must be in [0, 1)"),
-            ("max_queue_len", self.max_queue_len >= 0, "must not be negative"),
-            ("backfill_depth", self.backfill_depth >= 0, "must not be negative"),
-            ("max_head_wait_s", self.max_head_wait_s >= 0, "must not be negative"),
-            ("predictor_quantile", 0.0 < self.predictor_quantile <= 1.0, "must be in (0, 1]"),
-        )
-        for name, ok, message in checks:
-            if not ok:
-                raise AdmissionError(name, f"{message}, got {getattr(self, name)!r}")
 
 
 class AdmissionController:
@@ -217,7 +167,10 @@ class AdmissionController:
             self._enqueue(r, now, preempted=False)
             decision = None
             quota_held: set[str] = set()
-            for candidate in self._candidates(now, quota_held):
+            config = self.config
+            for candidate in candidates(
+                self._queue, self.ledger.tenants, now, quota_held, config.backfill_depth, config.max_head_wait_s
+            ):
                 if candidate is r:
                     decision = self._try_admit(r, now)
                     break
@@ -260,7 +213,9 @@ class AdmissionController:
         decisions: list[Decision] = []
         policy = policies.POLICIES[r.policy]
         if extra_for_growth(r, new_held) > self.ledger.spare and policy.preempts:
-            decisions = self._preempt_for(r, num_tokens, new_held, now)
+            decisions = preempt_for(r, num_tokens, new_held, self._running.values(), self.ledger, self._preempt, now)
+            if decisions and r.policy == "predictive":
+                self.predictor.on_preemption()
             if r.status is not RUNNING:
                 return decisions + self.schedule(now)
         if extra_for_growth(r, new_held) > self.ledger.spare:
@@ -330,7 +285,12 @@ class AdmissionController:
             for r in self._queue.expired(now)
         ]
         if decisions or self._dirty or full_pass:
-            decisions += self._admit_from_queue(now)
+            self._dirty = False
+            config = self.config
+            decisions += admit_from_queue(
+                self._queue, self.ledger, now, self._epoch, config.backfill_depth, config.max_head_wait_s,
+                self._try_admit,
+            )
         return decisions
 
     def number_from(self, seq: int) -> None:
@@ -390,7 +350,7 @@ class AdmissionController:
     def set_tenant_quota(self, tenant: str, max_share: float | None, weight: float = 1.0) -> None:
         """A tenant's maximum share of the pool (None or 0: no quota) and fair-share weight."""
         if max_share is not None and not 0.0 <= max_share <= 1.0:
-            raise AdmissionError("max_share", f"must be in (0, 1], got {max_share}")
+            raise AdmissionError("max_share", f"must be in [0, 1] (0: no quota), got {max_share}")
         capacity = self.pool.capacity
         if max_share and int(max_share * capacity) == 0:  # (a quota of 0 blocks refuses everything)
             raise AdmissionError("max_share", f"{max_share:g} of the {capacity} blocks is less than one block")
@@ -424,50 +384,15 @@ class AdmissionController:
         self._epoch += 1
 
     def snapshot(self, now: float) -> Snapshot:
-        ledger, pool = self.ledger, self.pool
-        capacity = pool.capacity
-        # The queue may hold tens of thousands: counted in C (a reason changes at each try,
-        # so it is not kept as they come and go, as the counts per engine are).
-        by_reason = Counter(map(_wait_reason, self._queue.all()))
-        return Snapshot(
-            time_s=now,
-            policy=self.policy.name,
-            num_blocks=capacity,
-            num_free_blocks=pool.num_free_blocks,
-            num_held_blocks=pool.num_held_blocks,
-            num_reserved_blocks=ledger.owed + ledger.window_share_reserve,
-            num_evictable_blocks=pool.num_evictable_blocks,
-            num_running=len(self._running),
-            num_waiting=len(self._queue),
-            num_preemptions=sum(self._preemptions.values()),
-            preemptions_by_reason={k.value: n for k, n in self._preemptions.items()},
-            rejections_by_reason={k.value: n for k, n in self._rejections.items()},
-            decisions_by_kind={k.value: n for k, n in self._decisions_by_kind.items()},
-            groups=ledger.group_snapshots(),
-            tenants=ledger.tenant_snapshots(),  # bounded: records.MAX_SNAPSHOT_TENANTS
-            num_tenants=len(ledger.tenants),
-            prefix_hit_blocks=self._prefix_hit_blocks,
-            prefix_query_blocks=self._prefix_query_blocks,
-            waiting_by_reason={reason.value: n for reason, n in by_reason.items()},
-            waiting_by_engine=dict(self._queue.num_by_engine),
+        return admission_report.snapshot(
+            now, self.policy.name, self.ledger, self._queue, len(self._running),
+            preemptions=self._preemptions, rejections=self._rejections, decisions_by_kind=self._decisions_by_kind,
+            prefix_hit_blocks=self._prefix_hit_blocks, prefix_query_blocks=self._prefix_query_blocks,
         )
 
     def check_integrity(self) -> None:
         """Pool, tables, budget formulas, counters and queue all agree (O(pool): tests only)."""
-        self.ledger.check_integrity(self._running)
-        waiting = list(self._queue.all())
-        assert len(waiting) == len(self._queue), "queue length counter"
-        assert len(waiting) + len(self._running) == len(self._requests), "a request is lost"
-        for r in waiting:
-            assert r.status is WAITING and r.queued and not r.tables, f"{r.request_id} waiting"
-            assert self._requests.get(r.request_id) is r, f"{r.request_id} queued but unknown"
-        for r in self._running.values():
-            assert not r.queued and self._requests.get(r.request_id) is r, f"{r.request_id} running"
-        for name, account in self.ledger.tenants.items():
-            assert account.waiting == sum(1 for r in waiting if r.tenant == name), f"tenant {name!r} waiting"
-        self._queue.check_order(self.ledger.tenants)
-        if not self._running and self._queue:
-            raise AssertionError("deadlock: nothing runs and the queue is not empty")
+        admission_report.check_integrity(self.ledger, self._requests, self._running, self._queue)
 
     # ---------------------------------------------------------------- reading
     @property
@@ -509,37 +434,6 @@ class AdmissionController:
         r.queued = False
         self.ledger.tenants[r.tenant].waiting -= 1
 
-    def _candidates(self, now: float, quota_held: set[str]):
-        """The head, then (unless it has waited past max_head_wait_s) up to backfill_depth more.
-
-        A request its tenant's quota holds back (refused `tenant_quota` when last tried)
-        neither counts in the depth nor stops the pass by its age, and its tenant's later
-        requests are passed over in this pass (its tenant is added to `quota_held`, which
-        the queue leaves out as it goes): a tenant waits for its quota in its own order, and
-        backfill and aging are about the pool's blocks, which passing it takes nothing
-        from. Else a tenant at its quota held every other tenant back, behind
-        backfill_depth of its requests or behind one that had waited max_head_wait_s,
-        while most of the pool was free. (The consumer tries each candidate before asking
-        for the next, so the reason read after a yield is that try's; a candidate not
-        tried keeps its last one.)"""
-        depth = self.config.backfill_depth
-        head: RequestState | None = None
-        tried = 0
-        for r in self._queue.in_order(self.ledger.tenants, skip=quota_held):
-            if head is not None and tried >= depth:
-                return
-            yield r
-            if r.wait_reason is TENANT_QUOTA:
-                quota_held.add(r.spec.tenant)
-            elif head is None:
-                head = r
-                # Aging guards the head of the queue; behind a request held by its quota,
-                # backfill goes on (as it did while that request was young).
-                if not quota_held and now - r.queued_at > self.config.max_head_wait_s:
-                    return
-            else:
-                tried += 1
-
     def _wait_for_quota(self, r: RequestState, now: float) -> Decision | None:
         """REJECT `r` if it can never be admitted (bigger than its tenant's quota, or the
         pool); else None: it waits, reason `tenant_quota`, behind its tenant's requests
@@ -551,26 +445,6 @@ class AdmissionController:
             return self._reject(r, refusal.reason, now, refusal.detail)
         r.wait_reason = TENANT_QUOTA
         return None
-
-    def _admit_from_queue(self, now: float) -> list[Decision]:
-        decisions: list[Decision] = []
-        self._dirty = False
-        changed = True
-        while changed and self._queue:
-            changed = False
-            for r in self._candidates(now, set()):
-                if r.failed_epoch == self._epoch and self.ledger.spare <= r.failed_spare:
-                    # Lacked blocks last time and none came back since: same answer, and
-                    # a prefix lookup of a long prompt is not free. (A prefix published
-                    # meanwhile is seen on the next release; an idle pool is always
-                    # retried, its spare being the whole pool.)
-                    continue
-                decision = self._try_admit(r, now)
-                if decision is not None:  # admitted or rejected: the order changed, start over
-                    decisions.append(decision)
-                    changed = True
-                    break
-        return decisions
 
     def _try_admit(self, r: RequestState, now: float) -> Decision | None:
         """ADMIT or REJECT `r` now, or None (with `r.wait_reason`) if it must wait."""
@@ -612,35 +486,10 @@ class AdmissionController:
             self.pool.num_free_blocks, self._queue.size, len(running), "",
         )
 
-    def _preempt_for(
-        self, r: RequestState, num_tokens: int, new_held: list[int], now: float
-    ) -> list[Decision]:
-        """Preempt victims, worst first, until `r`'s growth fits; `r` itself stops the search."""
-        victims = sorted(
-            (v for v in self._running.values() if policies.POLICIES[v.policy].preempts),
-            key=lambda v: (v.spec.priority, v.order),
-            reverse=True,
-        )
-        decisions: list[Decision] = []
-        for v in victims:
-            if extra_for_growth(r, new_held) <= self.ledger.spare:
-                break
-            if v is r:
-                detail = "preempted itself: the pool is dry and nothing running ranks below it"
-                # It comes back only when the length it asked for fits, not the one it had:
-                # else it would be readmitted at once and preempt itself again.
-                decisions.append(self._preempt(r, Reason.GROWTH, now, detail, resume_len=num_tokens))
-                break
-            reason = Reason.PRIORITY if v.spec.priority > r.spec.priority else Reason.GROWTH
-            decisions.append(self._preempt(v, reason, now, f"to let {r.request_id!r} grow"))
-        if decisions and r.policy == "predictive":
-            self.predictor.on_preemption()
-        return decisions
-
     def _preempt(
         self, v: RequestState, reason: Reason, now: float, detail: str, resume_len: int = 0
     ) -> Decision:
-        v.resume_len = min(max(v.spec.prompt_tokens, v.num_tokens, resume_len), v.max_len)
+        v.resume_len = resume_length(v, resume_len)
         freed = self.ledger.release(v)
         del self._running[v.request_id]
         self._enqueue(v, now, preempted=True)

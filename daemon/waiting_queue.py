@@ -11,7 +11,7 @@ of weight goes first (weighted fair sharing of what quotas leave). With `fair_sh
 off, tenants are merged by arrival alone. `charged` is the figure the quota is held to
 (TenantAccount): a prefix block several of a tenant's requests share counts once.
 
-Which candidates the controller may try (bounded backfill, aging) is the controller's
+Which candidates the controller may try (bounded backfill, aging) is `backfill`'s
 business; this module only keeps the order and the tenants' accounts.
 """
 
