@@ -59,10 +59,16 @@ def run(args: argparse.Namespace) -> int:
     expected = _expectation(args.config, samples[-1]) if args.config else None
     diagnosis = doctor.diagnose(samples, expected)
     if args.json:
-        print(json.dumps({"target": target, **diagnosis.as_dict()}, indent=2))
+        print(json.dumps(json_report(diagnosis, target), indent=2))
     else:
         print(render(diagnosis, target))
     return 0 if diagnosis.ok else 1
+
+
+def json_report(diagnosis: doctor_samples.Diagnosis, target: str) -> dict[str, object]:
+    """What `--json` prints: the target asked, then the diagnosis. Every field is listed in
+    docs/cli-reference.md (tests/test_doctor_json_fields.py keeps the two in step)."""
+    return {"target": target, **diagnosis.as_dict()}
 
 
 def sample_snapshots(

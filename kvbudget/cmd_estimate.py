@@ -27,6 +27,7 @@ from kvbudget.units import format_bytes
 if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays light
     from kvbudget.daemon.hf_config import ModelInfo
     from kvbudget.daemon.sizing import PoolSizing
+    from kvbudget.daemon.spec import KVCacheLayout
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default for its V1 engine
 # (--help only: the names accepted are spec.KV_DTYPES, the daemon's kv_dtype's too.)
@@ -144,13 +145,17 @@ def run(args: argparse.Namespace) -> int:
     sizing = _size_pool(args, model)
     if not sizing.fits:
         raise CLIError(_does_not_fit(sizing))
+    least = least_blocks(model.layout, F)
+    if daemon_usable_blocks(sizing.num_blocks) == 0:
+        # One block is the null block alone: the daemon refuses such a pool, nothing to estimate.
+        raise CLIError(_no_usable_block(sizing, least))
     lengths = _lengths(args, model, sizing.num_blocks, F)
     trace = _trace_lengths(args.trace, lengths.max_model_len) if args.trace else None
     report = build_report(model, sizing, lengths, F, trace)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        _print_tables(report)
+        _print_tables(report, least)
     return 0
 
 
@@ -227,6 +232,46 @@ def _does_not_fit(sizing: PoolSizing) -> str:
     )
 
 
+def least_blocks(layout: KVCacheLayout, F: int) -> int:
+    """The fewest blocks (vLLM's count, the null block included) on which the daemon admits
+    anything: one request of one token, plus the null block."""
+    from kvbudget.daemon import budget
+
+    return budget.request_worst_case(layout, 1, F).total + 1
+
+
+def _blocks(n: int) -> str:
+    return f"{n:,} block" + ("" if n == 1 else "s")
+
+
+def _one_token_request(least: int) -> str:
+    """`a one-token request needs 7 blocks, plus the null block`."""
+    return f"a one-token request needs {_blocks(least - 1)}, plus the null block"
+
+
+def _no_usable_block(sizing: PoolSizing, least: int) -> str:
+    """The one line for a pool of one block: it is the null block, so the daemon (which
+    refuses such a pool) would have nothing to hand out, and every figure would be 0."""
+    null = "block 0 is the null block, which no request gets"
+    if sizing.source == "num_gpu_blocks":
+        return (
+            f"--num-gpu-blocks {sizing.num_blocks} leaves no usable block ({null}): "
+            f"give at least {least:,} ({_one_token_request(least)})"
+        )
+    least_bytes = f"{_fmt_bytes(least * sizing.bytes_per_block)}, {_blocks(least)} ({_one_token_request(least)})"
+    if sizing.source == "kv_cache_memory_bytes":
+        knob = f"give --kv-cache-memory-bytes at least {least_bytes}"
+    else:
+        knob = (
+            f"leave the KV cache at least {least_bytes}: a larger --gpu-memory-bytes or "
+            "--gpu-memory-utilization, or smaller --weights-bytes or --activation-reserve-bytes"
+        )
+    return (
+        f"{_fmt_bytes(sizing.kv_cache_bytes)} for the KV cache makes {_blocks(sizing.num_blocks)} of "
+        f"{_fmt_bytes(sizing.bytes_per_block)}, which leaves no usable block ({null}): {knob}"
+    )
+
+
 def _lengths(args: argparse.Namespace, model: ModelInfo, num_blocks: int, F: int) -> Lengths:
     from kvbudget.daemon.budget import max_model_len_that_fits
     from kvbudget.daemon.hf_config import resolve_max_model_len
@@ -240,7 +285,11 @@ def _lengths(args: argparse.Namespace, model: ModelInfo, num_blocks: int, F: int
         max_len = max_model_len_that_fits(daemon_usable_blocks(num_blocks), model.layout, F, model.max_model_len)
         source = "auto"
         if max_len == 0:
-            raise CLIError("--max-model-len auto: not even a one-token request fits the pool")
+            least = least_blocks(model.layout, F)
+            raise CLIError(
+                f"--max-model-len auto: not even a one-token request fits the pool: it has "
+                f"{_blocks(num_blocks)}, and one needs {least - 1:,} plus the null block; give it at least {least:,}"
+            )
     else:
         requested, source = parse_count(text, "--max-model-len"), "given"
         try:  # the daemon's start asks the same question (hf_config)
@@ -425,7 +474,8 @@ def _usable_line(report: dict[str, Any]) -> str:
     return f"{report['daemon_usable_blocks']:,} usable by kvbudget daemon (block 0 is the null block)"
 
 
-def _print_tables(report: dict[str, Any]) -> None:
+def _print_tables(report: dict[str, Any], least: int) -> None:
+    """The human report; `least`: the fewest blocks on which one request fits (least_blocks)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -504,7 +554,14 @@ def _print_tables(report: dict[str, Any]) -> None:
         f"vLLM's: on {report['num_blocks']:,}",
         soft_wrap=True,
     )
-    if report["max_model_len_that_fits"] < report["max_model_len"]:
+    if report["max_model_len_that_fits"] == 0:
+        # (not "the longest that does is 0": no length does)
+        console.print(
+            f"[yellow]no request fits the pool: it has {_blocks(report['num_blocks'])}, and a one-token "
+            f"request needs {least - 1:,} plus the null block; give it at least {least:,}[/]",
+            soft_wrap=True,
+        )
+    elif report["max_model_len_that_fits"] < report["max_model_len"]:
         console.print(
             f"[yellow]one request of {report['max_model_len']:,} tokens does not fit the pool; "
             f"the longest that does is {report['max_model_len_that_fits']:,} "

@@ -39,6 +39,10 @@ from kvbudget.doctor_samples import (
 from kvbudget.pressure import waits_for_pool
 from kvbudget.units import format_bytes
 
+# The values of the reservations check's `data["cause"]` (_reservation_cause): what sizes
+# the reservations. Each, and what an operator does about it: docs/cli-reference.md.
+RESERVATION_CAUSES = ("max_model_len", "max_new_tokens", "unknown")
+
 # --------------------------------------------------------------------------- checks
 
 
