@@ -81,7 +81,7 @@ class DaemonConfig:
     # [model]
     model: str = ""  # preset name, HF config.json path, or a directory holding one
     kv_dtype: str = "auto"  # "auto": the model's dtype
-    block_size: int = 16
+    block_size: int | None = None  # None: 16, or 64 for an MLA model (hf_config.default_block_size)
     max_model_len: int | None = None  # None: the model's
     max_num_batched_tokens: int = 8192
     # [pool]
@@ -175,7 +175,7 @@ class _Key:
 _KEYS: tuple[_Key, ...] = (
     _Key("model", "name", "model", str),
     _Key("model", "kv_dtype", "kv_dtype", str),
-    _Key("model", "block_size", "block_size", int),
+    _Key("model", "block_size", "block_size", int, optional=True),
     _Key("model", "max_model_len", "max_model_len", int, optional=True),
     _Key("model", "max_num_batched_tokens", "max_num_batched_tokens", int),
     _Key("pool", "device", "device", str),
@@ -476,7 +476,7 @@ def _non_negative(*names: str) -> Callable[[DaemonConfig, _Fail], None]:
 
 
 def _check_pool(c: DaemonConfig, fail: _Fail) -> None:
-    if c.block_size > 65536:
+    if c.block_size is not None and c.block_size > 65536:
         raise fail("block_size", f"must be at most 65536 tokens, got {c.block_size}")
     if not _DEVICE.match(c.device):
         raise fail("device", f"must be auto, cpu, cuda or cuda:N, got {c.device!r}")

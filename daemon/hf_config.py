@@ -47,7 +47,10 @@ from kvbudget.daemon.spec import kv_dtype as parse_kv_dtype
 from kvbudget.daemon.spec import weight_dtype
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+# Tokens per block when none is given: vLLM's default, and for a model with MLA layers
+# what vLLM's FlashMLA backend (its MLA default on Hopper GPUs, H100/H200) requires.
 DEFAULT_BLOCK_SIZE = 16
+MLA_BLOCK_SIZE = 64
 # vLLM raises the attention block size of Mamba hybrids in steps of this many tokens.
 MAMBA_BLOCK_ALIGNMENT = 16
 
@@ -63,6 +66,9 @@ class ModelInfo:
     dtype: str  # the checkpoint's torch_dtype
     kv_dtype: str
     weights: WeightEstimate
+    # With no block size given, why the model got one other than 16 (an MLA model's 64);
+    # "" otherwise. Also among the layout's notes; the daemon logs it at start.
+    block_size_note: str = ""
 
     @property
     def num_layers(self) -> int:
@@ -111,10 +117,12 @@ def load_model(
     source: str | Path | Mapping[str, Any],
     *,
     kv_dtype: str | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     token_cap: int | None = None,
 ) -> ModelInfo:
-    """A preset name ("gemma-3-27b"), a path to a config.json or model folder, or a dict."""
+    """A preset name ("gemma-3-27b"), a path to a config.json or model folder, or a dict.
+
+    `block_size` None: not given, `default_block_size` picks it (16, 64 for MLA)."""
     name, config = read_config(source)
     return model_from_config(
         config, name=name, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap
@@ -199,10 +207,14 @@ def model_from_config(
     *,
     name: str = "",
     kv_dtype: str | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     token_cap: int | None = None,
 ) -> ModelInfo:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+    """`block_size` None: not given; an explicit one is used as given, MLA or not (a Mamba
+    hybrid's is still raised so a page holds the state)."""
+    if block_size is not None and (
+        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0
+    ):
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if token_cap is not None and (
         isinstance(token_cap, bool) or not isinstance(token_cap, int) or token_cap <= 0
@@ -219,6 +231,11 @@ def model_from_config(
             f"config fields make every layer mamba ({rule}): with no attention layer there "
             "is no page to size blocks by"
         )
+    block_size_note = ""
+    if block_size is None:
+        block_size, block_size_note = default_block_size(kinds)
+        if block_size_note:
+            notes.append(block_size_note)
 
     attention = None
     if set(kinds) & {FULL, SLIDING, CHUNKED}:
@@ -269,6 +286,25 @@ def model_from_config(
         dtype=checkpoint_dtype(cfg),
         kv_dtype=cache_dtype.name,
         weights=estimate_weights(config),
+        block_size_note=block_size_note,
+    )
+
+
+def default_block_size(kinds: list[str]) -> tuple[int, str]:
+    """(tokens per block, note) when none is given: DEFAULT_BLOCK_SIZE and no note, or for
+    a model with any MLA layer MLA_BLOCK_SIZE and a note that says why.
+
+    vLLM on CUDA serves MLA with a kernel that sets the block size itself: FlashMLA, its
+    default on Hopper (the GPUs this tool targets), 64 tokens; CUTLASS MLA, Blackwell's
+    default, 128. Sized at 16, the plan's bytes per block, blocks per request and block
+    count would all disagree with the engine's.
+    """
+    if MLA not in kinds:
+        return DEFAULT_BLOCK_SIZE, ""
+    return MLA_BLOCK_SIZE, (
+        f"block size {MLA_BLOCK_SIZE} tokens, as none was given: the model uses MLA, and "
+        f"vLLM's FlashMLA backend (its default on Hopper GPUs) uses {MLA_BLOCK_SIZE}; "
+        "--block-size 128 (the daemon's block_size = 128) matches CUTLASS MLA on Blackwell"
     )
 
 

@@ -9,10 +9,13 @@ which setting to pass.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from kvbudget.daemon import hf_config, sizing
 from kvbudget.daemon.config import DaemonConfig
+
+log = logging.getLogger("kvbudget.daemon")
 
 
 class PoolSetupError(Exception):
@@ -40,6 +43,8 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         )
     except ValueError as exc:
         raise PoolSetupError(f"model: {exc}") from None
+    if model.block_size_note:  # (block_size not set: an MLA model's 64 says why)
+        log.info("%s", model.block_size_note)
     try:  # as `kvbudget estimate --max-model-len` does: not past max_position_embeddings
         max_model_len = hf_config.resolve_max_model_len(model, config.max_model_len)
     except ValueError as exc:

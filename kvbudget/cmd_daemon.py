@@ -72,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         # The file's key in every flag's help: most names match, some do not (--model is
         # model.name, --metrics-address is metrics.address).
         default_text = f" (default {f.default})" if f.default not in (None, "") else ""
+        if f.name == "block_size":  # (None: the model decides, hf_config.default_block_size)
+            default_text = " (default 16; 64 for MLA models)"
         help_text = file_key(f.name) + default_text
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,

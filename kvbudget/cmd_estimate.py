@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory.add_argument(
         "--activation-reserve-bytes", metavar="SIZE", help="activation peak to keep free (0)"
     )
-    parser.add_argument("--block-size", metavar="N", default="16", help="tokens per block (16)")
+    parser.add_argument(
+        "--block-size", metavar="N", help="tokens per block (16; 64 for MLA models)"
+    )
     parser.add_argument("--kv-dtype", metavar="DTYPE", help=KV_DTYPE_HELP)
     parser.add_argument(
         "--max-model-len",
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.model:
         raise CLIError("--model is required (a preset name or a config.json path)")
-    block_size = parse_count(args.block_size, "--block-size")
+    # None: not given, the model's default (16; 64 for MLA: hf_config.default_block_size)
+    block_size = parse_count(args.block_size, "--block-size") if args.block_size is not None else None
     token_cap = parse_count(args.token_cap, "--token-cap") if args.token_cap else None
     # "auto" (the daemon's kv_dtype default, vLLM's --kv-cache-dtype default): the model's dtype
     kv_dtype = None if args.kv_dtype in (None, "auto") else args.kv_dtype  # (as daemon.config)

@@ -39,7 +39,6 @@ from kvbudget.target import add_target_arguments, check_target, resolve_target, 
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_KV_BYTES = 16 * 2**30  # offline pool when no size is given: 16 GiB of KV cache
-DEFAULT_BLOCK_SIZE = 16
 # Flags that shape the in-process model, pool and step budget. Live, the daemon's plan says
 # all of that, so one of them given there would be silently ignored (or, --max-model-len,
 # half-applied): refused instead.
@@ -62,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--num-gpu-blocks", metavar="N",
                        help="pool size in blocks, the null block included, as the daemon's flag")  # fmt: skip
     model.add_argument("--kv-cache-memory-bytes", metavar="SIZE", help="pool size in bytes (16GiB)")
-    model.add_argument("--block-size", metavar="N", help="tokens per block (16)")
+    model.add_argument("--block-size", metavar="N", help="tokens per block (16; 64 for MLA models)")
     model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
     model.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     engine = parser.add_argument_group("simulated engine")
@@ -210,7 +209,7 @@ def _offline_setup(args: argparse.Namespace, trace):
     from kvbudget.daemon.hf_config import load_model, resolve_max_model_len
     from kvbudget.traces.replay import ReplaySetup
 
-    block_size = _int(args.block_size, "--block-size") or DEFAULT_BLOCK_SIZE
+    block_size = _int(args.block_size, "--block-size")  # None: the model's (16; 64 for MLA)
     try:
         model = load_model(args.model or DEFAULT_MODEL, block_size=block_size)
     except ValueError as exc:

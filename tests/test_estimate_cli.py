@@ -159,15 +159,17 @@ def test_max_model_len_auto_capped_by_model(tmp_path):
 
 def test_mla_and_fp8_pages():
     ds = run_json("--model", "deepseek-v3", "--num-gpu-blocks", "1000", "--max-model-len", "4096")
-    assert ds["page_size_bytes"] == 18432  # 16 x (512 + 64) x 2
+    # no --block-size: 64 for an MLA model (vLLM's FlashMLA on Hopper)
+    assert ds["block_size"] == 64
+    assert ds["page_size_bytes"] == 73728  # 64 x (512 + 64) x 2
     assert ds["groups"] == [
         {
             "index": 0,
             "layer_type": "mla",
             "num_layers": 61,
             "layer_ids": list(range(61)),
-            "blocks_per_request": 256,  # cdiv(4096, 16)
-            "naive_blocks_per_request": 256,
+            "blocks_per_request": 64,  # cdiv(4096, 64)
+            "naive_blocks_per_request": 64,
         }
     ]
     fp8 = run_json("--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--kv-dtype", "fp8")

@@ -147,13 +147,18 @@ def test_qwen3_32b_sliding_window_disabled():
 def test_deepseek_v3_mla_page():
     m = load_model("deepseek-v3")
     assert kinds_of(m) == [(LayerKind.MLA, 61)]
-    # MLA: 16 x (512 + 64) x 2 = 18432 B per layer and block
-    assert m.layout.page_size_bytes == 18432
-    assert m.layout.bytes_per_block == 18432 * 61
-    # fp8: 16 x 576 x 1 = 9216 B
-    assert load_model("deepseek-v3", kv_dtype="fp8").layout.page_size_bytes == 9216
-    # int4: 576 x 4 bits = 288 B + 4 scale bytes = 292 B per token; x 16 = 4672 B
-    assert load_model("deepseek-v3", kv_dtype="int4").layout.page_size_bytes == 4672
+    # MLA, 64-token blocks when none is given (vLLM's FlashMLA on Hopper):
+    # 64 x (512 + 64) x 2 = 73728 B per layer and block
+    assert m.layout.block_size == 64
+    assert m.layout.page_size_bytes == 73728
+    assert m.layout.bytes_per_block == 73728 * 61
+    # fp8: 64 x 576 x 1 = 36864 B
+    assert load_model("deepseek-v3", kv_dtype="fp8").layout.page_size_bytes == 36864
+    # int4: 576 x 4 bits = 288 B + 4 scale bytes = 292 B per token; x 64 = 18688 B
+    assert load_model("deepseek-v3", kv_dtype="int4").layout.page_size_bytes == 18688
+    # 16-token blocks when asked for: 16 x 576 x 2 = 18432 B; int4 16 x 292 = 4672 B
+    assert load_model("deepseek-v3", block_size=16).layout.page_size_bytes == 18432
+    assert load_model("deepseek-v3", kv_dtype="int4", block_size=16).layout.page_size_bytes == 4672
 
 
 def test_llama_4_scout_nope_layers_global_rest_chunked():

@@ -27,7 +27,7 @@ def test_every_flag_names_its_key_in_the_file() -> None:
     helps = {action.dest: action.help or "" for action in daemon_parser()._actions}
     assert helps["model"] == "model.name"
     assert helps["metrics_address"] == "metrics.address"
-    assert helps["block_size"] == "model.block_size (default 16)"
+    assert helps["block_size"] == "model.block_size (default 16; 64 for MLA models)"
     assert helps["listen"].startswith("server.listen: ")
     assert helps["tenant"].startswith("tenants.NAME: ")
     keys_in_help = {help_text.split(" ")[0].rstrip(":") for help_text in helps.values()}
