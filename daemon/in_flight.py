@@ -2,70 +2,112 @@
 
 grpc.aio's `server.stop(grace)` returns when every call is done AND every connection has
 closed. A client that is frozen (SIGSTOP, a hung host, a debugger) never answers the
-server's GOAWAY, so its connection stays open, and SIGTERM waited the whole `drain_timeout_s`
-(10 s as shipped) with nothing in flight. The daemon counts each call from the moment its
-handler starts to the RPC's end (reply and status handed to the transport:
-`context.add_done_callback`), and `stop_server` cuts the stop short (`server.stop(0)`) once
-none has been in flight for `settle_s`: the connections it closes then carry no call.
+server's GOAWAY, so its connection stays open, and SIGTERM waited the whole
+`drain_timeout_s` (10 s as shipped) with nothing in flight. So `stop_server` cuts the stop
+short (`server.stop(0)`) once no call has been in flight for `settle_s`: the connections it
+closes then carry no call.
 
-`settle_s` covers calls that grpc took before it stopped accepting but whose handler has not
-started yet (they start within an iteration or two of the event loop): a stop never cuts one
-of those.
+A call is in flight from the moment gRPC takes it (its headers arrived: a Step whose 2 MB
+of request are still coming over a slow link counts) to its end, reply and status handed
+to the transport. grpc.aio runs each call in a task of its own (`_schedule_rpc_coro`), and
+those tasks are what is counted; that is grpc's internal name, so the handlers are counted
+too, through public API (`started`, from the handler's start to the RPC's end:
+`context.add_done_callback`), and the larger count wins: were grpc to rename its task, only
+a call whose request is still arriving could be cut.
+
+`settle_s` covers calls taken a moment before grpc stopped accepting, whose task has not
+started yet (it starts within an iteration or two of the event loop).
+
+And a stop must end even when gRPC cannot: a peer that stopped reading with data queued to
+it (a frozen dashboard whose Watch filled the connection's window) keeps grpc's stop from
+ever returning, cancelled calls and all. Past the grace and `GIVE_UP_S` more, `stop_server`
+stops waiting for it; the daemon flushes its log and exits, and the kernel closes the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Any
 
 import grpc
 
 SETTLE_S = 0.1  # nothing in flight this long, after the server stopped accepting: stop now
+GIVE_UP_S = 2.0  # past the grace, how long grpc's stop may still take before the daemon goes on
+_GRPC_CALL_TASK = "_schedule_rpc_coro"  # grpc.aio's coroutine for one call, start to end
+
+
+class Stopped(enum.Enum):
+    GRACEFUL = "graceful"  # every call done and every connection closed within the grace
+    CUT_SHORT = "cut_short"  # no call in flight, connections still open: closed
+    ABANDONED = "abandoned"  # grpc's stop did not return (a peer not reading): not waited for
 
 
 class InFlightCalls:
-    """How many calls are between their handler's start and their end."""
+    """How many calls are between their start and their end."""
 
     def __init__(self) -> None:
-        self.num_in_flight = 0
-        self._changed: asyncio.Event | None = None  # made by wait_idle, in its loop
+        self.num_handlers = 0  # handlers started and not yet ended (their RPC's end)
 
     def started(self, context: grpc.aio.ServicerContext) -> None:
         """A handler starts: counted until the RPC ends (whichever way)."""
-        self.num_in_flight += 1
+        self.num_handlers += 1
         context.add_done_callback(self._ended)
 
     def _ended(self, _context: Any) -> None:
-        self.num_in_flight -= 1
-        if self.num_in_flight == 0 and self._changed is not None:
-            self._changed.set()
+        self.num_handlers -= 1
+
+    def num_in_flight(self) -> int:
+        """Calls gRPC has taken and not ended (their requests still arriving included)."""
+        grpc_calls = sum(1 for task in asyncio.all_tasks() if _is_grpc_call(task))
+        return max(grpc_calls, self.num_handlers)
 
     async def wait_idle(self, settle_s: float = SETTLE_S) -> None:
-        """Returns once no call has been in flight for `settle_s` (at once never: a call
-        taken but not started yet gets its chance first)."""
-        self._changed = changed = asyncio.Event()
+        """Returns once no call has been in flight for `settle_s` (looked at every quarter
+        of it; a call that came and went between two looks had ended anyway)."""
+        loop = asyncio.get_running_loop()
+        quiet_since: float | None = None
         while True:
-            changed.clear()
-            if self.num_in_flight:
-                await changed.wait()  # (set when the count falls to 0)
-                continue
-            await asyncio.sleep(settle_s)
-            if not self.num_in_flight and not changed.is_set():
+            now = loop.time()
+            if self.num_in_flight():
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= settle_s:
                 return
+            await asyncio.sleep(settle_s / 4)
 
 
-async def stop_server(server: grpc.aio.Server, calls: InFlightCalls, grace_s: float,
-                      settle_s: float = SETTLE_S) -> bool:
-    """`server.stop(grace_s)`, cut short once no call is in flight. True when it was cut
-    short (a connection was still open with nothing on it: a frozen or slow peer)."""
+def _is_grpc_call(task: asyncio.Task) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and code.co_name == _GRPC_CALL_TASK
+
+
+async def stop_server(
+    server: grpc.aio.Server, calls: InFlightCalls, grace_s: float,
+    settle_s: float = SETTLE_S, give_up_s: float = GIVE_UP_S,
+) -> Stopped:
+    """`server.stop(grace_s)`, cut short once no call is in flight, and not waited for
+    past `grace_s + give_up_s` (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s + give_up_s
     graceful = asyncio.ensure_future(server.stop(grace_s))
     idle = asyncio.ensure_future(calls.wait_idle(settle_s))
     try:
-        await asyncio.wait((graceful, idle), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((graceful, idle), timeout=deadline - loop.time(),
+                                     return_when=asyncio.FIRST_COMPLETED)
     finally:
         idle.cancel()
-    cut_short = not graceful.done()
-    if cut_short:
-        await server.stop(0)  # cancels nothing in flight (none is) and closes the connections
-    await graceful
-    return cut_short
+    if graceful.done():
+        graceful.result()
+        return Stopped.GRACEFUL
+    if idle not in done:
+        return Stopped.ABANDONED  # calls still in flight past the grace, and grpc stuck on them
+    cut = asyncio.ensure_future(server.stop(0))  # cancels nothing in flight (none is), closes the connections
+    await asyncio.wait((graceful, cut), timeout=max(0.0, deadline - loop.time()),
+                       return_when=asyncio.ALL_COMPLETED)
+    if not (graceful.done() and cut.done()):
+        return Stopped.ABANDONED  # (asyncio.run cancels what is left of them on the way out)
+    graceful.result()
+    cut.result()
+    return Stopped.CUT_SHORT

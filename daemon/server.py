@@ -47,7 +47,7 @@ from kvbudget.daemon.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.auth import Authorizer
 from kvbudget.daemon.config import DaemonConfig, listen_kind, parse_host_port
 from kvbudget.daemon.core_service import CoreOptions, CoreService
-from kvbudget.daemon.in_flight import InFlightCalls, stop_server
+from kvbudget.daemon.in_flight import GIVE_UP_S, InFlightCalls, Stopped, stop_server
 from kvbudget.daemon.malformed import add_checked
 from kvbudget.daemon.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.reflection_pool import reflection_pool
@@ -94,6 +94,28 @@ class Health(health_aio.HealthServicer):
     def __init__(self) -> None:
         super().__init__()
         self._statuses: dict[str, int] = {"": health_pb2.HealthCheckResponse.SERVING}
+        self._ending = asyncio.Event()
+
+    async def Watch(self, request, context):
+        """The standard Watch, ended (OK) once the daemon stops: the standard one never
+        returns, so a client watching health (gRPC's client-side health checking does) held
+        a stop for the whole drain_timeout_s."""
+        watching = asyncio.ensure_future(super().Watch(request, context))
+        ending = asyncio.ensure_future(self._ending.wait())
+        try:
+            await asyncio.wait((watching, ending), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+            if not watching.done():
+                watching.cancel()
+        if watching.done() and not watching.cancelled():
+            return watching.result()  # (it ended on its own: an error writing, say)
+        # Ending: the stream closes, OK. (No last status written here: the stop set NOT_SERVING
+        # first, which the watch wrote; a write of ours could meet one of its still pending.)
+
+    def end_watches(self) -> None:
+        """Every Watch stream ends, now and from now on."""
+        self._ending.set()
 
     async def set(self, service: str, status: int) -> None:
         self._statuses[service] = status
@@ -175,12 +197,15 @@ class Daemon:
     def __init__(
         self, config: DaemonConfig, *, core_options: CoreOptions | None = None,
         on_ready: Callable[[], None] | None = None,
-        reload_config: Callable[[], DaemonConfig] | None = None,
+        reload_config: Callable[[], DaemonConfig] | None = None, owns_process: bool = False,
     ) -> None:
         """`on_ready` runs once start-up is done, just before READY=1 (the CLI settles
         the heap there: interpreter.settle_heap). `reload_config` loads the config again
-        on SIGHUP (raising ConfigError / OSError); without it a SIGHUP changes nothing."""
+        on SIGHUP (raising ConfigError / OSError); without it a SIGHUP changes nothing.
+        `owns_process` (`kvbudget daemon`): the process ends with the daemon, so once it
+        has stopped, later SIGTERM / SIGINT / SIGHUP are ignored (`_release_signals`)."""
         self.config = config
+        self._owns_process = owns_process
         self._reload_config = reload_config
         self._reloads: set[asyncio.Task] = set()
         self._reload_lock = asyncio.Lock()
@@ -195,6 +220,7 @@ class Daemon:
         self._health: health_aio.HealthServicer | None = None
         self._core: CoreService | None = None
         self._calls = InFlightCalls()  # (a stop ends once none is left: in_flight)
+        self._server_abandoned = False  # a stop gave up waiting for grpc (in_flight.Stopped)
         self._health_updates: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ setup
@@ -308,6 +334,13 @@ class Daemon:
             await health.set(name, status)
 
     # ------------------------------------------------------------------ run
+    async def _stop_server_now(self, server: grpc.aio.Server) -> None:
+        """On the way out (a start-up that failed half-way, or after the stop): the server
+        stopped at once, but not waited for past GIVE_UP_S, nor at all once a stop gave up
+        on it (a peer not reading holds grpc's stop for ever)."""
+        if not self._server_abandoned:
+            await asyncio.wait((asyncio.ensure_future(server.stop(0)),), timeout=GIVE_UP_S)
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -316,6 +349,19 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)  # systemctl reload
+
+    def _release_signals(self) -> None:
+        """Stopped (the log flushed and closed, or start-up undone). asyncio's loop, once
+        closed, hands the signals back to their defaults, so a second SIGTERM landing in the
+        few ms the process then takes to wind down (threads joined, modules freed) killed it
+        (exit 143, not 0). A process that ends with the daemon ignores them from here on,
+        process-wide (a mask is per thread, and any thread may be the one a signal reaches);
+        one that goes on (a test running the daemon in process) gets its own handlers back."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+            if self._owns_process:
+                signal.signal(sig, signal.SIG_IGN)
 
     def _stop_if_asked(self) -> None:
         """Between the steps of start-up: a SIGTERM that came meanwhile ends it here (what
@@ -452,6 +498,12 @@ class Daemon:
         # take minutes: CUDA, a large pool, a log to upgrade) killed the process, even a
         # SIGHUP from `systemctl reload`, and left what it had acquired to the kernel.
         self._install_signal_handlers()
+        try:
+            return await self._serve()
+        finally:
+            self._release_signals()
+
+    async def _serve(self) -> int:
         async with contextlib.AsyncExitStack() as stack:
             try:
                 core, health, server, summary = await self._start(stack)
@@ -471,8 +523,17 @@ class Daemon:
             core.draining = True
             core.watch_hub.close_all()  # long-lived streams end, so in-flight calls can finish
             core.end_all_streams()  # (expired sessions' too, still waiting for their decisions)
-            if await stop_server(server, self._calls, self.config.drain_timeout_s):
+            health.end_watches()
+            stopped = await stop_server(server, self._calls, self.config.drain_timeout_s)
+            if stopped is Stopped.CUT_SHORT:
                 log.info("stopped: no call in flight; closed the connections still open")
+            elif stopped is Stopped.ABANDONED:
+                self._server_abandoned = True
+                log.warning(
+                    "stopping without waiting for gRPC any longer: past drain_timeout_s (%gs), a "
+                    "connection would not close (a client that stopped reading: frozen or hung); "
+                    "its calls were cancelled", self.config.drain_timeout_s,
+                )
             await core.stop()
         return self._exit_status
 
@@ -600,7 +661,7 @@ class Daemon:
         self._stop_if_asked()
         await server.start()
         stack.callback(self._remove_sockets)
-        stack.push_async_callback(server.stop, 0)  # no-op after the graceful stop
+        stack.push_async_callback(self._stop_server_now, server)  # no-op after the graceful stop
         for listener in self._listeners:
             if listener.unix_path:
                 os.chmod(listener.unix_path, 0o660)

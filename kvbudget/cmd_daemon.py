@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     # SIGHUP reads the file again, the flags still over it (they were given once, at start).
     daemon = Daemon(config, on_ready=_settle_heap,
-                    reload_config=functools.partial(load_config, args.config, _overrides(args)))
+                    reload_config=functools.partial(load_config, args.config, _overrides(args)), owns_process=True)
     if args.check_config:
         from kvbudget.daemon.pool_setup import PoolSetupError, setup_pool
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvbudget.daemon.in_flight import InFlightCalls, stop_server
+from kvbudget.daemon.in_flight import InFlightCalls, Stopped, stop_server
 from kvbudget.daemon.malformed import add_checked
 
 GRACE_S = 20.0  # far past anything these tests wait for: reaching it is the failure
@@ -76,23 +76,23 @@ async def test_the_count_follows_calls_that_end_every_way(tmp_path) -> None:
         stub = health_pb2_grpc.HealthStub(channel)
         held = asyncio.ensure_future(stub.Check(health_pb2.HealthCheckRequest()))
         await servicer.entered.wait()
-        assert calls.num_in_flight == 1
+        assert calls.num_in_flight() == 1
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await stub.Check(health_pb2.HealthCheckRequest(service="fail"))
         assert failed.value.code() == grpc.StatusCode.NOT_FOUND
-        await until(lambda: calls.num_in_flight == 1, "an aborted call is counted out")
+        await until(lambda: calls.num_in_flight() == 1, "an aborted call is counted out")
         servicer.entered.clear()
         cancelled = stub.Check(health_pb2.HealthCheckRequest(service="cancel"))
         waiter = asyncio.ensure_future(cancelled)
         await servicer.entered.wait()
-        assert calls.num_in_flight == 2
+        assert calls.num_in_flight() == 2
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        await until(lambda: calls.num_in_flight == 1, "a call the client cancelled is counted out")
+        await until(lambda: calls.num_in_flight() == 1, "a call the client cancelled is counted out")
         servicer.release.set()
         assert (await held).status == health_pb2.HealthCheckResponse.SERVING
-        await until(lambda: calls.num_in_flight == 0, "a call answered is counted out")
+        await until(lambda: calls.num_in_flight() == 0, "a call answered is counted out")
     await server.stop(0)
 
 
@@ -102,14 +102,14 @@ async def test_a_frozen_peer_does_not_hold_the_stop_for_the_grace(tmp_path) -> N
     try:
         # Without the cut, this waits GRACE_S: the frozen peer never closes its connection.
         cut_short = await asyncio.wait_for(stop_server(server, calls, GRACE_S), GRACE_S / 2)
-        assert cut_short is True
+        assert cut_short is Stopped.CUT_SHORT
     finally:
         peer.close()
 
 
 async def test_with_nobody_connected_the_stop_is_graceful_not_cut(tmp_path) -> None:
     server, calls, _, _ = await serve(tmp_path)
-    assert await asyncio.wait_for(stop_server(server, calls, GRACE_S), GRACE_S / 2) is False
+    assert await asyncio.wait_for(stop_server(server, calls, GRACE_S), GRACE_S / 2) is Stopped.GRACEFUL
 
 
 async def test_a_call_in_flight_gets_its_reply_before_the_stop_cuts_anything(tmp_path) -> None:
@@ -124,6 +124,6 @@ async def test_a_call_in_flight_gets_its_reply_before_the_stop_cuts_anything(tmp
             assert not stopping.done() and not held.done(), "the stop must wait for the call in flight"
             servicer.release.set()
             assert (await held).status == health_pb2.HealthCheckResponse.SERVING
-            assert await asyncio.wait_for(stopping, GRACE_S / 2) is True  # then the frozen peer is cut
+            assert await asyncio.wait_for(stopping, GRACE_S / 2) is Stopped.CUT_SHORT  # then the frozen peer is cut
     finally:
         peer.close()
