@@ -11,7 +11,6 @@ then the real command against a real daemon.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,9 @@ from kvbudget import doctor, doctor_samples
 from kvbudget.cmd_doctor import json_report
 from kvbudget.doctor_samples import GpuSample, PlanView, PoolSample, Status, Verdict
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "cli-reference.md"
+import doc_tables
+from doc_tables import names
+
 TARGET = "unix:///run/kvbudget/kvbudget.sock"
 GiB = 1 << 30
 MiB = 1 << 20
@@ -35,31 +36,8 @@ PLAN_2K = PlanView(num_blocks=2000, bytes_per_block=BYTES_PER_BLOCK, block_size=
 # ------------------------------------------------------------------ the doc
 
 
-def doc_section() -> str:
-    text = DOC.read_text(encoding="utf-8")
-    start = text.index("\n## `kvbudget doctor --json`\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
-
-
 def table_rows(first_headers: tuple[str, ...]) -> list[list[str]]:
-    """The body rows, as cells, of every table in the section whose header starts with
-    `first_headers`."""
-    rows: list[list[str]] = []
-    lines = doc_section().splitlines()
-    for i, line in enumerate(lines):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.startswith("|") or tuple(cells[: len(first_headers)]) != first_headers:
-            continue
-        for body in lines[i + 2 :]:  # past the header and its --- line
-            if not body.startswith("|"):
-                break
-            rows.append([c.strip() for c in body.strip().strip("|").split("|")])
-    return rows
-
-
-def names(cell: str) -> list[str]:
-    return re.findall(r"`([^`]+)`", cell)
+    return doc_tables.table_rows(doc_tables.doc_section("`kvbudget doctor --json`"), first_headers)
 
 
 def doc_report_fields() -> tuple[set[str], set[str]]:

@@ -11,15 +11,14 @@ path the doc does not list, and all of them together exactly the paths it lists.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "cli-reference.md"
+from doc_tables import doc_section, names, table_rows
+
 KVBUDGET = [sys.executable, "-m", "kvbudget"]
 POINTS = ("p50", "mean", "p99")  # what `<point>` stands for in the doc
 
@@ -37,38 +36,10 @@ def run_json(*args: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ the doc
 
 
-def doc_section(title: str) -> str:
-    """The text under the `## title` heading, up to the next `## ` heading."""
-    text = DOC.read_text(encoding="utf-8")
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
-
-
-def table_rows(section: str, first_header: str) -> list[list[str]]:
-    """The body rows, as cells, of every markdown table in `section` whose header's first
-    cell is `first_header`."""
-    rows: list[list[str]] = []
-    lines = section.splitlines()
-    for i, line in enumerate(lines):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.startswith("|") or cells[0] != first_header:
-            continue
-        for body in lines[i + 2 :]:  # past the header and its --- line
-            if not body.startswith("|"):
-                break
-            rows.append([c.strip() for c in body.strip().strip("|").split("|")])
-    return rows
-
-
-def names(cell: str) -> list[str]:
-    return re.findall(r"`([^`]+)`", cell)
-
-
 def documented_fields() -> dict[str, str]:
     """Every documented path, with its "null or absent" cell."""
     fields: dict[str, str] = {}
-    for row in table_rows(doc_section("`kvbudget estimate --json`"), "field"):
+    for row in table_rows(doc_section("`kvbudget estimate --json`"), ("field",)):
         for name in names(row[0]):
             expanded = [name.replace("<point>", p) for p in POINTS] if "<point>" in name else [name]
             for path in expanded:

@@ -335,3 +335,20 @@ async def test_admin_drain_then_sigterm(tmp_path) -> None:
         rows = logged(daemon)
         assert all(rows.get(d.seq) == (d.kind.value, d.request_id) for d in admitted + released)
         assert not any(request_id == "late" for _, request_id in rows.values())
+
+
+def test_sigterm_does_not_wait_out_the_drain_for_a_frozen_engine(tmp_path) -> None:
+    """The engine holds an admitted request, its Events stream open, when it is frozen: the
+    daemon exits 0 well before the drain timeout, with the engine's decision in the log."""
+    with DaemonProcess(tmp_path, "--drain-timeout-s", str(DRAIN_TIMEOUT_S)) as daemon:
+        engine = subprocess.Popen([sys.executable, "-c", IDLE_ENGINE, daemon.target], stdout=subprocess.PIPE, text=True)
+        try:
+            seq = int(engine.stdout.readline())
+            engine.send_signal(signal.SIGSTOP)
+            daemon.signal(signal.SIGTERM)
+            assert daemon.wait(EXIT_BOUND_S) == 0
+        finally:
+            engine.kill()
+            engine.wait()
+        assert [row["kind"] for row in daemon.decision_rows("seq = ?", (seq,))] == ["admit"]
+        assert CUT_SHORT in daemon.stderr()
