@@ -224,17 +224,23 @@ def test_under_load_every_decision_received_is_in_the_log(tmp_path, with_frozen_
             assert CUT_SHORT in daemon.stderr()
 
 
+async def held_step_answered_through_the_stop(daemon: DaemonProcess, *again: signal.Signals) -> list:
+    """An engine's Step of HELD_STEP submits held in flight, the daemon stopped (then each
+    of `again` sent): the step's decisions, once it is answered."""
+    lock = None
+    async with EngineClient(daemon.target, "busy", heartbeat=False, step_resends=0) as engine:
+        try:
+            lock = WriteLock(daemon.db_path)
+            step = await step_held_in_flight(daemon, engine, lock)
+            return await answered_after_the_stop_began(daemon, step, lock, *again)
+        finally:
+            if lock is not None:
+                lock.release()
+
+
 async def test_a_step_in_flight_at_sigterm_is_answered_and_logged(tmp_path) -> None:
     with DaemonProcess(tmp_path, "--drain-timeout-s", str(DRAIN_TIMEOUT_S), *BIG_POOL) as daemon:
-        lock = None
-        async with EngineClient(daemon.target, "busy", heartbeat=False, step_resends=0) as engine:
-            try:
-                lock = WriteLock(daemon.db_path)
-                step = await step_held_in_flight(daemon, engine, lock)
-                decisions = await answered_after_the_stop_began(daemon, step, lock)
-            finally:
-                if lock is not None:
-                    lock.release()
+        decisions = await held_step_answered_through_the_stop(daemon)
         assert [d.kind for d in decisions] == [DecisionKind.ADMIT] * HELD_STEP
         assert daemon.wait(EXIT_BOUND_S) == 0
         rows = logged(daemon)
@@ -274,15 +280,7 @@ async def test_a_frozen_engine_does_not_cut_an_active_engines_step(tmp_path) -> 
 async def test_sigterm_and_sigint_again_during_the_stop_do_not_cut_a_step(tmp_path) -> None:
     """A second SIGTERM, then a SIGINT, while the stop waits for a step: no forced exit."""
     with DaemonProcess(tmp_path, "--drain-timeout-s", str(DRAIN_TIMEOUT_S), *BIG_POOL) as daemon:
-        lock = None
-        async with EngineClient(daemon.target, "busy", heartbeat=False, step_resends=0) as engine:
-            try:
-                lock = WriteLock(daemon.db_path)
-                step = await step_held_in_flight(daemon, engine, lock)
-                decisions = await answered_after_the_stop_began(daemon, step, lock, signal.SIGTERM, signal.SIGINT)
-            finally:
-                if lock is not None:
-                    lock.release()
+        decisions = await held_step_answered_through_the_stop(daemon, signal.SIGTERM, signal.SIGINT)
         assert len(decisions) == HELD_STEP
         assert daemon.wait(EXIT_BOUND_S) == 0
         rows = logged(daemon)
