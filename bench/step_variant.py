@@ -10,6 +10,10 @@ VARIANT is one of:
              medians go to STAGES_JSON when the daemon exits;
   no-commit  one-submit Steps skip the decision log's SQLite insert (the rows are
              counted, nothing is written): what the durable commit costs end to end;
+  journal    one-submit Steps append their decision's row to a file beside the log with
+             one os.write (marshal'd) instead of the SQLite insert, and nothing folds it
+             into SQLite: the least a journal in front of SQLite would cost a commit (as
+             durable as the log's WAL at synchronous=NORMAL: written to the OS, not synced);
   canned     one-submit Steps are answered with the reply of the first one, built once
              (the same bytes on the wire), and nothing else is done: what the RPC itself
              costs the Step method over the health Check;
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import atexit
 import json
+import marshal
+import os
 import statistics
 import sys
 import time
@@ -37,7 +43,7 @@ from kvbudget.daemon import convert, servicers
 from kvbudget.daemon.core_service import CoreService
 from kvbudget.daemon.decision_log import DecisionLog
 
-VARIANTS = ("full", "staged", "no-commit", "canned", "spin")
+VARIANTS = ("full", "staged", "no-commit", "journal", "canned", "spin")
 SPIN_US = 100
 STAGES = ("validate", "apply", "commit", "reply", "other")
 
@@ -102,6 +108,22 @@ def _no_commit() -> None:
     DecisionLog._insert = insert_but_one_row  # type: ignore[method-assign]
 
 
+def _journal(db_path: str) -> None:
+    insert = DecisionLog._insert
+    fd = os.open(db_path + ".journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    write, dumps = os.write, marshal.dumps
+
+    def append_one_row(self: DecisionLog, rows: list[tuple]) -> bool:
+        if len(rows) == 1:  # a one-submit Step's decision: one write, as a journal would
+            write(fd, dumps(rows[0]))
+            self._next_id += 1
+            self.rows_written += 1
+            return False
+        return insert(self, rows)
+
+    DecisionLog._insert = append_one_row  # type: ignore[method-assign]
+
+
 def _canned(spin_s: float = 0.0) -> None:
     step = servicers.EngineServicer.Step
     canned: list[Any] = []
@@ -133,6 +155,8 @@ def run(argv: list[str]) -> int:
         _stage_timers(stages_path)
     elif variant == "no-commit":
         _no_commit()
+    elif variant == "journal":
+        _journal(daemon_argv[daemon_argv.index("--db-path") + 1])
     elif variant == "canned":
         _canned()
     elif variant == "spin":
