@@ -198,12 +198,14 @@ class AdmissionController:
         """Extend a running request to `num_tokens` slots: GROW with new ids, or DENY, or
         (optimistic / predictive) PREEMPT victims first — possibly the request itself."""
         r = self._get(request_id)
-        if r.status is not RUNNING:
-            return [self._decide(DecisionKind.DENY, Reason.NOT_RUNNING, r, now, detail="waiting")]
+        # Past the maximum length is the engine's error whatever the status: refused before
+        # a waiting request's DENY, so a bad grow is not answered as a plain "not yet".
         if num_tokens > r.max_len:
             raise AdmissionError(
                 "num_tokens", f"{num_tokens} is past the request's maximum length {r.max_len}"
             )
+        if r.status is not RUNNING:
+            return [self._decide(DecisionKind.DENY, Reason.NOT_RUNNING, r, now, detail="waiting")]
         if num_tokens < r.num_tokens:
             raise AdmissionError("num_tokens", f"{num_tokens} is below the {r.num_tokens} slots held")
         computed = r.num_computed

@@ -128,6 +128,23 @@ def test_grow_for_a_waiting_request_is_denied_and_progress_ignored():
     ctrl.check_integrity()
 
 
+def test_grow_past_the_maximum_length_is_refused_for_a_waiting_request_too():
+    """b's maximum length is 8 + 8 = 16 slots: a grow to 17 is the engine's error, named
+    by field, whether b runs or waits; nothing is logged or moved by it."""
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 3, AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, watermark=0.0)
+    )
+    ctrl.submit(RequestSpec("a", 24, 0), 0.0)  # 3 blocks: the pool
+    ctrl.submit(RequestSpec("b", 8, 8), 0.0)  # waits
+    before = ctrl.snapshot(0.0)
+    with pytest.raises(AdmissionError) as refused:
+        ctrl.grow("b", 17, 0.0)
+    assert refused.value.field == "num_tokens" and "maximum length 16" in str(refused.value)
+    assert ctrl.snapshot(0.0) == before
+    assert kinds(ctrl.grow("b", 16, 0.0)) == [("deny", "not_running", "b")]  # at the limit: not yet
+    ctrl.check_integrity()
+
+
 def test_expire_engine_takes_back_running_and_queued_requests():
     ctrl = make()
     ctrl.submit(RequestSpec("a", 60, 4, engine_id="e1"), 0.0)
