@@ -21,6 +21,7 @@ the journal says why (like `nginx -s reload`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
@@ -58,12 +59,13 @@ class ReloadPlan:
 
 def plan_reload(
     running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None,
-    served_client_ca: ClientAuthority | None = None,
+    served_client_ca: ClientAuthority | None = None, resolved: Mapping[str, object] | None = None,
 ) -> ReloadPlan:
     """Compares the config the daemon runs with the one just loaded; `served` is the TLS
     certificate its listeners present, `served_client_ca` the CAs they verify clients
-    against. Raises ConfigError / OSError (a tokens file that
-    cannot be read): then nothing is to change."""
+    against, `resolved` what the running daemon made of keys left to the model
+    (`block_size`, `max_model_len`: see `model_resolved`). Raises ConfigError / OSError (a
+    tokens file that cannot be read): then nothing is to change."""
     live: dict[str, object] = {}
     changes: list[str] = []
     at_restart: list[str] = []
@@ -104,6 +106,11 @@ def plan_reload(
                 changes.append(f"tokens from {after}: {len(roles.tokens)}{names}")
                 live[f.name] = after
             continue
+        if resolved and f.name in resolved and running.model == loaded.model:
+            # Unset means "the model's": with the same model, unset and the size the model
+            # gave are the same setting (no "takes a restart" for writing down the default).
+            before = resolved[f.name] if before is None else before
+            after = resolved[f.name] if after is None else after
         if before == after:
             continue
         if f.name not in LIVE_KEYS:
@@ -169,3 +176,10 @@ def _quota(quota: TenantQuota | None) -> str:
 
 def _shown(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def model_resolved(block_size: int, max_model_len: int) -> dict[str, object]:
+    """`plan_reload`'s `resolved`: the block size and maximum length a daemon serves with,
+    for the keys that leave them to the model when unset."""
+    return {"block_size": block_size, "max_model_len": max_model_len}
+

@@ -378,7 +378,7 @@ class Daemon:
     async def _reload(self) -> None:
         """SIGHUP: read the config again and apply what may change live (daemon/reload.py)."""
         from kvbudget.daemon.config import ConfigError
-        from kvbudget.daemon.reload import plan_reload
+        from kvbudget.daemon.reload import model_resolved, plan_reload
 
         core = self._core
         if core is None or self._stop.is_set():
@@ -391,8 +391,9 @@ class Daemon:
             sdnotify.reloading()
             try:
                 served = self._certificate
+                resolved = model_resolved(core.plan.block_size_tokens, core.plan.max_model_len_tokens)
                 plan = plan_reload(self.config, self._reload_config(), served and served.pair,
-                                   served and served.client_ca)
+                                   served and served.client_ca, resolved)
             except (ConfigError, OSError) as exc:
                 log.error("reload failed, nothing changed: %s", exc)
                 sdnotify.ready("reload failed, still running the previous config")

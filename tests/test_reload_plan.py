@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
-from kvbudget.daemon.reload import plan_reload, tenant_updates
+from kvbudget.daemon.reload import model_resolved, plan_reload, tenant_updates
 from kvbudget.daemon.tls import read_client_ca, read_pair
 
 from certificates import fingerprint, make_ca, make_pair
@@ -21,6 +21,22 @@ def test_nothing_changed() -> None:
     plan = plan_reload(BASE, BASE)
     assert (plan.changes, plan.at_restart, plan.tokens) == ((), (), None)
     assert plan.config == BASE
+
+
+def test_writing_down_what_the_model_gave_is_no_change() -> None:
+    """llama-3.1-8b left to itself serves 16-token blocks and 131,072 tokens: a config that
+    now spells those out changes nothing; another size, or another model, waits for a restart."""
+    served = model_resolved(16, 131072)
+    spelled_out = dataclasses.replace(BASE, block_size=16, max_model_len=131072)
+    plan = plan_reload(BASE, spelled_out, resolved=served)
+    assert (plan.changes, plan.at_restart) == ((), ())
+    assert plan_reload(spelled_out, BASE, resolved=served).at_restart == ()  # and back to unset
+    assert plan_reload(BASE, dataclasses.replace(BASE, block_size=32), resolved=served).at_restart == ("block_size",)
+    assert plan_reload(BASE, dataclasses.replace(BASE, max_model_len=4096), resolved=served).at_restart == (
+        "max_model_len",)
+    other_model = dataclasses.replace(spelled_out, model="deepseek-v3")  # (its own default is 64)
+    assert plan_reload(BASE, other_model, resolved=served).at_restart == ("model", "block_size", "max_model_len")
+    assert plan_reload(BASE, spelled_out).at_restart == ("block_size", "max_model_len")  # nothing resolved: as given
 
 
 def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
