@@ -51,6 +51,8 @@ PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 # what vLLM's FlashMLA backend (its MLA default on Hopper GPUs, H100/H200) requires.
 DEFAULT_BLOCK_SIZE = 16
 MLA_BLOCK_SIZE = 64
+# What vLLM's CUTLASS MLA backend (an MLA default on Blackwell GPUs) sets the block size to.
+CUTLASS_MLA_BLOCK_SIZE = 128
 # vLLM raises the attention block size of Mamba hybrids in steps of this many tokens.
 MAMBA_BLOCK_ALIGNMENT = 16
 
@@ -66,8 +68,10 @@ class ModelInfo:
     dtype: str  # the checkpoint's torch_dtype
     kv_dtype: str
     weights: WeightEstimate
-    # With no block size given, why the model got one other than 16 (an MLA model's 64);
-    # "" otherwise. Also among the layout's notes; the daemon logs it at start.
+    # What the layout's block size needs said: with none given, why the model got one other
+    # than 16 (an MLA model's 64); with one given to an MLA model, that vLLM's default MLA
+    # backend would replace it (`given_block_size_note`); "" otherwise. Also among the
+    # layout's notes; the daemon logs it at start.
     block_size_note: str = ""
 
     @property
@@ -211,7 +215,8 @@ def model_from_config(
     token_cap: int | None = None,
 ) -> ModelInfo:
     """`block_size` None: not given; an explicit one is used as given, MLA or not (a Mamba
-    hybrid's is still raised so a page holds the state)."""
+    hybrid's is still raised so a page holds the state), with a note when vLLM's default
+    MLA backend would not use it (`given_block_size_note`)."""
     if block_size is not None and (
         isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0
     ):
@@ -231,11 +236,12 @@ def model_from_config(
             f"config fields make every layer mamba ({rule}): with no attention layer there "
             "is no page to size blocks by"
         )
-    block_size_note = ""
     if block_size is None:
         block_size, block_size_note = default_block_size(kinds)
-        if block_size_note:
-            notes.append(block_size_note)
+    else:
+        block_size_note = given_block_size_note(kinds, block_size)
+    if block_size_note:
+        notes.append(block_size_note)
 
     attention = None
     if set(kinds) & {FULL, SLIDING, CHUNKED}:
@@ -305,6 +311,27 @@ def default_block_size(kinds: list[str]) -> tuple[int, str]:
         f"block size {MLA_BLOCK_SIZE} tokens, as none was given: the model uses MLA, and "
         f"vLLM's FlashMLA backend (its default on Hopper GPUs) uses {MLA_BLOCK_SIZE}; "
         "--block-size 128 (the daemon's block_size = 128) matches CUTLASS MLA on Blackwell"
+    )
+
+
+def given_block_size_note(kinds: list[str], block_size: int) -> str:
+    """The note for a block size that was given: "" unless the model has MLA layers and
+    vLLM's FlashMLA backend would not keep the size.
+
+    vLLM on CUDA picks the MLA backend's block size even over one the user gave: FlashMLA,
+    its default on Hopper, replaces any size that is not a multiple of 64 with 64; CUTLASS
+    MLA (a Blackwell default) any that is not a multiple of 128 with 128. The size given is
+    still the one planned with (it may be what the engine runs with another backend), but
+    the note says that against a default Hopper engine the blocks would not match. Hopper
+    is what this tool targets, so multiples of 64 (64, 128, ...) pass without a note.
+    """
+    if MLA not in kinds or block_size % MLA_BLOCK_SIZE == 0:
+        return ""
+    return (
+        f"block size {block_size} tokens, as given: the model uses MLA, and vLLM's FlashMLA "
+        f"backend (its default on Hopper GPUs) would use {MLA_BLOCK_SIZE} instead (CUTLASS MLA "
+        f"on Blackwell {CUTLASS_MLA_BLOCK_SIZE}), so the plan's blocks would not match such an "
+        "engine's; give the block size the engine really uses"
     )
 
 

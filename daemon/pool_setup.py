@@ -43,8 +43,10 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         )
     except ValueError as exc:
         raise PoolSetupError(f"model: {exc}") from None
-    if model.block_size_note:  # (block_size not set: an MLA model's 64 says why)
-        log.info("%s", model.block_size_note)
+    if model.block_size_note:
+        # None given: why an MLA model's is 64 (news); one given: that a default MLA engine
+        # would not use it, so the plan would not match that engine (a warning).
+        (log.info if config.block_size is None else log.warning)("%s", model.block_size_note)
     try:  # as `kvbudget estimate --max-model-len` does: not past max_position_embeddings
         max_model_len = hf_config.resolve_max_model_len(model, config.max_model_len)
     except ValueError as exc:

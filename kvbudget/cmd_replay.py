@@ -328,6 +328,8 @@ def _run_offline(args: argparse.Namespace, trace, policies: list[str]):
             results.append(run_offline(trace.requests, setup, policy, trace_name=trace.name))
         except AdmissionError as exc:
             raise CLIError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    for r in results:  # the model layout's notes, as `kvbudget estimate` reports them
+        r.summary["notes"] = list(setup.layout.notes)
     return results
 
 
@@ -346,6 +348,11 @@ def _print(args: argparse.Namespace, results, trace) -> None:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=200)  # piped: 80 columns would cut the labels (as `kvbudget log`)
     console.print(render_table(results))
+    # Offline, the layout's notes (why the block size is 64 for an MLA model, ...), as
+    # estimate prints them; live, the daemon logged its own at start.
+    notes = results[0].summary.get("notes")
+    for note in notes if isinstance(notes, list) else ():
+        console.print(f"note: {note}")
     if trace.skipped:
         print(f"{trace.skipped} malformed rows skipped", file=sys.stderr)
 
