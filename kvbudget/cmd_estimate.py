@@ -479,13 +479,18 @@ def _usable_line(report: dict[str, Any]) -> str:
 
 def _print_tables(report: dict[str, Any], least: int) -> None:
     """The human report; `least`: the fewest blocks on which one request fits (least_blocks)."""
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from kvbudget.console import cli_console
+
+    # The labels are markup; what comes from the user's files (the model's path and
+    # architecture, the GPU's name, notes quoting config fields) is escaped: "[b]" in a
+    # path is text.
+    console = cli_console(markup=True, wide_when_piped=False)
     s = report["sizing"]
     console.print(
-        f"[bold]model[/]   {report['model']} ({report['architecture']}), "
+        f"[bold]model[/]   {escape(report['model'])} ({escape(report['architecture'])}), "
         f"{report['num_layers']} layers, KV cache {report['kv_dtype']}"
     )
     console.print(
@@ -493,7 +498,7 @@ def _print_tables(report: dict[str, Any], least: int) -> None:
         f"{_fmt_bytes(report['page_size_bytes'])} x {report['group_size']} layers = {_fmt_bytes(report['bytes_per_block'])}"
     )
     if s["source"] == "gpu_memory":
-        gpu = f" ({s['gpu_name']})" if s["gpu_name"] else ""
+        gpu = f" ({escape(s['gpu_name'])})" if s["gpu_name"] else ""
         console.print(
             f"[bold]pool[/]    GPU{gpu} {_fmt_gb(s['gpu_total_bytes'])} x "
             f"{s['gpu_memory_utilization']:g} - weights {_fmt_gb(s['weights_bytes'])}"
@@ -571,4 +576,4 @@ def _print_tables(report: dict[str, Any], least: int) -> None:
             "(--max-model-len auto)[/]"
         )
     for note in report["notes"]:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")

@@ -300,12 +300,13 @@ _TABLE_COLUMNS = (
 def _print_table(rows: list[dict[str, Any]], db: str, *, following: bool = False, header: bool = True) -> None:
     """A table, with a count under it; following, batch after batch in fixed widths, the
     header over the first only."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=200)  # piped: 80 columns would fold every cell
+    from kvbudget.console import cli_console
+
+    # Markup off: every cell is the log's data, which engines chose ("[/x]" in a request id
+    # is text, not a closing tag that would stop the table or change the id shown).
+    console = cli_console()
     if not rows:
         if following:
             console.print(f"following {db}: no matching decisions yet", style="dim")

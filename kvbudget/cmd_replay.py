@@ -342,11 +342,9 @@ def _print(args: argparse.Namespace, results, trace) -> None:
     if args.json:
         print(as_json(results))
         return
-    from rich.console import Console
+    from kvbudget.console import cli_console
 
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=200)  # piped: 80 columns would cut the labels (as `kvbudget log`)
+    console = cli_console()  # (markup off: "[b]" in a trace's or a model's name is text)
     console.print(render_table(results))
     # Offline, the layout's notes (why the block size is 64 for an MLA model, ...), as
     # estimate prints them; live, the daemon logged its own at start.

@@ -252,3 +252,52 @@ def test_disk_usage_of_a_missing_log_is_a_one_line_error(tmp_path: Path) -> None
     result = kvbudget("--db", str(tmp_path / "missing.db"), "--disk-usage")
     assert result.returncode == 2
     assert result.stderr == f"kvbudget log: error: no decision log at {tmp_path / 'missing.db'}\n"
+
+
+def test_ids_that_look_like_markup_are_shown_as_they_are(tmp_path: Path) -> None:
+    """Engines choose request, engine and tenant ids: "[/]" or "[red]...[/red]" in one is
+    text. Read as Rich markup, the first stopped the table with a traceback and the second
+    showed another id ("req-7 x") that --request then could not find. The log's path is
+    the user's too."""
+    path = tmp_path / "[b]logs" / "decisions.db"
+    path.parent.mkdir()
+    ids = [("close[/]tag", "eng,[/]1", 't,"[/]x'), ("[red]req-7[/red] x", "plain-eng", "team-[b]a")]
+    decisions = [
+        Decision(seq=i + 1, time_s=1.0, kind=DecisionKind.ADMIT, reason=Reason.FITS, request_id=request_id,
+                 engine_id=engine_id, tenant=tenant, detail="[bold]as typed")
+        for i, (request_id, engine_id, tenant) in enumerate(ids)
+    ]
+    with DecisionLog(path) as log:
+        log.append(decisions).result()
+    result = kvbudget("--db", str(path))
+    assert result.returncode == 0, result.stderr
+    body = [line.split("│") for line in result.stdout.splitlines() if "as typed" in line]
+    assert [[cell.strip() for cell in row[4:7]] for row in body] == [list(i) for i in ids]
+    assert all(row[-1].strip() == "[bold]as typed" for row in body)
+    found = kvbudget("--db", str(path), "--request", "[red]req-7[/red] x")  # what the table showed finds it
+    assert found.returncode == 0 and "plain-eng" in found.stdout and "1 decision(s)" in found.stdout
+    missing = kvbudget("--db", str(path), "--request", "nothing")
+    assert missing.returncode == 0 and f"no matching decisions in {path}" in missing.stdout
+
+
+@pytest.mark.parametrize("output", [(), ("--csv",), ("--json",)])
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path, output: tuple[str, ...]) -> None:
+    """`kvbudget log | head -1`: the table, like --csv and --json, exits 0 with nothing on
+    stderr when the pipe closes (the table used to exit 1, a failure under pipefail).
+    3,000 rows are far more than a pipe holds, so the write does meet the closed pipe."""
+    path = tmp_path / "decisions.db"
+    decisions = [
+        Decision(seq=i + 1, time_s=float(i), kind=DecisionKind.ADMIT, reason=Reason.FITS, request_id=f"req-{i}",
+                 engine_id="vllm-0", tenant="chat", detail="x" * 40)
+        for i in range(3000)
+    ]
+    with DecisionLog(path) as log:
+        log.append(decisions).result()
+    env = {**os.environ, "COLUMNS": "220", "TZ": "UTC"}
+    reader = subprocess.Popen([sys.executable, "-m", "kvbudget", "log", "--db", str(path), "--limit", "0", *output],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert reader.stdout is not None and reader.stderr is not None
+    assert reader.stdout.readline()
+    reader.stdout.close()
+    assert reader.wait(60) == 0
+    assert reader.stderr.read() == b""

@@ -471,3 +471,15 @@ def test_tui_help_needs_neither_torch_nor_pynvml():
     out = subprocess.run([*KVBUDGET_NO_TORCH_NO_NVML, "tui", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--target" in out.stdout and "--recording" in out.stdout
+
+
+def test_names_from_the_users_files_are_not_read_as_markup(tmp_path):
+    """The report's labels are Rich markup; a model directory named "[b]m", or an
+    architecture such as "Llama[/]ForCausalLM", is the user's text: shown as it is, never
+    eaten ("m") nor a MarkupError traceback."""
+    model_dir = tmp_path / "[b]m"
+    model_dir.mkdir()
+    write_config(model_dir, architectures=["Llama[/]ForCausalLM"])
+    result = run("--model", str(model_dir), "--num-gpu-blocks", "1000")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].split(",")[0] == "model   [b]m (Llama[/]ForCausalLM)"

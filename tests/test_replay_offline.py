@@ -313,3 +313,13 @@ def test_piped_table_is_wide_enough_for_its_labels(tmp_path, capsys, monkeypatch
     assert main(["replay", trace, "--offline", "--compare", "naive,optimistic,guaranteed,predictive"]) == 0
     out = capsys.readouterr().out
     assert "output_tokens_per_s" in out and "predictive (offline)" in out and "…" not in out
+
+
+def test_cli_table_shows_a_trace_name_that_looks_like_markup_as_it_is(tmp_path, capsys):
+    """The table's title is the trace's name: "[b]t" is a file the user named, shown as
+    typed, not "t" in bold."""
+    path = tmp_path / "[b]t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,1\n1,12,1\n")
+    assert main(["replay", str(path), "--offline", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.lstrip().startswith("[b]t"), out
