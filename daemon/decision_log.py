@@ -183,6 +183,20 @@ def _file_identity(path: str) -> tuple[int, int] | None:
     return status.st_dev, status.st_ino
 
 
+def _leave_wal(conn: sqlite3.Connection) -> None:
+    """At a clean close, the file back in rollback-journal mode (`start` puts it in WAL
+    again). Closing the last connection deletes `-wal` and `-shm`, and SQLite opens a WAL
+    file read-only only if its `-shm` is there or can be made: an operator with read
+    permission on the file but none on its directory (`/var/lib/kvbudget`) could then not
+    read a stopped daemon's log, with `kvbudget log` or `sqlite3` alike. Best effort: with
+    another connection reading, the file stays in WAL mode (complete either way)."""
+    try:
+        conn.execute("PRAGMA busy_timeout=200")  # (a reader mid-query: give up, not hold the stop)
+        conn.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.Error:
+        pass
+
+
 def _file_bytes(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -519,6 +533,7 @@ class DecisionLog(UpkeepPacing, KeepsUnwritten, WriterThread):
             _log.error("decision log: %d decisions were never written (%s)", lost, why)
         if self._db is not None:
             self._cursor = None
+            _leave_wal(self._db.conn)
             self._db.conn.close()
             self._db = None
 

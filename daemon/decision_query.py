@@ -4,7 +4,9 @@ WAL lets `sqlite3`, `sqlite-utils` and Datasette read the file while the daemon 
 `query_decisions` opens it read-only (`mode=ro`) and works with or without the daemon
 running. A reader needs read permission only, not write access to the `-shm` file
 (SQLite >= 3.22 maps the WAL index read-only), so an operator in the daemon's group can
-read a file the daemon owns. Queries go to `decisions`: the view over folded and recent
+read a file the daemon owns; a stopped daemon's file is out of WAL mode, as SQLite cannot
+open a WAL-mode file whose index is gone where the reader may not create it
+(`decision_log._leave_wal`). Queries go to `decisions`: the view over folded and recent
 rows in a version-2 file, the one table in a version-1 file.
 """
 
@@ -36,6 +38,17 @@ def open_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection:
         check_meta(conn, str(path))
     except sqlite3.DatabaseError as exc:
         raise DecisionLogError(f"{path} is not a readable SQLite database ({exc})") from None
+    except DecisionLogError as exc:
+        index = Path(f"{path}-shm")
+        if index.exists() or os.access(path.parent, os.W_OK) or "no meta table" in str(exc):
+            raise
+        # SQLite reads a WAL-mode file only through its index, which it makes if missing:
+        # not in a directory this user may not write to (a daemon that stopped cleanly
+        # leaves its log out of WAL mode; one that crashed leaves the index there).
+        raise DecisionLogError(
+            f"{exc}: the file is in WAL mode and its index {index.name} is missing, which this user "
+            f"cannot create in {path.parent}; read it as the daemon's user, or while the daemon runs"
+        ) from None
     return conn
 
 

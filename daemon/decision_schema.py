@@ -190,8 +190,10 @@ def check_meta(conn: sqlite3.Connection, where: str) -> str:
     """The file's schema version, if it is a KVBudget decision log this code can read."""
     try:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    except sqlite3.OperationalError:
-        raise DecisionLogError(f"{where} is not a KVBudget decision log (no meta table)") from None
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            raise DecisionLogError(f"{where} is not a KVBudget decision log (no meta table)") from None
+        raise DecisionLogError(f"cannot read {where}: {exc}") from None
     if meta.get("app") != APP_NAME:
         raise DecisionLogError(f"{where} is not a KVBudget decision log (meta.app={meta.get('app')!r})")
     version = meta.get("schema_version")

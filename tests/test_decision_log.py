@@ -28,6 +28,7 @@ from kvbudget.daemon.decision_schema import (
     INDEXED_COLUMNS,
     RECENT,
     SCHEMA_VERSION,
+    VIEW,
     DecisionLogError,
     decision_from_row,
 )
@@ -630,6 +631,7 @@ def _fill_wal(db_path: Path, rows: int) -> sqlite3.Connection:
     with DecisionLog(db_path, checkpoint_interval_s=None):  # the schema, then closed
         pass
     writer = sqlite3.connect(db_path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")  # (as the daemon's start does: a clean close left it)
     writer.execute("PRAGMA wal_autocheckpoint=0")
     writer.execute("PRAGMA journal_size_limit=-1")  # the WAL keeps its size when it starts over
     blob = json.dumps([0] * 50)
@@ -1302,3 +1304,43 @@ def test_a_writer_that_stops_on_an_error_fails_every_commit_instead_of_hanging(
     log.flush()  # nothing is left waiting: a stop's flush goes through
     log.close()
     assert _ids(db_path, "decisions") == [1]  # the one committed before; nothing else claimed
+
+
+def _journal_mode(db_path: Path) -> str:
+    reader = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return reader.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        reader.close()
+
+
+def test_a_clean_close_leaves_the_file_out_of_wal_mode_and_a_start_puts_it_back(db_path: Path) -> None:
+    """SQLite opens a WAL-mode file read-only only through its `-shm`, which a clean close
+    deletes and a reader who may not write the directory cannot make again: the stopped
+    daemon's log would be unreadable to an operator with read permission on the file. So a
+    clean close leaves rollback-journal mode ("delete"), and a start WAL mode again."""
+    with DecisionLog(db_path) as log:
+        log.append([make_decision(1)]).result()
+    assert not Path(f"{db_path}-wal").exists() and not Path(f"{db_path}-shm").exists()
+    assert _journal_mode(db_path) == "delete"
+    with DecisionLog(db_path) as log:
+        assert log._db is not None and log._db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        log.append([make_decision(2)]).result()
+        assert _journal_mode(db_path) == "wal"  # (a reader while it runs sees WAL mode)
+    assert _journal_mode(db_path) == "delete"
+    assert [r["seq"] for r in query_decisions(db_path, newest_first=False)] == [1, 2]
+
+
+def test_a_reader_open_at_the_close_keeps_wal_mode_and_every_row(db_path: Path) -> None:
+    """The switch out of WAL mode is best effort: a reader mid-read keeps the file in WAL
+    mode, and the close neither waits for it long nor loses a row."""
+    with DecisionLog(db_path) as log:
+        log.append([make_decision(1)]).result()
+        reader = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+        reader.execute("BEGIN")
+        reader.execute(f"SELECT count(*) FROM {VIEW}").fetchone()  # a read transaction held
+    try:
+        assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        reader.close()
+    assert [r["seq"] for r in query_decisions(db_path, newest_first=False)] == [1]
