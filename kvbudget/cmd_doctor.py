@@ -135,7 +135,14 @@ def render(diagnosis: doctor_samples.Diagnosis, target: str) -> str:
         if finding.knob and finding.knob != diagnosis.knob and finding.status.value in ("warn", "problem"):
             lines.append(f"  {'':<8} {'':<{width}}  -> {finding.knob}")
     lines.append("")
-    lines.append(f"verdict: {diagnosis.verdict.value}")
+    problems = [f.check for f in diagnosis.findings if f.status is doctor_samples.Status.PROBLEM]
+    if problems and diagnosis.verdict is doctor_samples.Verdict.HEALTHY:
+        # Nothing limits admission, yet the exit status is 1: say why beside "healthy".
+        lines.append(f"verdict: {diagnosis.verdict.value} (nothing limits admission), "
+                     f"but {len(problems)} check{'s' if len(problems) > 1 else ''} found a problem: "
+                     f"{', '.join(problems)} (above)")
+    else:
+        lines.append(f"verdict: {diagnosis.verdict.value}")
     if diagnosis.knob:
         lines.append(f"knob:    {diagnosis.knob}")
     return "\n".join(lines)

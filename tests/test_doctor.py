@@ -482,3 +482,17 @@ def test_bad_interval_is_a_cli_error(interval: str, capsys: pytest.CaptureFixtur
     # (inf passed the check and then broke time.sleep with a traceback)
     assert main(["doctor", "--interval", interval]) == 2
     assert capsys.readouterr().err == f"kvbudget doctor: error: --interval must be 0 to 3600 seconds, got {float(interval)}\n"
+
+
+def test_the_verdict_line_says_why_the_exit_status_is_1_when_healthy() -> None:
+    """Nothing limits admission (verdict healthy), yet a check found a problem (a pool of
+    2,000 blocks where the plan says 1,000): `ok` is false and the exit status 1, so the
+    human report's verdict line says which check, not a bare "healthy"."""
+    samples = series(held=100)
+    wrong = [replace(s, plan=PlanView(2000, BYTES_PER_BLOCK, 16, 32768)) for s in samples]
+    d = doctor.diagnose(wrong)
+    assert d.verdict is Verdict.HEALTHY and not d.ok
+    verdict_line = [line for line in render(d, "unix:///k.sock").splitlines() if line.startswith("verdict:")]
+    assert verdict_line == ["verdict: healthy (nothing limits admission), but 1 check found a problem: pool size (above)"]
+    fine = doctor.diagnose(samples)
+    assert fine.ok and "verdict: healthy" in render(fine, "unix:///k.sock").splitlines()
