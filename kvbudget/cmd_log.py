@@ -78,7 +78,9 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> float:
         return now
     relative = _RELATIVE.match(value)
     if relative:
-        return now - float(relative[1]) * _UNIT_S[relative[2]]
+        # Further back than 1970 is "from the start": no decision is older (and a negative
+        # unix time is none the absolute forms accept).
+        return max(0.0, now - float(relative[1]) * _UNIT_S[relative[2]])
     try:
         seconds = float(value)
     except ValueError:

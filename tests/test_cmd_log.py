@@ -119,11 +119,14 @@ def test_relative_since_covers_recent_rows(db: Path) -> None:
 
 
 def test_parse_time_forms() -> None:
-    now = 10_000.0
-    assert parse_time("10m", option="--since", now=now) == 10_000.0 - 600.0
-    assert parse_time("1.5h", option="--since", now=now) == 10_000.0 - 5400.0
-    assert parse_time("2d", option="--since", now=now) == 10_000.0 - 172_800.0
-    assert parse_time("30s", option="--since", now=now) == 9_970.0
+    now = 1_000_000.0
+    assert parse_time("10m", option="--since", now=now) == 1_000_000.0 - 600.0
+    assert parse_time("1.5h", option="--since", now=now) == 1_000_000.0 - 5400.0
+    assert parse_time("2d", option="--since", now=now) == 1_000_000.0 - 172_800.0
+    assert parse_time("30s", option="--since", now=now) == 999_970.0
+    # further back than 1970: from the start, not a negative time
+    assert parse_time("12d", option="--since", now=now) == 0.0
+    assert parse_time("1000000000000000000000000000d", option="--since", now=now) == 0.0
     assert parse_time("now", option="--since", now=now) == now
     assert parse_time("1767225600", option="--since") == 1767225600.0
     assert parse_time("2026-01-01T00:00:00Z", option="--since") == 1767225600.0
