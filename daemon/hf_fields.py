@@ -200,7 +200,16 @@ def head_dim(cfg: Mapping[str, Any]) -> int:
 
 
 def num_kv_heads(cfg: Mapping[str, Any]) -> int:
-    return int_field(cfg, "num_key_value_heads", default=int_field(cfg, "num_attention_heads"))
+    heads = int_field(cfg, "num_attention_heads")
+    kv_heads = int_field(cfg, "num_key_value_heads", default=heads)
+    # Each KV head serves a whole group of query heads (GQA; MQA at 1, MHA at all): a count
+    # that does not divide the heads is no model Transformers or vLLM loads, and its pages
+    # would be sized for one.
+    if heads % kv_heads:
+        raise ValueError(
+            f"config field 'num_key_value_heads' ({kv_heads}) must divide 'num_attention_heads' ({heads})"
+        )
+    return kv_heads
 
 
 def checkpoint_dtype(cfg: Mapping[str, Any]) -> str:

@@ -81,6 +81,9 @@ CASES = [
     # a MemoryError: a list of 10^12 layer kinds
     ("mistral-7b-v0.1", {"num_hidden_layers": 10**12}, "num_hidden_layers"),
     ("mistral-7b-v0.1", {"hidden_size": 10**200}, "hidden_size"),
+    # KV heads that do not divide the 32 query heads: more of them, or 5 (pages of 40 KiB)
+    ("mistral-7b-v0.1", {"num_key_value_heads": 64}, "num_key_value_heads"),
+    ("mistral-7b-v0.1", {"num_key_value_heads": 5}, "num_key_value_heads"),
 ]  # fmt: skip
 CASE_IDS = [f"{p}:{','.join(m)}" for p, m, _ in CASES]
 
