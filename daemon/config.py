@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import math
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,8 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from kvbudget.daemon.admission import POLICIES, AdmissionConfig
-from kvbudget.daemon.records import OTHER_TENANTS, RESERVED_TENANT
-from kvbudget.daemon.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, memory_source_conflict
+from kvbudget.daemon.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
+from kvbudget.daemon.sizing import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GPU_ONLY_SETTINGS,
+    SOURCE_BLOCKS,
+    SOURCE_GPU,
+    SOURCE_KV_BYTES,
+    memory_source_conflict,
+)
 from kvbudget.daemon.spec import KV_DTYPE_NAMES, KV_DTYPES
 
 DEFAULT_CONFIG_PATH = "/etc/kvbudget/kvbudget.toml"
@@ -56,6 +63,20 @@ FILE_KEY = "config"  # ConfigError.key for a file that cannot be read or parsed
 # Block ids and counts, and the plan's token counts, travel as uint32 (protos/): a larger
 # value passed every check and then failed start-up with a traceback ("Value out of range").
 MAX_WIRE_COUNT = 2**32 - 1
+# A unix socket's path fits in sockaddr_un.sun_path (108 bytes with its NUL). gRPC counts
+# what follows "unix:" in the address, so `unix:///p` spends two of them on the slashes
+# (its own error, "Path name should not have more than 107 characters", came only at the
+# bind, after the pool and the log were set up).
+MAX_UNIX_ADDRESS_PATH_BYTES = 107
+# The pool's size comes from one memory source (daemon/sizing.py): the settings of each.
+# The GPU's are those its arithmetic uses (sizing.size_from_gpu_memory); without
+# gpu_memory_bytes it reads the local GPU's total.
+_MEMORY_SOURCES: dict[str, tuple[str, ...]] = {
+    SOURCE_BLOCKS: ("num_gpu_blocks",),
+    SOURCE_KV_BYTES: ("kv_cache_memory_bytes",),
+    SOURCE_GPU: ("gpu_memory_bytes", *GPU_ONLY_SETTINGS),
+}
+_MEMORY_SOURCE_OF = {name: source for source, names in _MEMORY_SOURCES.items() for name in names}
 
 
 class ConfigError(Exception):
@@ -298,6 +319,9 @@ def _tenant_problem(name: str, quota: TenantQuota) -> tuple[str, str] | None:
     key = f"tenants.{name}"
     if not name:
         return "tenants", "a tenant name must not be empty"
+    unsendable = _unsendable_tenant_name(name)
+    if unsendable is not None:
+        return unsendable
     if name == OTHER_TENANTS:
         return key, RESERVED_TENANT
     if quota.max_share is not None and not 0.0 < quota.max_share <= 1.0:
@@ -305,6 +329,20 @@ def _tenant_problem(name: str, quota: TenantQuota) -> tuple[str, str] | None:
     if quota.weight <= 0:
         return f"{key}.weight", f"must be positive, got {quota.weight}"
     return None
+
+
+def _unsendable_tenant_name(name: str) -> tuple[str, str] | None:
+    """(key, message) when no engine could send this tenant: gRPC refuses a tenant name that
+    is not printable or longer than MAX_TENANT_CHARS, so a quota for it would never apply."""
+    if name.isprintable() and len(name) <= MAX_TENANT_CHARS:
+        return None
+    if not name.isprintable():
+        # Written as TOML quotes it, so that the one line stays one line (a newline, a tab).
+        key, why = f"tenants.{json.dumps(name)}", "this one has a character that is not printable"
+    else:
+        key, why = f"tenants.{name}", f"this one has {len(name)}"
+    return key, (f"no engine can send this tenant: a tenant name is printable and at most "
+                 f"{MAX_TENANT_CHARS} characters ({why})")
 
 
 def _tenants_with_flags(
@@ -340,14 +378,18 @@ def read_toml_file(path: Path, what: str = "config file") -> dict[str, Any]:
 
 def load_config(
     path: str | os.PathLike[str] | None, overrides: Mapping[str, object] | None = None,
-    *, check_db_path: bool = False,
+    *, check_paths: bool = False,
 ) -> DaemonConfig:
     """Read the TOML file (if any), apply overrides (field names; None values are ignored,
     so argparse defaults can be passed as is), validate, return the frozen config.
 
-    `check_db_path` (--check-config) also asks whether this user could create and write
-    the decision log at db_path (`db_path_problem`): only then, as a start is run by the
-    daemon's user and anything else (tests, doctor, a reload) need not be."""
+    `check_paths` (--check-config) also looks at the host as this user sees it, for what a
+    start would refuse there: a decision log at db_path that could not be created and
+    written, or a file there that is not a KVBudget log (`db_path_problem`); a listen
+    socket path taken by something else (`unix_socket_problem`). Only then: a start is run
+    by the daemon's user and finds out by doing it, and anything else (tests, doctor, a
+    reload, whose own daemon serves on the sockets) need not ask. Nothing is created,
+    changed or locked."""
     values: dict[str, object] = {}
     origin: dict[str, tuple[str, str]] = {}  # field -> (key as the user wrote it, source)
     source = ""
@@ -355,34 +397,10 @@ def load_config(
         source = str(path)
         if not source:  # (Path("") is ".": "config file . is a directory")
             raise ConfigError(FILE_KEY, "the config file's path is empty")
-        document = read_toml_file(Path(path))
-        for section, body in document.items():
-            if section not in _SECTIONS:
-                raise ConfigError(
-                    section, f"unknown section [{section}] (expected: {', '.join(_SECTIONS)})",
-                    source=source,
-                )
-            if section == "tenants":
-                values["tenants"] = _parse_tenants(body, source, "tenants")
-                origin["tenants"] = ("tenants", source)
-                continue
-            if not isinstance(body, Mapping):
-                raise ConfigError(section, f"must be a [{section}] section, not a value", source=source)
-            allowed = {k.name: k for k in _KEYS if k.section == section}
-            for name, value in body.items():
-                key = f"{section}.{name}"
-                if name not in allowed:
-                    raise ConfigError(
-                        key,
-                        f"unknown key {name!r} in [{section}] (expected: {', '.join(allowed)})",
-                        source=source,
-                    )
-                spec = allowed[name]
-                values[spec.field] = _coerce(value, spec.kind, key, source)
-                origin[spec.field] = (key, source)
-    for name, value in (overrides or {}).items():
-        if value is None:
-            continue
+        _read_file(Path(path), source, values, origin)
+    flags = {name: value for name, value in (overrides or {}).items() if value is not None}
+    _drop_memory_sources_the_flags_replace(values, origin, flags)
+    for name, value in flags.items():
         if name == "tenants":
             values["tenants"] = _tenants_with_flags(values.get("tenants", {}), value)  # type: ignore[arg-type]
         elif name not in _KEY_BY_FIELD:
@@ -390,27 +408,98 @@ def load_config(
         else:
             values[name] = _coerce(value, _KEY_BY_FIELD[name].kind, name, "")
         origin[name] = (name, "")
-
-    def fail(field_name: str, message: str) -> ConfigError:
-        if field_name in origin:
-            key, where = origin[field_name]
-        else:  # a default that another key made invalid
-            spec = _KEY_BY_FIELD.get(field_name)
-            key, where = (f"{spec.section}.{spec.name}" if spec else field_name), source
-        return ConfigError(key, message, source=where)
-
+    fail = _Failure(origin, source)
     config = DaemonConfig(**values)  # type: ignore[arg-type]
     for check in _CHECKS:
         check(config, fail)
-    if check_db_path:
-        problem = db_path_problem(config.db_path)
-        if problem is not None:
-            raise fail("db_path", problem)
+    if check_paths:
+        _check_paths(config, fail)
     return config
 
 
+def _read_file(path: Path, source: str, values: dict[str, object], origin: dict[str, tuple[str, str]]) -> None:
+    """The file's keys into `values` (by field), each with the key it was written as."""
+    for section, body in read_toml_file(path).items():
+        if section not in _SECTIONS and not isinstance(body, Mapping):
+            raise ConfigError(section, _outside_any_section(section), source=source)
+        if section not in _SECTIONS:
+            raise ConfigError(
+                section, f"unknown section [{section}] (expected: {', '.join(_SECTIONS)})", source=source,
+            )
+        if section == "tenants":
+            values["tenants"] = _parse_tenants(body, source, "tenants")
+            origin["tenants"] = ("tenants", source)
+            continue
+        if not isinstance(body, Mapping):
+            raise ConfigError(section, f"must be a [{section}] section, not a value", source=source)
+        allowed = {k.name: k for k in _KEYS if k.section == section}
+        for name, value in body.items():
+            key = f"{section}.{name}"
+            if name not in allowed:
+                raise ConfigError(
+                    key, f"unknown key {name!r} in [{section}] (expected: {', '.join(allowed)})", source=source,
+                )
+            spec = allowed[name]
+            values[spec.field] = _coerce(value, spec.kind, key, source)
+            origin[spec.field] = (key, source)
+
+
+def _outside_any_section(name: str) -> str:
+    """What to say of a value written above every [section] header (TOML puts a key there
+    at the top level, which this file has no use for): where it belongs, when some
+    section has it (or it is a setting's flag name: `metrics_address` is [metrics] address)."""
+    for spec in _KEYS:
+        if name == spec.name:
+            return f"a key outside any section; it belongs under [{spec.section}]"
+    for spec in _KEYS:
+        if name == spec.field:
+            return f"a key outside any section; it belongs under [{spec.section}], as {spec.name}"
+    if name in _TENANT_KEYS:
+        return "a key outside any section; it belongs under [tenants.NAME]"
+    return f"a key outside any section, and no section has it (sections: {', '.join(_SECTIONS)})"
+
+
+def _drop_memory_sources_the_flags_replace(
+    values: dict[str, object], origin: dict[str, tuple[str, str]], flags: Mapping[str, object]
+) -> None:
+    """A memory source given by flag replaces the file's: `--kv-cache-memory-bytes 1GiB`
+    over a file's num_gpu_blocks sizes the pool from the bytes, as a flag wins over its own
+    key (and as vLLM's --num-gpu-blocks-override replaces its memory-based sizing); the
+    file's settings of the other sources are dropped, so they are neither used nor called a
+    conflict. Settings of the source the flags give stay (`--weights-bytes` over a file's
+    gpu_memory_bytes), and flags that give two sources drop the file's whole memory source:
+    the conflict is then theirs alone, named in their words."""
+    chosen = {_MEMORY_SOURCE_OF[name] for name in flags if name in _MEMORY_SOURCE_OF}
+    if not chosen:
+        return
+    for name in [name for name in values if name in _MEMORY_SOURCE_OF]:
+        if chosen != {_MEMORY_SOURCE_OF[name]}:
+            del values[name]
+            origin.pop(name, None)
+
+
 # --------------------------------------------------------------------- value checks
-_Fail = Callable[[str, str], ConfigError]
+@dataclass(frozen=True)
+class _Failure:
+    """A check's ConfigError, naming the value as the user gave it: the file's key (and the
+    file), or the flag's setting."""
+
+    origin: Mapping[str, tuple[str, str]]  # field -> (key as written, source: the file or "")
+    source: str  # the config file, "" without one
+
+    def __call__(self, field_name: str, message: str) -> ConfigError:
+        if field_name in self.origin:
+            key, where = self.origin[field_name]
+        else:  # a default that another key made invalid
+            spec = _KEY_BY_FIELD.get(field_name)
+            key, where = (f"{spec.section}.{spec.name}" if spec else field_name), self.source
+        return ConfigError(key, message, source=where)
+
+    def given_by_flag(self, field_name: str) -> bool:
+        return field_name in self.origin and not self.origin[field_name][1]
+
+
+_Fail = _Failure
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]*):(?P<port>\d{1,5})$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -484,22 +573,28 @@ def _check_pool(c: DaemonConfig, fail: _Fail) -> None:
         raise fail("memory_mode", f"must be one of {', '.join(MEMORY_MODES)}, got {c.memory_mode!r}")
     if not 0.0 < c.gpu_memory_utilization <= 1.0:
         raise fail("gpu_memory_utilization", f"must be in (0, 1], got {c.gpu_memory_utilization}")
-    if c.kv_cache_memory_bytes is not None and c.num_gpu_blocks is not None:
-        raise fail("num_gpu_blocks", "set either kv_cache_memory_bytes or num_gpu_blocks, not both")
+    _check_memory_source(c, fail)
     if c.num_gpu_blocks is not None and c.num_gpu_blocks < 2:
         raise fail("num_gpu_blocks", f"must be at least 2 (one is the null block), got {c.num_gpu_blocks}")
     if c.num_gpu_blocks is not None and c.num_gpu_blocks - 1 > MAX_WIRE_COUNT:  # (the null block is not sent)
         raise fail("num_gpu_blocks", f"must be at most {MAX_WIRE_COUNT + 1}, got {c.num_gpu_blocks}")
     if c.max_num_batched_tokens > MAX_WIRE_COUNT:
         raise fail("max_num_batched_tokens", f"must be at most {MAX_WIRE_COUNT}, got {c.max_num_batched_tokens}")
-    # The rule `kvbudget estimate` applies to its flags (sizing's): one memory source, and
-    # the GPU-only settings only with GPU memory, never silently ignored. (A utilization
-    # at its default cannot be told from one written down: the shipped file writes 0.9.)
-    given = [name for name in ("kv_cache_memory_bytes", "num_gpu_blocks", "gpu_memory_bytes",
-                               "weights_bytes", "activation_reserve_bytes") if getattr(c, name) is not None]
+
+
+def _check_memory_source(c: DaemonConfig, fail: _Fail) -> None:
+    """The rule `kvbudget estimate` applies to its flags (sizing's): one memory source, and
+    the GPU-only settings only with GPU memory, never silently ignored. The settings are
+    named as given, all flags or all keys of the file (a flag's source replaced the file's:
+    `_drop_memory_sources_the_flags_replace`), so the message says where both came from.
+    (A utilization at its default cannot be told from one written down: the shipped file
+    writes 0.9.)"""
+    given = [name for name in _MEMORY_SOURCE_OF
+             if name != "gpu_memory_utilization" and getattr(c, name) is not None]
     if c.gpu_memory_utilization != DEFAULT_GPU_MEMORY_UTILIZATION:
         given.append("gpu_memory_utilization")
-    conflict = memory_source_conflict(given)
+    by_flag = any(fail.given_by_flag(name) for name in given)
+    conflict = memory_source_conflict(given, flag_name if by_flag else file_key)
     if conflict is not None:
         raise fail(conflict.setting, conflict.message)
 
@@ -537,6 +632,9 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
         kind = listen_kind(address)
         if kind is None:
             raise fail("listen", f"bad address {address!r} (expected unix:///PATH or HOST:PORT)")
+        too_long = unix_address_too_long(address) if kind == "unix" else None
+        if too_long is not None:
+            raise fail("listen", too_long)
         if kind == "tcp" and not (c.tokens_file or c.tls_cert_file or c.allow_insecure_tcp):
             raise fail("listen", f"TCP address {address!r} needs tokens_file or TLS "
                        "(or allow_insecure_tcp = true on a trusted loopback)")
@@ -578,6 +676,17 @@ def _check_server(c: DaemonConfig, fail: _Fail) -> None:
                        "tls_client_ca_file is not set: no client presents one")
 
 
+def unix_address_too_long(address: str) -> str | None:
+    """Why gRPC could not bind the unix socket `address` for the length of its path, or
+    None. Checked with the rest of the config, so that a start says it at once, before
+    the pool and the log are set up."""
+    size = len(os.fsencode(address.removeprefix("unix:")))
+    if size <= MAX_UNIX_ADDRESS_PATH_BYTES:
+        return None
+    return (f"{address}: the socket path is too long: gRPC takes at most {MAX_UNIX_ADDRESS_PATH_BYTES} "
+            f"bytes after \"unix:\", this address has {size}; use a shorter path")
+
+
 def _check_metrics(c: DaemonConfig, fail: _Fail) -> None:
     if c.metrics_address and parse_host_port(c.metrics_address) is None:
         raise fail("metrics_address", f"bad address {c.metrics_address!r} (expected HOST:PORT, or \"\" for off)")
@@ -591,85 +700,17 @@ def _check_log(c: DaemonConfig, fail: _Fail) -> None:
                    f"got {c.retention_max_bytes}")
 
 
-# File systems where no regular file can be made, whatever the permission bits say (root
-# passes access(2) there): a db_path under /proc passed every check, and the start failed.
-_NO_FILES_FS = frozenset({
-    "proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "configfs",
-    "bpf", "pstore", "mqueue", "fusectl", "efivarfs", "binfmt_misc", "nsfs", "selinuxfs", "hugetlbfs",
-})
+def _check_paths(c: DaemonConfig, fail: _Fail) -> None:
+    """--check-config's looks at the host (load_config's `check_paths`: daemon/config_host.py)."""
+    from kvbudget.daemon.config_host import db_path_problem, unix_socket_paths, unix_socket_problem
 
-
-def _file_system_type(directory: str) -> str | None:
-    """The type of the file system `directory` is on (/proc/self/mountinfo); None where
-    that cannot be read (not Linux)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    found, longest = None, -1
-    for line in lines:
-        # "22 27 0:21 / /proc rw,relatime - proc proc rw": the mount point is the 5th field
-        # (octal escapes for spaces), the type follows " - ".
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
-        inside = directory == point or directory.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= longest:  # (the later of two mounts on one point is the one seen)
-            found, longest = rest.split()[0], len(point)
-    return found
-
-
-def db_path_problem(db_path: str) -> str | None:
-    """Why this user could not create and write the decision log at `db_path` (the file,
-    its -wal and -shm, the writer lock beside them), found without creating anything;
-    None when nothing stands in the way as far as can be told. Its directory must exist
-    and be writable, or be creatable under a writable one."""
-    path = Path(db_path)
-    directory = path.parent
-    uid = os.geteuid()
-    existing = directory
-    while True:  # the nearest folder that exists (the root does)
-        try:
-            mode = existing.stat().st_mode
-            break
-        except (FileNotFoundError, NotADirectoryError):
-            existing = existing.parent
-        except OSError as exc:
-            return f"cannot reach {existing}: {exc.strerror or exc}"
-    if existing != directory:
-        where = f"{directory} does not exist and cannot be created"
-    else:
-        where = f"cannot write in {directory}"
-    if not stat.S_ISDIR(mode):
-        return f"{where}: {existing} is not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{where}: {existing} is not writable by this user (uid {uid})"
-    try:
-        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    if read_only:
-        return f"{where}: {existing} is on a read-only file system"
-    kind = _file_system_type(os.path.realpath(existing))
-    if kind in _NO_FILES_FS:
-        return f"{where}: {existing} is on a {kind} file system, where no file can be created"
-    from kvbudget.daemon.log_lock import lock_path
-
-    for name in (db_path, f"{db_path}-wal", f"{db_path}-shm", str(lock_path(db_path))):
-        try:
-            mode = os.stat(name).st_mode
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return f"cannot reach {name}: {exc.strerror or exc}"
-        if stat.S_ISDIR(mode):
-            return f"{name} is a directory"
-        if not os.access(name, os.R_OK | os.W_OK):
-            return f"{name} is not writable by this user (uid {uid})"
-    return None
+    problem = db_path_problem(c.db_path)
+    if problem is not None:
+        raise fail("db_path", problem)
+    for path in unix_socket_paths(c.listen):
+        problem = unix_socket_problem(path, c.db_path)
+        if problem is not None:
+            raise fail("listen", problem)
 
 
 _CHECKS: tuple[Callable[[DaemonConfig, _Fail], None], ...] = (
@@ -692,6 +733,11 @@ def file_key(field_name: str) -> str:
     """The file's key ("pool.num_gpu_blocks") of a DaemonConfig field, for flags' help."""
     spec = _KEY_BY_FIELD[field_name]
     return f"{spec.section}.{spec.name}"
+
+
+def flag_name(field_name: str) -> str:
+    """The `kvbudget daemon` flag ("--num-gpu-blocks") of a DaemonConfig field."""
+    return "--" + field_name.replace("_", "-")
 
 
 def config_keys() -> tuple[str, ...]:

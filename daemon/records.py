@@ -109,6 +109,7 @@ class GroupSnapshot:
 # (metrics._tenant_rank), and the cap above its MAX_TENANT_SERIES, so its named series, read
 # from a snapshot, are the true largest and its "(other)" sum stays exact.
 MAX_SNAPSHOT_TENANTS = 100
+MAX_TENANT_CHARS = 128  # a tenant name engines may send: printable, at most this many characters
 OTHER_TENANTS = "(other)"  # the sum of the tenants past a snapshot's (and /metrics') list
 RESERVED_TENANT = f"{OTHER_TENANTS!r} is reserved: it names the sum of the tenants past the snapshot's list"
 

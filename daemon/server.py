@@ -152,18 +152,28 @@ def _unix_path(address: str) -> str | None:
 def prepare_unix_socket(path: str) -> None:
     """Create the parent folder; remove a stale socket; refuse a live one or a non-socket."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = target.lstat().st_mode
     except FileNotFoundError:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # (/proc, a folder this user may not write in)
+            raise StartupError(
+                f"listen: cannot create {target.parent} for the socket {path}: {exc.strerror or exc}"
+            ) from None
         return
+    except OSError as exc:  # (a file in the way; as --check-config words it: config_host)
+        raise StartupError(f"listen: cannot reach {path}: {exc.strerror or exc}") from None
     if not stat.S_ISSOCK(mode):
         raise StartupError(f"listen: {path} exists and is not a socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
     except OSError:
-        target.unlink()  # nobody answers: stale, left by a killed daemon
+        try:
+            target.unlink()  # nobody answers: stale, left by a killed daemon
+        except OSError as exc:
+            raise StartupError(f"listen: cannot remove the stale socket {path}: {exc.strerror or exc}") from None
         log.info("removed stale socket %s", path)
     else:
         raise StartupError(f"listen: another process is serving on {path}")

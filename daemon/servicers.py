@@ -17,7 +17,7 @@ from kvbudget.daemon.admission import AdmissionError
 from kvbudget.daemon.auth import Authorizer, Role
 from kvbudget.daemon.core_service import CoreService, StepFailed
 from kvbudget.daemon.decision_unwritten import UnwrittenError
-from kvbudget.daemon.records import OTHER_TENANTS, RESERVED_TENANT, DecisionKind
+from kvbudget.daemon.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT, DecisionKind
 from kvbudget.daemon.sessions import KeptStep, SessionExists, TooManySessions, UnansweredStep
 from kvbudget.daemon.step_validation import StepRejected, check_request_id, validate_step
 from kvbudget.daemon.watch import TooManyWatchers
@@ -475,8 +475,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def SetTenantQuota(self, request, context):
         await self.auth.require(context, Role.ADMIN)
-        if not request.tenant or len(request.tenant) > 128 or not request.tenant.isprintable():
-            await context.abort(INVALID, "tenant: required, printable, at most 128 characters")
+        if not request.tenant or len(request.tenant) > MAX_TENANT_CHARS or not request.tenant.isprintable():
+            await context.abort(INVALID, f"tenant: required, printable, at most {MAX_TENANT_CHARS} characters")
         if request.tenant == OTHER_TENANTS:
             await context.abort(INVALID, f"tenant: {RESERVED_TENANT}")
         if not math.isfinite(request.max_share) or not 0.0 <= request.max_share <= 1.0:

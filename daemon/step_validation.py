@@ -30,12 +30,11 @@ from typing import NamedTuple
 import grpc
 
 from kvbudget.daemon.convert import submit_to_spec
-from kvbudget.daemon.records import OTHER_TENANTS, RESERVED_TENANT, RequestSpec, new_request_spec
+from kvbudget.daemon.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT, RequestSpec, new_request_spec
 from kvbudget.daemon.requests import RequestState, Status
 from kvbudget.v1 import engine_pb2
 
 MAX_ID_CHARS = 256
-MAX_TENANT_CHARS = 128
 MAX_OPS_PER_STEP = 100_000
 _RUNNING = Status.RUNNING  # enum member lookups are slow on Python 3.11
 _INF = math.inf

@@ -44,7 +44,7 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvbudget.daemon.config import LOG_LEVELS, SIZE_FIELDS, DaemonConfig, file_key
+    from kvbudget.daemon.config import LOG_LEVELS, SIZE_FIELDS, DaemonConfig, file_key, flag_name
 
     parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
     parser.add_argument(
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.name in _SPECIAL:
             continue
         kind = _flag_type(str(f.type))
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f.name)  # (config errors spell flags this way too)
         # The file's key in every flag's help: most names match, some do not (--model is
         # model.name, --metrics-address is metrics.address).
         default_text = f" (default {f.default})" if f.default not in (None, "") else ""
@@ -121,9 +121,10 @@ def load(args: argparse.Namespace):
     from kvbudget.daemon.config import ConfigError, load_config
 
     try:
-        # --check-config also asks whether the log could be created and written where it
-        # is set (as the user running the check; the start itself finds out by doing it).
-        return load_config(args.config, _overrides(args), check_db_path=bool(getattr(args, "check_config", False)))
+        # --check-config also looks at what the start would use on this host: whether the
+        # log could be created and written where it is set, and the listen sockets (as the
+        # user running the check; the start itself finds out by doing it).
+        return load_config(args.config, _overrides(args), check_paths=bool(getattr(args, "check_config", False)))
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
     except OSError as exc:
@@ -163,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
 
             for warning in tokens_file_warnings(config.tokens_file, daemon.roles):
                 print(f"warning: {warning}")
-        in_use = _log_in_use(config.db_path)
-        if in_use:
-            print(in_use)
+        for note in (_log_in_use(config.db_path), *_sockets_in_use(config)):
+            if note:
+                print(note)
         return 0
     import asyncio
 
@@ -189,6 +190,21 @@ def _log_in_use(db_path: str) -> str:
     who = f"pid {holder.pid}" if holder.pid else "another process"
     return (f"note: log {db_path} is in use by a running daemon ({who} holds {lock_path(db_path)}): "
             "another daemon on this db_path refuses to start while it runs")
+
+
+def _sockets_in_use(config: DaemonConfig) -> list[str]:
+    """--check-config's notes for the unix sockets the running daemon that holds this
+    config's log serves on (load_config let them pass: the check is run beside that daemon
+    before a reload); as for the log, another daemon would refuse to start there."""
+    from kvbudget.daemon.config_host import is_log_daemon, socket_server, unix_socket_paths
+
+    notes = []
+    for path in unix_socket_paths(config.listen):
+        server = socket_server(path)
+        if server is not None and is_log_daemon(server, config.db_path):
+            notes.append(f"note: listen {path} is served by that running daemon (pid {server.pid}): "
+                         "another daemon listening there refuses to start while it runs")
+    return notes
 
 
 def tcp_access(config: DaemonConfig) -> str:

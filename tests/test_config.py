@@ -11,6 +11,7 @@ from kvbudget.daemon.admission import POLICIES
 from kvbudget.daemon.config import (
     DEFAULT_DB_PATH,
     DEFAULT_LISTEN,
+    MAX_UNIX_ADDRESS_PATH_BYTES,
     ConfigError,
     DaemonConfig,
     TenantQuota,
@@ -19,6 +20,7 @@ from kvbudget.daemon.config import (
     load_config,
     parse_host_port,
 )
+from kvbudget.daemon.records import MAX_TENANT_CHARS
 from kvbudget.daemon.tokens_file import load_roles, load_tokens
 
 from certificates import make_ca, make_pair
@@ -102,7 +104,7 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[pool]\ndevice = 'tpu'\n", "pool.device", "must be auto, cpu, cuda or cuda:N"),
         (MODEL + "[pool]\nmemory_mode = 'shared'\n", "pool.memory_mode", "must be one of owned, accounting"),
         (MODEL + "[pool]\nkv_cache_memory_bytes = 1000000\nnum_gpu_blocks = 100\n", "pool.num_gpu_blocks",
-         "not both"),
+         "give one memory source, not pool.kv_cache_memory_bytes and pool.num_gpu_blocks"),
         (MODEL + "[pool]\nweights_bytes = -1\n", "pool.weights_bytes", "must be zero or more"),
         (MODEL + "[pool]\nnum_gpu_blocks = 1\n", "pool.num_gpu_blocks", "must be at least 2 (one is the null block), got 1"),
         (MODEL + "[admission]\npolicy = 'greedy'\n", "admission.policy", "unknown policy 'greedy'"),
@@ -132,7 +134,7 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[metrics]\naddress = '9400'\n", "metrics.address", "bad address '9400'"),
         (MODEL + "[metrics]\nport = 9400\n", "metrics.port", "unknown key 'port' in [metrics]"),
         (MODEL + "pool = 3\n", "model.pool", "unknown key 'pool' in [model]"),
-        ("device = 'cpu'\n", "device", "unknown section [device]"),
+        ("device = 'cpu'\n", "device", "device: a key outside any section; it belongs under [pool]"),
         (MODEL + "[pool\n", "config", "is not valid TOML"),
         # NaN passed every `<= 0` check (a lease of NaN seconds failed each session at open;
         # max_head_wait_s = nan crashed the daemon at start), and no key means infinity.
@@ -143,6 +145,14 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
         (MODEL + "[tenants.chat]\nweight = nan\n", "tenants.chat.weight", "must be a finite number"),
         (MODEL + "[tenants.chat]\nmax_share = -inf\n", "tenants.chat.max_share", "must be a finite number"),
         (MODEL + '[tenants."(other)"]\nweight = 2.0\n', "tenants.(other)", "'(other)' is reserved"),
+        # A key above every [section] is not a section (it was "unknown section [policy]").
+        ('policy = "naive"\n' + MODEL, "policy", "policy: a key outside any section; it belongs under [admission]"),
+        ('metrics_address = "127.0.0.1:9400"\n' + MODEL, "metrics_address",
+         "metrics_address: a key outside any section; it belongs under [metrics], as address"),
+        ("weight = 2\n" + MODEL, "weight", "weight: a key outside any section; it belongs under [tenants.NAME]"),
+        ("colour = 2\n" + MODEL, "colour", "colour: a key outside any section, and no section has it "
+         "(sections: model, pool, admission, server, log, metrics, tenants)"),
+        ("policy = { name = 'naive' }\n" + MODEL, "policy", "policy: unknown section [policy]"),  # (a table)
     ],
 )
 def test_every_error_names_its_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
@@ -276,10 +286,10 @@ def test_override_errors_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="^block_size: must be an integer"):
         load_config(None, {"model": "llama-3.1-8b", "block_size": "16"})
     # A value the file set, made invalid by an override elsewhere, names the file's key.
-    path = write(tmp_path, MODEL + "[pool]\nkv_cache_memory_bytes = 1000\n")
+    path = write(tmp_path, MODEL + "[server]\nallow_insecure_tcp = true\n")
     with pytest.raises(ConfigError) as caught:
-        load_config(path, {"num_gpu_blocks": 10})
-    assert caught.value.key == "num_gpu_blocks"
+        load_config(path, {"listen": "0.0.0.0:7777"})
+    assert caught.value.key == "server.allow_insecure_tcp" and str(caught.value).startswith(f"{path}: ")
 
 
 def test_defaults_without_a_file() -> None:
@@ -430,6 +440,62 @@ def test_counts_past_the_wire_format_are_refused_naming_the_key(tmp_path: Path) 
         load_config(path, {"num_gpu_blocks": 100})
     assert caught.value.key == "model.max_num_batched_tokens"
     assert str(caught.value) == f"{path}: model.max_num_batched_tokens: must be at most 4294967295, got 4294967296"
+
+
+# ----------------------------------------------------------------------- tenants engines can send
+@pytest.mark.parametrize(
+    ("header", "key", "why"),
+    [
+        ('"a\\tb"', 'tenants."a\\tb"', "this one has a character that is not printable"),
+        ('"new\\nline"', 'tenants."new\\nline"', "this one has a character that is not printable"),
+        ("t" * (MAX_TENANT_CHARS + 1), "tenants." + "t" * (MAX_TENANT_CHARS + 1),
+         f"this one has {MAX_TENANT_CHARS + 1}"),
+    ],
+    ids=["tab", "newline", "too-long"],
+)
+def test_a_tenant_name_no_engine_can_send_is_refused(tmp_path: Path, header: str, key: str, why: str) -> None:
+    """gRPC refuses such a tenant on every request (`tenant: required, printable, at most
+    128 characters`): its quota would never apply, and the config said nothing."""
+    path = write(tmp_path, MODEL + f"[tenants.{header}]\nmax_share = 0.5\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.key == key
+    assert str(caught.value) == (f"{path}: {key}: no engine can send this tenant: a tenant name is printable and at "
+                                 f"most {MAX_TENANT_CHARS} characters ({why})")
+    assert "\n" not in str(caught.value)  # one line, whatever the name holds
+
+
+def test_a_tenant_name_an_engine_can_send_is_accepted_and_flags_are_held_to_the_rule() -> None:
+    longest = "t" * MAX_TENANT_CHARS
+    config = load_config(None, {"model": "llama-3.1-8b", "tenants": {longest: {"max_share": 0.5}, "équipe b": {}}})
+    assert set(config.tenants) == {longest, "équipe b"}
+    with pytest.raises(ConfigError) as caught:  # (`--tenant` gives its names here)
+        load_config(None, {"model": "llama-3.1-8b", "tenants": {"a\tb": {"max_share": 0.5}}})
+    assert str(caught.value).startswith('tenants."a\\tb": no engine can send this tenant')
+    with pytest.raises(ConfigError, match="^tenants.x{129}: no engine can send"):  # quotas given as such, too
+        load_config(None, {"model": "llama-3.1-8b", "tenants": {"x" * 129: TenantQuota(0.5)}})
+
+
+# ----------------------------------------------------------------------- unix socket paths gRPC can bind
+def test_a_unix_socket_path_too_long_to_bind_is_refused_naming_listen(tmp_path: Path) -> None:
+    """gRPC counts what follows "unix:" (so the slashes of unix:///PATH count): the longest it
+    binds passes, one byte more is refused at once (it failed the bind, after the pool and
+    the log were set up)."""
+    def config(address: str) -> DaemonConfig:
+        return load_config(None, {"model": "llama-3.1-8b", "listen": address})
+
+    for prefix in ("unix:///", "unix:"):
+        longest = prefix + "s" * (len("unix:") + MAX_UNIX_ADDRESS_PATH_BYTES - len(prefix))
+        assert config(longest).listen == (longest,)
+        with pytest.raises(ConfigError) as caught:
+            config(longest + "s")
+        assert str(caught.value) == (
+            f"listen: {longest}s: the socket path is too long: gRPC takes at most 107 bytes after \"unix:\", this "
+            "address has 108; use a shorter path")
+    path = write(tmp_path, MODEL + f"[server]\nlisten = ['unix:///{'é' * 60}']\n")  # bytes, not characters
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.key == "server.listen" and "this address has 123;" in str(caught.value)
 
 
 # ----------------------------------------------------------------------- tenants: flags over the file
