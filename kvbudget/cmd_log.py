@@ -139,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     if args.before_seq is not None:
         before_seq = _parse_count(args.before_seq, "--before-seq", "no bound") or None
     limit = _parse_count(args.limit, "--limit", "all") if args.limit is not None else (FOLLOW_LIMIT if args.follow else 100)
+    if args.follow and not os.path.lexists(args.db):
+        _wait_for_a_log(args.db)
     try:
         # (taken first: a row committed meanwhile is in the query's answer, or matches not)
         identity = log_identity(args.db) if args.follow else ""
@@ -217,6 +219,33 @@ def _follow(args: argparse.Namespace, rows: list[dict[str, Any]], *, after_id: i
             raise CLIError(str(exc)) from None
         if rows:
             after_id = rows[-1]["id"]
+
+
+# How long a file that appeared at the followed path may take to read as a decision log: a
+# starting daemon makes the file, then its tables, a moment apart.
+NEW_LOG_GRACE_S = 5.0
+
+
+def _wait_for_a_log(db: str) -> None:
+    """`-f` on a path with no log yet (a daemon not started, or started after its reader):
+    wait for one there, as `-f` waits when a followed log is removed (`tail -F`'s way),
+    saying so once; return once it reads as a decision log."""
+    from kvbudget.daemon.decision_query import open_read_only
+    from kvbudget.daemon.decision_schema import DecisionLogError
+
+    print(f"kvbudget log: no decision log at {db} yet: waiting for one there", file=sys.stderr, flush=True)
+    appeared_at: float | None = None
+    while True:
+        time.sleep(FOLLOW_POLL_S)
+        if not _has_content(db):
+            continue
+        appeared_at = appeared_at or time.monotonic()
+        try:
+            open_read_only(db).close()
+            return
+        except DecisionLogError as exc:
+            if time.monotonic() - appeared_at > NEW_LOG_GRACE_S:  # (someone else's file, not a daemon's)
+                raise CLIError(str(exc)) from None
 
 
 def _has_content(path: str) -> bool:

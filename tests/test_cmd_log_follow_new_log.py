@@ -40,3 +40,27 @@ def test_follow_goes_on_into_a_new_log_made_where_the_old_one_was_removed(tmp_pa
     assert code == 130 and "Traceback" not in stderr
     assert "is a new log" in stderr
     assert follower.lines.empty()
+
+
+def test_follow_before_the_daemon_made_its_log_waits_for_it(tmp_path: Path) -> None:
+    """`kvbudget log -f` started before the daemon (or with the daemon's folder not made
+    yet) waits for the log to be made there, as it waits when a followed log is removed,
+    instead of "no decision log at" and exit 2; then shows it from its first decision."""
+    path = tmp_path / "state" / "decisions.db"
+    follower = Follower(path, "--json")
+    try:
+        assert follower.process.stderr is not None
+        assert follower.process.stderr.readline() == f"kvbudget log: no decision log at {path} yet: waiting for one there\n"
+        assert follower.process.poll() is None
+        log = DecisionLog(path, fold_interval_s=0.01)
+        log.start()
+        try:
+            log.append([decision(seq) for seq in (1, 2, 3)]).result()
+            assert seqs(follower.take(3)) == [1, 2, 3]
+        finally:
+            log.close()
+        code, stderr = follower.interrupt()
+    finally:
+        follower.kill()
+    assert code == 130 and "Traceback" not in stderr
+    assert follower.lines.empty()
