@@ -55,13 +55,15 @@ def run(args: argparse.Namespace) -> int:
     source: Source = live
     if args.recording is not None:
         if not args.recording.is_file():
-            raise CLIError(f"--recording {args.recording}: no such file")
+            what = "not a regular file" if args.recording.exists() else "no such file"
+            raise CLIError(f"--recording {args.recording}: {what}")
         from kvbudget.tui.source import RecordedSource
 
         try:
             source = RecordedSource.from_jsonl(args.recording, interval_s=0.1)
         except Exception as exc:  # a file that is not a recording: one line, not a trace
-            raise CLIError(f"--recording {args.recording}: not a Watch recording ({exc})")
+            why = " ".join(str(exc).split())  # (a protobuf parse error spans lines)
+            raise CLIError(f"--recording {args.recording}: not a Watch recording ({why})") from None
         target = f"recording {args.recording.name}"  # what the status line shows
 
     if args.record is not None:
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError("--record and --recording: record a daemon or play a file, not both")
         if not args.record.parent.is_dir():
             raise CLIError(f"--record {args.record}: no such directory {args.record.parent}")
+        _check_appendable(args.record)
         from kvbudget.tui.source import RecordingSource
 
         source = RecordingSource(live, args.record)
@@ -89,3 +92,16 @@ def run(args: argparse.Namespace) -> int:
     )
     # Non-zero after a crash or a signal: Textual's run() alone returns None then.
     return exit_status(app, app.run())
+
+
+def _check_appendable(path: Path) -> None:
+    """--record appends JSON lines to a regular file (made if missing): a folder, a device or
+    /proc's files failed at the first write, as a traceback out of the running dashboard."""
+    if path.exists() and not path.is_file():
+        raise CLIError(f"--record {path}: not a regular file")
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise CLIError(f"--record {path}: cannot write: {exc.strerror or exc}") from None
+
