@@ -513,9 +513,11 @@ class ObserverClient:
         self._closed = True
         await self._channel.close()
 
-    async def snapshot(self, *, timeout: float = 10.0) -> common_pb2.Snapshot:
+    async def snapshot(self, *, timeout: float = 10.0, wait_for_ready: bool = True) -> common_pb2.Snapshot:
+        """`wait_for_ready=False`: fail at once (UNAVAILABLE, "Connection refused") when no
+        daemon is there, instead of waiting `timeout` for one (DEADLINE_EXCEEDED)."""
         response = await self._observer.GetSnapshot(
-            observer_pb2.GetSnapshotRequest(), metadata=self._metadata, timeout=timeout, wait_for_ready=True
+            observer_pb2.GetSnapshotRequest(), metadata=self._metadata, timeout=timeout, wait_for_ready=wait_for_ready
         )
         return response.snapshot
 

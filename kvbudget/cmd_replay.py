@@ -397,6 +397,8 @@ def _stop_on_signals(stopped_by: list[int]) -> None:
 
 
 async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by: list[int] | None = None):
+    import asyncio
+
     import grpc
 
     from kvbudget.client import ObserverClient, SessionLost
@@ -408,7 +410,9 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
     replay_id = uuid.uuid4().hex[:8]
     async with ObserverClient(target, args.token, credentials=args.credentials) as observer:
         try:
-            snapshot = await observer.snapshot(timeout=5.0)
+            # Not waiting for a connection: a target nobody serves says "Connection refused"
+            # at once, as doctor and admin do, not DEADLINE_EXCEEDED after 5 s.
+            snapshot = await observer.snapshot(timeout=5.0, wait_for_ready=False)
             if args.policy:
                 await observer.set_policy(args.policy)
         except grpc.aio.AioRpcError as exc:
@@ -432,8 +436,10 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
         policy = args.policy or convert.policy_from_proto(snapshot.policy) or ""
         reporter = ReplayReporter(observer, replay_id, trace.name, speed or 0.0, policy)
         progress = _progress_bar(len(trace.requests))
+        replayed = [0, len(trace.requests)]  # (done, total): said when stopped midway
         try:
             def on_progress(done: int, total: int, now: float) -> None:
+                replayed[:] = [done, total]
                 if progress is not None:
                     progress[0].update(progress[1], completed=done)
                 reporter.update(done, total, False)
@@ -445,6 +451,15 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
                 )  # fmt: skip
             except grpc.aio.AioRpcError as exc:
                 raise CLIError(rpc_error_line(target, exc)) from None
+            except asyncio.CancelledError:
+                # Ctrl-C, SIGTERM or SIGHUP: the sessions close as this unwinds and the
+                # daemon releases their requests; say where it stopped (no summary: the run
+                # is not the trace's).
+                if progress is not None:
+                    progress[0].stop()
+                print(f"kvbudget replay: stopped after {replayed[0]:,} of {replayed[1]:,} requests; "
+                      "the daemon releases those still held (release aborted)", file=sys.stderr, flush=True)
+                raise
             except SessionLost as exc:
                 # The daemon no longer knows the replay's engine (it restarted, or the lease
                 # lapsed): the requests it held are gone there, so what is left cannot be

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -245,11 +246,12 @@ def test_a_daemon_restarted_under_a_live_replay_ends_it_with_one_line(tmp_path):
     assert line.endswith("start the replay again")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_live_replay_stopped_by_a_signal_releases_its_requests(tmp_path, signum):
     """SIGTERM is how the dashboard and the demo stop a replay, SIGHUP what a closed terminal
     sends: either ends it as Ctrl-C does, its requests released (`release aborted`) at once,
-    where the default action killed it and left them held until the lease lapsed."""
+    where the default action killed it and left them held until the lease lapsed. Each
+    says how far it got, in one line (it ended silently)."""
     daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "1500", "--max-model-len", "131072", lease_ttl_s=600)
     with daemon:
         replay = subprocess.Popen(
@@ -260,6 +262,11 @@ def test_a_live_replay_stopped_by_a_signal_releases_its_requests(tmp_path, signu
             wait_until(lambda: _snapshot(daemon.target).num_running > 0, timeout=60)
             replay.send_signal(signum)
             assert replay.wait(60) == 128 + signum, replay.stderr.read()
+            err = replay.stderr.read()
+            assert "Traceback" not in err
+            [said] = err.splitlines()
+            assert re.fullmatch(r"kvbudget replay: stopped after [\d,]+ of 19,366 requests; the daemon releases "
+                                r"those still held \(release aborted\)", said), said
         finally:
             if replay.poll() is None:
                 replay.kill()

@@ -323,3 +323,17 @@ def test_cli_table_shows_a_trace_name_that_looks_like_markup_as_it_is(tmp_path, 
     assert main(["replay", str(path), "--offline", "--limit", "5"]) == 0
     out = capsys.readouterr().out
     assert out.lstrip().startswith("[b]t"), out
+
+
+def test_live_replay_against_a_port_nobody_serves_says_connection_refused(capsys):
+    """No waiting for a daemon that is not there: "Connection refused" at once, as doctor
+    and admin say it, not DEADLINE_EXCEEDED after the snapshot's 5 s."""
+    import socket
+
+    with socket.socket() as probe:  # a port free a moment ago: nobody listens on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["replay", "azure", "--target", f"127.0.0.1:{port}", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbudget replay: error: 127.0.0.1:{port}: UNAVAILABLE: ") and "Connection refused" in err
+    assert err.count("\n") == 1
