@@ -1,5 +1,6 @@
-"""Reading docs/cli-reference.md's tables, for the tests that keep them in step with what
-`kvbudget estimate --json` and `kvbudget doctor --json` print."""
+"""Reading the docs' tables, for the tests that keep them in step with the code:
+docs/cli-reference.md with what `kvbudget estimate --json` and `kvbudget doctor --json`
+print, docs/engine-integration.md with the decisions an engine can get."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import re
 from pathlib import Path
 
 CLI_REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "cli-reference.md"
+ENGINE_INTEGRATION = CLI_REFERENCE.with_name("engine-integration.md")
 
 
-def doc_section(title: str) -> str:
-    """The text under the `## title` heading, up to the next `## ` heading."""
-    text = CLI_REFERENCE.read_text(encoding="utf-8")
+def doc_section(title: str, doc: Path = CLI_REFERENCE) -> str:
+    """The text under the `## title` heading of `doc`, up to the next `## ` heading."""
+    text = doc.read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else len(text)]
