@@ -422,7 +422,7 @@ class CoreService:
                 common_pb2.EngineState(
                     engine_id=session.engine_id,
                     session_id=session.session_id[:8],  # enough to tell apart, not to use
-                    lease_remaining_s=session.lease_remaining_s(now_mono),
+                    lease_remaining_s=session.lease_remaining_s(self.sessions.clock.now(now_mono)),
                     blocks_held=blocks_held,
                     running=running,
                     waiting=waiting,
@@ -448,6 +448,13 @@ class CoreService:
         while True:
             await asyncio.sleep(self.options.tick_s)
             now_mono = time.monotonic()
+            not_run_s = self.sessions.clock.tick(now_mono, self.options.tick_s)
+            if not_run_s:
+                log.warning(
+                    "the daemon did not run for about %.1f s (stopped, or its host paused): leases are held "
+                    "through it, so no engine is taken for silent for that time",
+                    not_run_s + self.sessions.clock.grace_s,
+                )
             try:
                 await self._tick(now_mono)
                 if self._gpu_probe is not None and now_mono - last_gpu >= self.options.gpu_refresh_s:
@@ -466,7 +473,7 @@ class CoreService:
             # The log cannot write: decide nothing unasked until it can (the writer retries
             # each second); expired leases and the queue are seen to on the first tick after.
             return
-        for session in self.sessions.expired(now_mono):
+        for session in self.sessions.expired(self.sessions.clock.now(now_mono)):
             log.warning("lease of engine %r expired; taking its blocks back", session.engine_id)
             self._record_unattended(self.close_engine(session, expire=True))
         for replay_id in self.replays.expire(now_mono):

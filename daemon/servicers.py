@@ -59,7 +59,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "session_id: unknown session (expired, closed, or the daemon restarted): open a new one",
             )
-        now = time.monotonic()
+        now = self.core.sessions.clock.now()
         if session.expires_at <= now:
             # Lapsed, and the ticker (every 0.1 s) has not taken it back yet: a call now must
             # not bring it back to life; the ticker expires its requests.
@@ -101,7 +101,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if existing is not None:
             # A lease that lapsed holds the engine id only until the next tick takes it
             # back: meanwhile the engine's own re-open must not read as another process's.
-            lapsed = existing.expires_at <= time.monotonic()
+            lapsed = existing.expires_at <= sessions.clock.now()
             if not request.replace_existing and not lapsed:
                 await context.abort(
                     grpc.StatusCode.ALREADY_EXISTS,
@@ -112,7 +112,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 await _refuse_while_unwritten(context, self.core.log, "replacing the session")
             await self._committed(context, self.core.record(self.core.close_engine(existing, expire=True)))
         try:
-            session = sessions.open(request.engine_id, request.lease_ttl_s, time.monotonic())
+            session = sessions.open(request.engine_id, request.lease_ttl_s, sessions.clock.now())
         except SessionExists:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"engine_id: {request.engine_id!r} already has a live session")
         except TooManySessions:
@@ -131,10 +131,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             await self.auth.require(context, _ENGINE)
         core = self.core
         session = core.sessions.get(request.session_id)
-        now_mono = time.monotonic()
-        if session is None or session.expires_at <= now_mono:
+        lease_now = core.sessions.clock.now()
+        if session is None or session.expires_at <= lease_now:
             session = await self._session(context, request.session_id)  # aborts, naming the field
-        session.renew(now_mono)
+        session.renew(lease_now)
         if session.unanswered is not None:  # the last step was applied but not logged
             reply = await self._answer_again(context, session, request)
             if reply is not None:

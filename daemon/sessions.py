@@ -22,8 +22,10 @@ knowing whether the step happened, and sending it again, same number and same op
 that outcome again instead of ALREADY_EXISTS for its submits and NOT_FOUND for its
 finishes. Only the last numbered step is kept: numbers go up, one step at a time.
 
-Leases run on the monotonic clock, so a wall-clock jump neither expires nor keeps alive
-anybody; decisions still carry unix time.
+Leases run on the monotonic clock, less the spells the daemon itself did not run
+(`lease_clock.LeaseClock`: a daemon stopped for longer than a lease expired every engine
+when it ran again), so a wall-clock jump neither expires nor keeps alive anybody;
+decisions still carry unix time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import secrets
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvbudget.daemon.lease_clock import LeaseClock
 from kvbudget.daemon.records import Decision
 from kvbudget.v1 import common_pb2
 
@@ -121,7 +124,7 @@ class Session:
     session_id: str
     engine_id: str
     lease_ttl_s: float
-    expires_at: float  # monotonic
+    expires_at: float  # lease time (SessionTable.clock)
     events: EventQueue = field(default_factory=lambda: EventQueue(EVENTS_QUEUE_LIMIT))
     events_dropped: int = 0
     # Set when another Events stream of this session takes over: one reader at a time.
@@ -132,11 +135,11 @@ class Session:
     # The last numbered step (step_seq > 0) applied: a resend of it gets the same outcome
     last_step: KeptStep | None = None
 
-    def renew(self, now_monotonic: float) -> None:
-        self.expires_at = now_monotonic + self.lease_ttl_s
+    def renew(self, lease_now: float) -> None:
+        self.expires_at = lease_now + self.lease_ttl_s
 
-    def lease_remaining_s(self, now_monotonic: float) -> float:
-        return max(0.0, self.expires_at - now_monotonic)
+    def lease_remaining_s(self, lease_now: float) -> float:
+        return max(0.0, self.expires_at - lease_now)
 
     def push_event(self, decision: Decision) -> None:
         """Never blocks admission: a full queue drops its oldest event."""
@@ -172,6 +175,7 @@ class SessionTable:
         self.max_sessions = max_sessions
         self._by_id: dict[str, Session] = {}
         self._by_engine: dict[str, Session] = {}
+        self.clock = LeaseClock()  # what every lease time here is on (`lease_now`: its now)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -185,7 +189,7 @@ class SessionTable:
     def of_engine(self, engine_id: str) -> Session | None:
         return self._by_engine.get(engine_id)
 
-    def open(self, engine_id: str, ttl_s: float, now_monotonic: float) -> Session:
+    def open(self, engine_id: str, ttl_s: float, lease_now: float) -> Session:
         """Raises SessionExists / TooManySessions; the caller handles replacement."""
         if engine_id in self._by_engine:
             raise SessionExists(engine_id)
@@ -196,7 +200,7 @@ class SessionTable:
             session_id=secrets.token_hex(16),
             engine_id=engine_id,
             lease_ttl_s=ttl,
-            expires_at=now_monotonic + ttl,
+            expires_at=lease_now + ttl,
         )
         self._by_id[session.session_id] = session
         self._by_engine[engine_id] = session
@@ -211,8 +215,8 @@ class SessionTable:
         if end_events:
             session.end_events()
 
-    def expired(self, now_monotonic: float) -> list[Session]:
-        return [s for s in self._by_id.values() if s.expires_at <= now_monotonic]
+    def expired(self, lease_now: float) -> list[Session]:
+        return [s for s in self._by_id.values() if s.expires_at <= lease_now]
 
 
 class ReplayTable:

@@ -193,14 +193,14 @@ async def test_watch_messages_kept_for_watchers_are_bounded(monkeypatch) -> None
 
 async def test_session_table_one_live_session_per_engine_and_leases() -> None:
     table = SessionTable(default_ttl_s=10.0, max_ttl_s=60.0, max_sessions=2)
-    a = table.open("engine-a", 0, now_monotonic=100.0)
+    a = table.open("engine-a", 0, lease_now=100.0)
     assert a.lease_ttl_s == 10.0 and a.expires_at == 110.0
     with pytest.raises(SessionExists):
-        table.open("engine-a", 0, now_monotonic=100.0)
-    b = table.open("engine-b", 600, now_monotonic=100.0)
+        table.open("engine-a", 0, lease_now=100.0)
+    b = table.open("engine-b", 600, lease_now=100.0)
     assert b.lease_ttl_s == 60.0  # capped at max_ttl_s
     with pytest.raises(TooManySessions):
-        table.open("engine-c", 0, now_monotonic=100.0)
+        table.open("engine-c", 0, lease_now=100.0)
     a.renew(105.0)  # expires at 115
     assert table.expired(112.0) == []
     assert table.expired(115.0) == [a]
