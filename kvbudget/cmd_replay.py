@@ -119,12 +119,12 @@ def _float(text: str | None, flag: str, *, positive: bool = False) -> float | No
     except ValueError:
         raise CLIError(f"{flag} {text!r}: expected a number") from None
     if not (value == value and value != float("inf")) or value < 0 or (positive and value == 0):
-        raise CLIError(f"{flag} must be {'> 0' if positive else '>= 0'}, got {text!r}")
+        raise CLIError(f"{flag} must be {'> 0' if positive else '>= 0'} and finite, got {text!r}")
     return value
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
-    if args.compare:
+    if args.compare is not None:
         names = [p.strip() for p in args.compare.split(",") if p.strip()]
         unknown = [p for p in names if p not in POLICY_NAMES]
         if unknown or not names:

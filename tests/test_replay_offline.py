@@ -96,7 +96,9 @@ def test_cli_offline_json(capsys):
         (["replay", "azure", "--offline", "--model", "no-such-model"], "--model"),
         (["replay", "azure", "--compare", "naive"], "--compare needs --offline"),
         (["replay", "azure", "--offline", "--speed", "2"], "offline runs at full speed"),
-        (["replay", "azure", "--offline", "--step-base-ms", "-1"], "--step-base-ms must be >= 0"),
+        (["replay", "azure", "--offline", "--step-base-ms", "-1"], "--step-base-ms must be >= 0 and finite"),
+        (["replay", "azure", "--offline", "--step-base-ms", "inf"], "--step-base-ms must be >= 0 and finite, got 'inf'"),
+        (["replay", "azure", "--offline", "--compare", ""], "--compare: unknown policy (none)"),
     ],
 )
 def test_cli_bad_input_is_one_line(argv, message, capsys):
