@@ -82,17 +82,35 @@ def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.a
 def submit_message(spec: RequestSpec | engine_pb2.Submit) -> engine_pb2.Submit:
     if isinstance(spec, engine_pb2.Submit):
         return spec
-    msg = engine_pb2.Submit(
-        request_id=spec.request_id,
-        prompt_tokens=spec.prompt_tokens,
-        prefix_hashes=spec.prefix_hashes,
-        priority=spec.priority,
-        tenant=spec.tenant,
-        deadline_unix_s=spec.deadline_s or 0.0,
-    )
-    if spec.max_new_tokens is not None:
-        msg.max_new_tokens = spec.max_new_tokens
+    try:
+        msg = engine_pb2.Submit(
+            request_id=spec.request_id,
+            prompt_tokens=spec.prompt_tokens,
+            prefix_hashes=spec.prefix_hashes,
+            priority=spec.priority,
+            tenant=spec.tenant,
+            deadline_unix_s=spec.deadline_s or 0.0,
+        )
+        if spec.max_new_tokens is not None:
+            msg.max_new_tokens = spec.max_new_tokens
+    except (ValueError, TypeError) as exc:
+        # protobuf's own words name no field ("Value out of range: -1"); as the daemon would
+        # refuse it, name the field (a count the wire cannot carry never reaches the daemon).
+        raise ValueError(f"submit {spec.request_id!r}: {_unsendable_field(spec)}: {exc}") from None
     return msg
+
+
+def _unsendable_field(spec: RequestSpec) -> str:
+    """The first field of `spec` the Submit message cannot carry (uint32 counts, uint64 hashes)."""
+    for name in ("prompt_tokens", "max_new_tokens"):
+        value = getattr(spec, name)
+        if value is not None and not (isinstance(value, int) and 0 <= value < 2**32):
+            return name
+    if not all(isinstance(h, int) and 0 <= h < 2**64 for h in spec.prefix_hashes):
+        return "prefix_hashes"
+    if not (isinstance(spec.priority, int) and -(2**31) <= spec.priority < 2**31):
+        return "priority"
+    return "a field"
 
 
 def step_message(
