@@ -858,3 +858,183 @@ async def test_q_closes_the_replay_dialog_as_it_closes_the_other_dialogs(tmp_pat
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, ReplayScreen), "escaped")
     assert launcher.started == []
+
+
+def keys_handled(app) -> bool:
+    """Every key posted so far has gone all the way through: no message waits in the app's
+    queue or in any widget's (a key is forwarded to the focused widget, bubbles back up to
+    the app, and only there runs its binding)."""
+    return app._message_queue.empty() and all(node._message_queue.empty() for node in app._registry)
+
+
+async def settled(pilot) -> None:
+    """Until the keys posted all at once were handled (and stayed so for a moment)."""
+    for _ in range(3):
+        await wait_until(pilot, lambda: keys_handled(pilot.app), "keys handled")
+        await pilot.pause(0.05)
+
+
+def record_windows(app) -> int:
+    return sum(isinstance(screen, DecisionScreen) for screen in app.screen_stack)
+
+
+async def test_quick_enters_open_one_record_window_at_a_time():
+    # A terminal hands over keys typed quickly (or held down) all at once. Each `enter` on the
+    # table posted a message that opened a record window once it reached the app, after
+    # the keys queued behind it: five quick enters stacked five windows, and twenty quick
+    # "enter, escape" left most of them stacked (each escape went to the table, not to a
+    # window still to come). `?` and `r` open theirs as their key is handled; so does enter.
+    app = recorded_app()
+    opened: list[int] = []  # the windows on the stack each time one is pushed
+    push_screen = app.push_screen
+
+    def counting_push(screen, *args, **kwargs):
+        result = push_screen(screen, *args, **kwargs)
+        opened.append(record_windows(app))
+        return result
+
+    app.push_screen = counting_push  # type: ignore[method-assign]
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        await pilot.press("down")
+        for _ in range(5):
+            app.post_message(events.Key("enter", "\r"))
+        await settled(pilot)
+        assert record_windows(app) == 1 and opened == [1]
+        assert app.screen.row.seq == 199  # the row under the cursor, the one the user chose
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: record_windows(app) == 0, "closed by one escape")
+        opened.clear()
+        for _ in range(20):
+            app.post_message(events.Key("enter", "\r"))
+            app.post_message(events.Key("escape", "\x1b"))
+        await settled(pilot)
+        assert record_windows(app) == 0  # every window opened was closed
+        assert opened and max(opened) == 1  # and never two at once
+        assert app.return_code is None
+
+
+async def test_a_click_queued_behind_another_opens_no_second_record_window():
+    # A double click posts two selections; the second reaches the app once the first one's
+    # window is open: it opens nothing more.
+    app = recorded_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        await pilot.press("space")  # the rows hold still
+        key = app._table.coordinate_to_cell_key(app._table.cursor_coordinate).row_key
+        for _ in range(2):
+            app._table.post_message(DataTable.RowSelected(app._table, 0, key))
+        await settled(pilot)
+        assert record_windows(app) == 1 and app.screen.row.seq == 200
+
+
+async def open_replay_dialog_with_limit(pilot, typed: str) -> None:
+    """`r`, Tab to "requests (0: all)" as a user does, its 2000 erased and `typed` typed."""
+    app = pilot.app
+    await pilot.press("r")
+    await wait_until(pilot, lambda: isinstance(app.screen, ReplayScreen), "dialog")
+    await pilot.press("tab", "tab", "tab")  # trace, speed, policy, requests
+    assert app.focused is app.screen.query_one("#replay-limit")
+    await pilot.press("end", *["backspace"] * 4, *typed)
+    assert app.focused.value == typed
+
+
+@pytest.mark.parametrize("typed", ["-5", "-", "+"])
+async def test_the_replay_dialog_refuses_a_negative_number_of_requests(tmp_path: Path, typed: str):
+    # "-5" was read as 0, "all": a replay of the whole trace (19,366 requests) started.
+    # A lone "-" or "+" (the field lets them be typed) crashed the dashboard at Start.
+    launcher = FakeLauncher()
+    app = recorded_app(launcher=launcher, traces=[tmp_path / "t.jsonl"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await played(pilot)
+        told: list[str] = []
+        app.notify = lambda message, **kwargs: told.append(message)  # type: ignore[method-assign]
+        await open_replay_dialog_with_limit(pilot, typed)
+        await pilot.click("#replay-start")
+        await wait_until(pilot, lambda: told, "told why")
+        assert told == [f"requests (0: all): expected a whole number, 0 or more, got {typed!r}"]
+        assert isinstance(app.screen, ReplayScreen) and launcher.started == []  # nothing ran
+        # Put right, it starts what was asked for.
+        await pilot.click("#replay-limit")
+        await pilot.press("end", *["backspace"] * len(typed), "5")
+        await pilot.click("#replay-start")
+        await wait_until(pilot, lambda: launcher.started, "replay started")
+        assert launcher.started == [ReplayRequest(tmp_path / "t.jsonl", speed=10.0, policy="", limit=5)]
+        assert app.return_code is None
+
+
+def panel_lines(app, widget_id: str) -> list[str]:
+    """The lines of one panel's content (inside its border) as the screen shows them."""
+    region = app.query_one(f"#{widget_id}").content_region
+    lines = screen_text(app).splitlines()[region.y : region.bottom]
+    return [line[region.x : region.right].rstrip() for line in lines]
+
+
+def many_tenants(count: int, shown: int = 100) -> common_pb2.Snapshot:
+    """One engine running `count` requests, each of a tenant of its own, listed as the daemon
+    lists them: the `shown - 1` largest and "(other)" summing the rest (num_tenants: all)."""
+    tenants = [common_pb2.TenantState(tenant=f"tenant-{i}", blocks_held=1 + i % 3, running=1,
+                                      waiting=i % 2) for i in range(count)]
+    tenants.sort(key=lambda t: -t.blocks_held)
+    kept, rest = tenants[: shown - 1], tenants[shown - 1 :]
+    other = common_pb2.TenantState(tenant="(other)", blocks_held=sum(t.blocks_held for t in rest),
+                                   running=sum(t.running for t in rest),
+                                   waiting=sum(t.waiting for t in rest))
+    crowded = common_pb2.Snapshot()
+    crowded.CopyFrom(LAST)
+    del crowded.engines[:]
+    del crowded.tenants[:]
+    crowded.engines.add(engine_id="vllm-0", lease_remaining_s=9.0,
+                        blocks_held=sum(t.blocks_held for t in tenants), running=count,
+                        waiting=sum(t.waiting for t in tenants))
+    crowded.tenants.extend([*kept, other])
+    crowded.num_tenants = count
+    return crowded
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_tenant_rows_shown_add_up_to_the_engines(size):
+    # 300 tenants, the snapshot listing 99 and "(other)" for 201: the panel showed a few,
+    # then "+98 more tenants" with no figures, then "+201 more" with the figures of
+    # "(other)" alone, as if 201 tenants held what 299 did. One "+N more" row sums every
+    # tenant not shown, and counts them.
+    crowded = many_tenants(300)
+    app = recorded_app(source=RecordedSource([observer_pb2.WatchResponse(snapshot=crowded)]))
+    async with app.run_test(size=size) as pilot:
+        await shown(pilot, "more", "the tenants cut")
+        lines = panel_lines(app, "engines")
+    tenant_lines = [line for line in lines if line.startswith(("tenant-", "+"))]
+    more = [line for line in tenant_lines if line.startswith("+")]
+    assert len(more) == 1 and tenant_lines[-1] == more[0], lines
+    named = len(tenant_lines) - 1
+    assert more[0].startswith(f"+{300 - named} more ")
+    # Blocks held: a tenant's fifth cell from the end ("held quota use run wait"), an
+    # engine's third ("held run wait"); compact, both are second to last ("585 held").
+    tenant_held, engine_held = (-2, -2) if size == (80, 24) else (-5, -3)
+    held = sum(int(line.split()[tenant_held].replace(",", "")) for line in tenant_lines)
+    engine = next(line for line in lines if line.startswith("vllm-0")).split()
+    assert held == crowded.engines[0].blocks_held == int(engine[engine_held].replace(",", ""))
+
+
+@pytest.mark.parametrize("size", [(60, 12), (40, 10)])
+async def test_a_terminal_too_short_for_the_panels_still_says_why_no_decision_shows(size):
+    # At 60x12 and 40x10 the panels alone overflowed the screen, which scrolled: the
+    # decisions box went off its bottom, and with it the title saying that no row fits.
+    # The panels are cut at the bottom instead; the title and the table's header stay.
+    app = recorded_app()
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
+        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: "too small" in screen_text(app), "told", limit=120)
+        width, height = size
+        assert decisions_title(app).startswith("Decisions · terminal too small")
+        assert app.screen.max_scroll_y == 0  # nothing below the screen's bottom
+        assert app._box.region.bottom <= height - 1  # above the footer
+        text = screen_text(app)
+        assert "Pool" in text and "seq" in text and "req-00200" not in text
+        await pilot.resize_terminal(width, 20)  # room again: rows, and the panels whole
+        await wait_until(pilot, lambda: " 200      preempt" in screen_text(app), "rows back",
+                         limit=120)
+        await wait_until(pilot, lambda: "too small" not in decisions_title(app), "not said",
+                         limit=120)
+        assert app._grid.region.height == 11  # the 60x20 layout's two rows of panels, 6 + 5

@@ -658,21 +658,22 @@ def test_engine_ids_sharing_a_prefix_are_cut_in_the_middle_and_rows_left_out_cou
         "tea…g-name-2    1     —   —   0    0",
     ])
     # In a panel 6 lines high: 2 headers, 4 lines for 5 + 3 rows. The longest run gives up
-    # rows first, a cut run takes a line for its "+N more": one row and one line each.
+    # rows first, a cut run takes a line for its "+N more": one row and one line each. The
+    # tenants' is a row of their sums (the tenant rows shown add up to all of them).
     assert text_of(panels.engines_panel(state), height=6) == "\n".join([
         "engine         lease   held run wait",
         "4ea3…engine-00 live 9s    0   0    0",
         "+4 more engines",
         "tenant       held quota use run wait",
         "tea…g-name-0    1     —   —   0    0",
-        "+2 more tenants",
+        "+2 more         2     —   —   0    0",
     ])
     # Compact, 4 lines, no headers; the name gets 20 cells: 6 + … + 13.
     assert text_of(panels.engines_panel(state, compact=True), height=4) == "\n".join([
         "4ea381…c1d-engine-00 live 9s  0 held",
         "+4 more engines",
         "team-w…a-long-name-0 quota —  1    —",
-        "+2 more tenants",
+        "+2 more              quota —  2    —",
     ])
 
 
@@ -692,20 +693,57 @@ def test_a_cut_tenant_list_shows_its_other_entry_as_the_tenants_left_out():
         "user-17       40     —   —   1     0",
         "+1,198 more  250     —   —  20 1,500",
     ])
-    # Too short a panel for every row: the named ones give way, the "+1,198 more" row stays.
+    # Too short a panel for every row: the named ones give way to one "+N more" row, which
+    # sums them with "(other)" and counts every tenant not shown (it read "+1 more tenants"
+    # with no figures, then "+1,198 more" with the figures of "(other)" alone).
     assert text_of(panels.engines_panel(state), height=4) == "\n".join([
         "no engine sessions",
         "tenant      held quota use run  wait",
-        "+2 more tenants",
-        "+1,198 more  250     —   —  20 1,500",
+        "acme         300   500 80%   3     0",
+        "+1,199 more  290     —   —  21 1,500",
     ])
     assert text_of(panels.engines_panel(state, compact=True), height=2) == "\n".join([
-        "+2 more tenants",
-        "+1,198 more        quota —   250   —",
+        "acme               quota 500 300 80%",
+        "+1,199 more        quota —   290   —",
     ])
+    assert text_of(panels.engines_panel(state, compact=True), height=1) == (
+        "+1,200 more        quota —   590   —"
+    )
     # An older daemon sends no count: a tenant named "(other)" is then one like the others.
     older = state_of(snapshot(tenants=tenants))
     assert text_of(panels.engines_panel(older)).splitlines()[-1] == "(other)      250     —   —  20 1,500"
+
+
+@given(tenants=st.integers(min_value=1, max_value=40), listed=st.integers(min_value=2, max_value=12),
+       engines=st.integers(min_value=0, max_value=3), height=st.integers(min_value=1, max_value=16),
+       compact=st.booleans())
+def test_the_tenant_rows_shown_always_add_up_to_every_tenant(tenants, listed, engines, height, compact):
+    # Whatever the panel's height and however many tenants the daemon left out of its list:
+    # one "+N more" row at most, N the tenants not shown, and the held column adds up to
+    # every tenant's. (A cut panel showed "+N more tenants" without figures above the
+    # daemon's "+M more" row, whose figures were those of "(other)" alone.)
+    everyone = [common_pb2.TenantState(tenant=f"t{i}", blocks_held=1 + i % 4) for i in range(tenants)]
+    entries = everyone
+    if tenants > listed:  # cut as the daemon cuts: the largest, and "(other)" for the rest
+        everyone.sort(key=lambda t: -t.blocks_held)
+        rest = everyone[listed - 1 :]
+        entries = [*everyone[: listed - 1],
+                   common_pb2.TenantState(tenant="(other)", blocks_held=sum(t.blocks_held for t in rest))]
+    state = state_of(snapshot(
+        engines=[common_pb2.EngineState(engine_id=f"e{i}", lease_remaining_s=9.0) for i in range(engines)],
+        tenants=entries, num_tenants=tenants,
+    ))
+    lines = text_of(panels.engines_panel(state, compact), width=40, height=height).splitlines()
+    tenant_lines = [line for line in lines if line.startswith("t") and line[1].isdigit()
+                    or line.startswith("+") and "engines" not in line]
+    more = [line for line in tenant_lines if line.startswith("+")]
+    assert len(more) <= 1 and (not more or tenant_lines[-1] == more[0]), lines
+    if more:
+        assert more[0].startswith(f"+{tenants - (len(tenant_lines) - 1)} more "), lines
+    held_at = -2 if compact else -5  # "quota —  held  use", or "held quota use run wait"
+    if tenant_lines:
+        held = sum(int(line.split()[held_at]) for line in tenant_lines)
+        assert held == sum(t.blocks_held for t in everyone), lines
 
 
 @given(sizes=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=4),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
@@ -117,6 +117,27 @@ class Panel(Static):
         self.update(self.render_state(state, compact))
 
 
+class DecisionsTable(DataTable):
+    """The decisions table: `enter` opens the highlighted row's record at once.
+
+    DataTable's own `enter` posts a RowSelected message, which reaches the app only after
+    the keys already queued behind that `enter` were handled by the table: five quick
+    presses each opened one more record window on top of the last (an `escape` typed in
+    between went to the table, not to a window still to come). Run here, as the key is
+    handled, the window is on screen before the next key is looked at, as `?` and `r` do
+    theirs; the keys after it are the window's.
+    """
+
+    def __init__(self, open_record: Callable[[str | None], None], *, id: str) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.open_record = open_record  # called with the highlighted row's key
+
+    def action_select_cursor(self) -> None:
+        if self.row_count == 0:
+            return
+        self.open_record(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
+
+
 class KVBudgetApp(App[int]):
     """`kvbudget tui`: the pool, the queue, the layer types and the replays, live.
 
@@ -133,6 +154,11 @@ class KVBudgetApp(App[int]):
     # and header + 3 rows + 1 footer), at 60x20 none: "-cramped" is the 80x24 layout less
     # the last row of panels there, so that the table keeps a few (app.tcss).
     VERTICAL_BREAKPOINTS = [(0, "-cramped"), (23, "-short"), (32, "-tall")]
+    # Shorter still (60x12, 40x10), the panels alone overflow the screen, which then
+    # scrolled: the decisions box went off its bottom, and with it the title that says no
+    # row fits. The panels are cut at the bottom instead, leaving the box these lines: its
+    # title and the table's header (the title then says why there is no row).
+    DECISIONS_LEAST_LINES = 2
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "keys"),
@@ -223,7 +249,7 @@ class KVBudgetApp(App[int]):
             yield Input(
                 placeholder="filter: words in kind, reason, request, engine, tenant", id="filter"
             )
-            table = DataTable(id="decisions", cursor_type="row", zebra_stripes=True)
+            table = DecisionsTable(self._open_record, id="decisions")
             for label, width in decisions.DECISION_COLUMNS:
                 table.add_column(label, width=width)
             yield table
@@ -238,6 +264,7 @@ class KVBudgetApp(App[int]):
         self._table = self.query_one("#decisions", DataTable)
         self._filter = self.query_one("#filter", Input)
         self._grid = self.query_one("#panels", Grid)
+        self._leave_room_for_decisions(self.size.height)
         self._install_signal_handlers()
         self.run_worker(self._consume(), name="watch", exclusive=True, group="source")
         self.set_interval(1.0 / self.render_hz, self.draw)
@@ -339,11 +366,20 @@ class KVBudgetApp(App[int]):
             return None
         return self._shown.get(key or "")
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         # Breakpoints may have changed compact mode, and the table's height its rows (a
         # paused table shows all its frozen rows: its key stays, nothing is rebuilt).
         self._drawn_layout = None
         self._table_stale = True
+        self._leave_room_for_decisions(event.size.height)
+
+    def _leave_room_for_decisions(self, height: int) -> None:
+        """At most the lines the status line, the footer and the decisions box leave to the
+        panels (see DECISIONS_LEAST_LINES); no limit at all where they fit, as at 60x20."""
+        grid = getattr(self, "_grid", None)  # None: the first resize comes before on_mount
+        if grid is not None:
+            status_line, footer = 1, 1
+            grid.styles.max_height = max(0, height - status_line - footer - self.DECISIONS_LEAST_LINES)
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -394,9 +430,18 @@ class KVBudgetApp(App[int]):
 
     @on(DataTable.RowSelected, "#decisions")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
+        # A click on a row (`enter` opens its record without this message).
+        self._open_record(event.row_key.value)
+
+    def _open_record(self, row_key: str | None) -> None:
+        """The whole record of the row shown under `row_key`, in a window of its own: one at
+        a time, never one on top of another window (a second click queued behind the first
+        reaches here once the first one's window is open)."""
+        if self.screen is not self._main:
+            return
         # The row as it was shown, not looked up in the live buffer: a paused row may have
         # left it long ago, and a daemon restarted on a fresh log repeats seqs.
-        shown = self._shown.get(event.row_key.value or "")
+        shown = self._shown.get(row_key or "")
         if shown is not None:
             self.push_screen(DecisionScreen(shown.row))
 

@@ -6,7 +6,7 @@ the panel functions that build them need not know it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len
@@ -90,54 +90,106 @@ class Sparkline:
         yield Text(spark_text(self.values, options.max_width, self.ceiling), style=self.style)
 
 
+Row = tuple[Text | str, ...]
+
+
+class CountName(Text):
+    """The name of a row that stands for others ("+297 more"): a `NameTable` cuts it at its
+    end, never in the middle as it may the names of a table (where "+2… more" would lose the
+    count it is there to give)."""
+
+
+@dataclass(frozen=True)
+class Section:
+    """A run of a `NameTable`'s rows: `count` of them, `what` they are ("engines").
+
+    Cut short (a panel too short for all), a run ends in one line for the rows it leaves
+    out: `rest(shown)` where given, a row in the table's columns standing for the run's rows
+    from its `shown`th on (their sums, and how many they are), so that the rows on screen
+    add up to the whole; else a bare "+N more <what>" line, which sums nothing.
+    """
+
+    count: int
+    what: str = ""
+    rest: Callable[[int], Row] | None = None
+
+
 @dataclass(frozen=True)
 class NameTable:
     """A table whose first column takes what the others leave (Rich's own squeezes them all).
 
     The other columns are as wide as their widest cell, right-aligned unless `left` names them.
     Names too long are cut at the end, or in the middle with `middle` (ids that share a
-    long prefix differ at their end). `sections` splits the rows into runs of (count,
-    what they are): given a height (a panel's), rows that do not fit are dropped, each run
-    cut short ending in one "+N more <what>" line; without sections the rows are one run.
+    long prefix differ at their end). `sections` splits the rows into runs (see `Section`):
+    given a height (a panel's), rows that do not fit are dropped, each run cut short ending
+    in one line for the rest; without sections the rows are one run.
     """
 
     headers: tuple[str, ...] | None
-    rows: tuple[tuple[Text | str, ...], ...]
+    rows: tuple[Row, ...]
     left: frozenset[int] = frozenset()
     middle: bool = False
-    sections: tuple[tuple[int, str], ...] = ()
+    sections: tuple[Section, ...] = ()
 
-    def lines(self, width: int) -> tuple[list[Text], list[tuple[list[Text], str]]]:
-        """The header lines and the row lines of each section, `width` cells wide."""
-        lines = [tuple(Text(h, style="bold") for h in self.headers)] if self.headers else []
-        lines += [tuple(c if isinstance(c, Text) else Text(c) for c in r) for r in self.rows]
-        if not lines:
-            return [], []
-        columns = len(lines[0])
-        widths = [max(line[i].cell_len for line in lines) for i in range(1, columns)]
+    def runs(self) -> tuple[Section, ...]:
+        return self.sections or (Section(len(self.rows)),)
+
+    def header_lines(self) -> int:
+        return 1 if self.headers else 0
+
+    def lines(self, width: int, shown: Sequence[int] | None = None) -> list[Text]:
+        """The table `width` cells wide: its header, then of each run its first `shown` rows
+        (all of them without `shown`) and, where a run is cut short, the line for the rest."""
+        runs = self.runs()
+        counts = [run.count for run in runs] if shown is None else list(shown)
+        laid_out: list[Row | Text] = []  # a Row to lay out in the columns, or a line as is
+        rests: list[Row] = []
+        start = 0
+        for run, count in zip(runs, counts):
+            laid_out += self.rows[start : start + count]
+            if count < run.count:
+                if run.rest is not None:
+                    rests.append(run.rest(count))
+                    laid_out.append(rests[-1])
+                else:
+                    more = Text(f"+{run.count - count} more {run.what}".rstrip(), style="dim")
+                    more.no_wrap, more.overflow = True, "ellipsis"
+                    laid_out.append(more)
+            start += run.count
+        header: list[Row] = []
+        if self.headers:
+            header.append(tuple(Text(h, style="bold") for h in self.headers))
+        if not header and not self.rows:
+            return []
+        # The widths of every row, shown or not (they hold still as the panel's height moves),
+        # and of the rest rows shown (a sum can be wider than any of its rows).
+        cells = [
+            tuple(c if isinstance(c, Text) else Text(c) for c in row)
+            for row in (*header, *self.rows, *rests)
+        ]
+        columns = len(cells[0])
+        widths = [max(row[i].cell_len for row in cells) for i in range(1, columns)]
         name_width = max(1, width - sum(widths) - (columns - 1))
-        out_lines = []
-        for line in lines:
-            if self.middle:
-                out = middle_ellipsis(line[0], name_width)
-                out.truncate(name_width, pad=True)
-            else:
-                out = line[0].copy()
-                out.truncate(name_width, overflow="ellipsis", pad=True)
-            for index, width_ in enumerate(widths, start=1):
-                cell = line[index].copy()
-                cell.align("left" if index in self.left else "right", width_)
-                out.append(" ")
-                out.append_text(cell)
-            out.no_wrap = True
-            out_lines.append(out)
-        header_count = 1 if self.headers else 0
-        header, rows = out_lines[:header_count], out_lines[header_count:]
-        sections, start = [], 0
-        for count, what in self.sections or ((len(rows), ""),):
-            sections.append((rows[start : start + count], what))
-            start += count
-        return header, sections
+        return [
+            line if isinstance(line, Text) else self._line(line, widths, name_width)
+            for line in [*header, *laid_out]
+        ]
+
+    def _line(self, row: Row, widths: Sequence[int], name_width: int) -> Text:
+        name = row[0] if isinstance(row[0], Text) else Text(row[0])
+        if self.middle and not isinstance(name, CountName):
+            out = middle_ellipsis(name, name_width)
+            out.truncate(name_width, pad=True)
+        else:
+            out = name.copy()
+            out.truncate(name_width, overflow="ellipsis", pad=True)
+        for index, width_ in enumerate(widths, start=1):
+            cell = row[index].copy() if isinstance(row[index], Text) else Text(row[index])
+            cell.align("left" if index in self.left else "right", width_)
+            out.append(" ")
+            out.append_text(cell)
+        out.no_wrap = True
+        return out
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         # Called, not yielded: Rich renders what a renderable yields without the height.
@@ -149,30 +201,25 @@ class Fitted:
     """Tables (and fixed lines) one under the other, cut to the height Rich is given.
 
     Textual renders a panel with its height; where the rows do not fit, `fit_rows` says how
-    many of each section to show, and a "+N more" line counts the rest: every table keeps
-    its header. A plain console print gives no height: every row is shown.
+    many of each section to show, and one line stands for the rest of each section cut
+    short: every table keeps its header. A plain console print gives no height: every row
+    is shown.
     """
 
     parts: tuple[NameTable | Text, ...]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        laid_out = [
-            ([part], []) if isinstance(part, Text) else part.lines(width) for part in self.parts
-        ]
-        sizes = [len(rows) for _, sections in laid_out for rows, _ in sections]
-        fixed = sum(len(header) for header, _ in laid_out)
+        tables = [part for part in self.parts if isinstance(part, NameTable)]
+        sizes = [run.count for table in tables for run in table.runs()]
+        fixed = sum(1 if isinstance(part, Text) else part.header_lines() for part in self.parts)
         room = None if options.height is None else max(0, options.height - fixed)
         shown = iter(sizes if room is None else fit_rows(sizes, room))
-        for header, sections in laid_out:
-            yield from header
-            for rows, what in sections:
-                count = next(shown)
-                yield from rows[:count]
-                if count < len(rows):
-                    more = Text(f"+{len(rows) - count} more {what}".rstrip(), style="dim")
-                    more.no_wrap, more.overflow = True, "ellipsis"
-                    yield more
+        for part in self.parts:
+            if isinstance(part, Text):
+                yield part
+            else:
+                yield from part.lines(width, [next(shown) for _ in part.runs()])
 
 
 @dataclass(frozen=True)

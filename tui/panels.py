@@ -20,8 +20,11 @@ from kvbudget.pool_parts import pool_parts  # shared with `kvbudget admin status
 from kvbudget.tenants import tenants_folded
 from kvbudget.tui.drawing import (
     Blocks,
+    CountName,
     Fitted,
     NameTable,
+    Row,
+    Section,
     StackedBar,
     n,
     n_short,
@@ -267,8 +270,10 @@ def _lease(remaining_s: float) -> tuple[str, str]:
 def engines_panel(state: DashboardState, compact: bool = False) -> RenderableType:
     """Engine sessions with their lease and blocks held; tenants against their quota.
 
-    Names are cut in the middle (engine ids of one replay share a long prefix); rows that
-    do not fit the panel leave a "+N more" line.
+    Names are cut in the middle (engine ids of one replay share a long prefix). Engine rows
+    that do not fit the panel leave a "+N more engines" line; tenant rows leave one "+N
+    more" row with their sums, and so does the daemon's "(other)" entry: the tenant rows
+    on screen always add up to every tenant's.
     """
     s = state.snapshot
     if s is None:
@@ -292,51 +297,81 @@ def engines_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
         parts.append(
             NameTable(
                 ("engine", "lease", "held", "run", "wait"), tuple(rows), frozenset({1}),
-                middle=True, sections=((len(rows), "engines"),),
+                middle=True, sections=(Section(len(rows), "engines"),),
             )
         )
     else:
         parts.append(Text("no engine sessions", style="dim"))
     if s.tenants:
-        rows = []
-        names = _tenant_names(s)
-        for tenant, name in zip(s.tenants, names):
-            quota, use = _quota(tenant)
-            rows.append(
-                (
-                    name,
-                    n(tenant.blocks_held),
-                    quota,
-                    use,
-                    n(tenant.running),
-                    n(tenant.waiting),
-                )
-            )
+        tenants = TenantList(s)
+
+        def tenant_row(name: Text | str, tenant: TenantFigures, quota: str, use: Text | str) -> Row:
+            return (name, n(tenant.held), quota, use, n(tenant.running), n(tenant.waiting))
+
+        def rest(start: int) -> Row:
+            return tenant_row(*tenants.rest(start), "—", "—")
+
         parts.append(
             NameTable(
-                ("tenant", "held", "quota", "use", "run", "wait"), tuple(rows),
-                middle=True, sections=_tenant_sections(s),
+                ("tenant", "held", "quota", "use", "run", "wait"),
+                tuple(
+                    tenant_row(name, figures, *_quota(tenant))
+                    for tenant, name, figures in tenants.entries()
+                ),
+                middle=True,
+                sections=(Section(len(s.tenants), "tenants", rest),),
             )
         )
     return Fitted(tuple(parts))
 
 
-def _tenant_names(s) -> list[Text | str]:
-    """Each tenant's name, and for the daemon's "(other)" entry (a cut list) "+N more": the
-    row then holds the sums of the N tenants left out."""
-    names: list[Text | str] = [tenant.tenant or "(default)" for tenant in s.tenants]
-    folded = tenants_folded(s)
-    if folded:
-        names[-1] = Text(f"+{n(folded)} more", style="dim")
-    return names
+@dataclass(frozen=True)
+class TenantFigures:
+    """A tenant's figures that add up across tenants."""
+
+    held: int
+    running: int
+    waiting: int
 
 
-def _tenant_sections(s) -> tuple[tuple[int, str], ...]:
-    """The tenants' rows as one run; the "+N more" row of a cut list a run of its own, so a
-    panel too short for every row still shows it (a run of one row always is)."""
-    if tenants_folded(s):
-        return ((len(s.tenants) - 1, "tenants"), (1, ""))
-    return ((len(s.tenants), "tenants"),)
+class TenantList:
+    """The snapshot's tenants as the panel shows them: each named one, and for the rest
+    (the daemon's "(other)" entry of a cut list, and the rows a panel has no room for) one
+    "+N more" row with their sums.
+
+    N counts tenants, not entries: "(other)" stands for the many the daemon left out
+    (`kvbudget.tenants.tenants_folded`), so N comes from the snapshot's count of them all.
+    """
+
+    def __init__(self, s) -> None:
+        self.tenants = tuple(s.tenants)
+        folded = tenants_folded(s) > 0  # the last entry is "(other)"
+        self.total = s.num_tenants if folded else len(self.tenants)
+        self.named = len(self.tenants) - 1 if folded else len(self.tenants)
+
+    def entries(self) -> list[tuple[object, Text | str, TenantFigures]]:
+        """(entry, name, figures) per entry, the "(other)" one as the "+N more" row it is."""
+        out: list[tuple[object, Text | str, TenantFigures]] = []
+        for index, tenant in enumerate(self.tenants):
+            if index < self.named:
+                out.append((tenant, tenant.tenant or "(default)", _figures(tenant)))
+            else:
+                out.append((tenant, *self.rest(index)))
+        return out
+
+    def rest(self, start: int) -> tuple[CountName, TenantFigures]:
+        """The "+N more" name and the sums of every tenant from entry `start` on."""
+        left = self.tenants[start:]
+        figures = TenantFigures(
+            held=sum(t.blocks_held for t in left),
+            running=sum(t.running for t in left),
+            waiting=sum(t.waiting for t in left),
+        )
+        return CountName(f"+{n(self.total - start)} more", style="dim"), figures
+
+
+def _figures(tenant) -> TenantFigures:
+    return TenantFigures(tenant.blocks_held, tenant.running, tenant.waiting)
 
 
 def _quota(tenant) -> tuple[str, Text | str]:
@@ -349,17 +384,25 @@ def _quota(tenant) -> tuple[str, Text | str]:
 
 def _engines_compact(s) -> RenderableType:
     """One line an engine, one a tenant, no headers: the 80x24 variant."""
-    rows: list[tuple[Text | str, ...]] = []
+    rows: list[Row] = []
     for engine in s.engines:
         lease, style = _lease(engine.lease_remaining_s)
         rows.append((engine.engine_id, Text(lease, style=style), n(engine.blocks_held), "held"))
-    for tenant, name in zip(s.tenants, _tenant_names(s)):
-        quota, use = _quota(tenant)
+    tenants = TenantList(s)
+
+    def tenant_row(name: Text | str, tenant: TenantFigures, quota: str, use: Text | str) -> Row:
         name = name if isinstance(name, Text) else Text(name, style="italic")
-        rows.append((name, f"quota {quota}", n(tenant.blocks_held), use))
+        return (name, f"quota {quota}", n(tenant.held), use)
+
+    def rest(start: int) -> Row:
+        return tenant_row(*tenants.rest(start), "—", "—")
+
+    rows += [
+        tenant_row(name, figures, *_quota(tenant)) for tenant, name, figures in tenants.entries()
+    ]
     if not rows:
         return Text("no engine sessions", style="dim")
-    sections = ((len(s.engines), "engines"), *_tenant_sections(s))
+    sections = (Section(len(s.engines), "engines"), Section(len(s.tenants), "tenants", rest))
     return NameTable(None, tuple(rows), frozenset({1}), middle=True, sections=sections)
 
 

@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
+from textual.validation import Integer
 from textual.widgets import Button, Input, Label, Select, Static
 
 from kvbudget.tui.decisions import decision_detail
@@ -42,7 +43,9 @@ class HelpScreen(ModalScreen[None]):
 class DecisionScreen(ModalScreen[None]):
     """A selected row of the decisions table: every field of the record."""
 
-    BINDINGS = [Binding("escape,q,enter", "dismiss", "close")]
+    # Not `enter`: it opened this window, and an `enter` pressed again (a quick double
+    # press, a key repeating) must leave it open, not close it behind the user's back.
+    BINDINGS = [Binding("escape,q", "dismiss", "close")]
 
     def __init__(self, row: DecisionRow) -> None:
         super().__init__()
@@ -98,8 +101,12 @@ class ReplayScreen(ModalScreen[ReplayRequest | None]):
                         id="replay-policy",
                     )
                 with Vertical():
-                    yield Label("requests (0: all)")
-                    limit = Input("2000", type="integer", id="replay-limit")
+                    yield Label(LIMIT_LABEL)
+                    # The validator marks a negative count as the field's other bad values
+                    # are marked, as it is typed; Start refuses it (see requested_limit).
+                    limit = Input(
+                        "2000", type="integer", validators=[Integer(minimum=0)], id="replay-limit"
+                    )
                     limit.cursor_blink = False  # a steady screen (and steady screenshots)
                     yield limit
             with Horizontal(classes="replay-buttons"):
@@ -114,12 +121,35 @@ class ReplayScreen(ModalScreen[ReplayRequest | None]):
         if not isinstance(trace, Path):
             self.notify("pick a trace first", severity="warning")
             return
-        limit_text = self.query_one("#replay-limit", Input).value.strip() or "0"
+        try:
+            limit = requested_limit(self.query_one("#replay-limit", Input).value)
+        except ValueError as exc:
+            self.notify(str(exc), severity="warning", markup=False)  # the text as typed
+            return
         self.dismiss(
             ReplayRequest(
                 trace=trace,
                 speed=float(self.query_one("#replay-speed", Select).value),
                 policy=str(self.query_one("#replay-policy", Select).value),
-                limit=max(0, int(limit_text)),
+                limit=limit,
             )
         )
+
+
+LIMIT_LABEL = "requests (0: all)"
+
+
+def requested_limit(text: str) -> int:
+    """The replay dialog's requests field as a `--limit`: 0 (or nothing) for the whole trace.
+
+    A negative number, or no number at all, is refused with a message naming the field:
+    "-5" was read as 0, and so started a replay of the whole trace (19,366 requests where 5
+    were meant, or none), and a lone "-" (the field lets one be typed) crashed the dashboard.
+    """
+    try:
+        value: int | None = int(text.strip() or "0")
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        raise ValueError(f"{LIMIT_LABEL}: expected a whole number, 0 or more, got {text!r}")
+    return value
