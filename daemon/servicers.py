@@ -49,6 +49,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.auth = auth
         self._block_size = core.plan.block_size_tokens  # fixed for the daemon's life
         self._check_callers = not auth.trusts_everyone  # Step skips the await when it would pass
+        self._lease_now = core.sessions.clock.now  # (the table's clock for its life; bound once for Step)
 
     async def _session(self, context, session_id: str):
         if not session_id:
@@ -131,7 +132,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             await self.auth.require(context, _ENGINE)
         core = self.core
         session = core.sessions.get(request.session_id)
-        lease_now = core.sessions.clock.now()
+        lease_now = self._lease_now()
         if session is None or session.expires_at <= lease_now:
             session = await self._session(context, request.session_id)  # aborts, naming the field
         session.renew(lease_now)
