@@ -6,6 +6,7 @@ process reads the same file, as on a host where the daemon runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,7 @@ class Follower:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr_at_end = ""  # (set by `following`)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -67,6 +70,19 @@ class Follower:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+@contextlib.contextmanager
+def following(db: Path, *args: str) -> Iterator[Follower]:
+    """A Follower, Ctrl-C'd at the end of the block, which it must end by (exit 130, no
+    traceback); killed if the block failed. Its stderr is then `follower.stderr_at_end`."""
+    follower = Follower(db, *args)
+    try:
+        yield follower
+        code, follower.stderr_at_end = follower.interrupt()
+        assert code == 130 and "Traceback" not in follower.stderr_at_end, follower.stderr_at_end
+    finally:
+        follower.kill()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvbudget.daemon.decision_log import DecisionLog
 
-from test_cmd_log_follow import Follower, decision, seqs
+from test_cmd_log_follow import decision, following, seqs
 
 
 def test_follow_goes_on_into_a_new_log_made_where_the_old_one_was_removed(tmp_path: Path) -> None:
@@ -19,8 +19,7 @@ def test_follow_goes_on_into_a_new_log_made_where_the_old_one_was_removed(tmp_pa
     old = DecisionLog(path, fold_interval_s=0.01)
     old.start()
     old.append([decision(seq) for seq in range(1, 21)]).result()
-    follower = Follower(path, "--json")
-    try:
+    with following(path, "--json") as follower:
         assert seqs(follower.take(10)) == list(range(11, 21))
         old.close()
         for name in ("decisions.db", "decisions.db-wal", "decisions.db-shm"):
@@ -34,11 +33,7 @@ def test_follow_goes_on_into_a_new_log_made_where_the_old_one_was_removed(tmp_pa
             assert seqs(follower.take(1)) == [103]
         finally:
             new.close()
-        code, stderr = follower.interrupt()
-    finally:
-        follower.kill()
-    assert code == 130 and "Traceback" not in stderr
-    assert "is a new log" in stderr
+    assert "is a new log" in follower.stderr_at_end
     assert follower.lines.empty()
 
 
@@ -47,8 +42,7 @@ def test_follow_before_the_daemon_made_its_log_waits_for_it(tmp_path: Path) -> N
     yet) waits for the log to be made there, as it waits when a followed log is removed,
     instead of "no decision log at" and exit 2; then shows it from its first decision."""
     path = tmp_path / "state" / "decisions.db"
-    follower = Follower(path, "--json")
-    try:
+    with following(path, "--json") as follower:
         assert follower.process.stderr is not None
         assert follower.process.stderr.readline() == f"kvbudget log: no decision log at {path} yet: waiting for one there\n"
         assert follower.process.poll() is None
@@ -59,8 +53,4 @@ def test_follow_before_the_daemon_made_its_log_waits_for_it(tmp_path: Path) -> N
             assert seqs(follower.take(3)) == [1, 2, 3]
         finally:
             log.close()
-        code, stderr = follower.interrupt()
-    finally:
-        follower.kill()
-    assert code == 130 and "Traceback" not in stderr
     assert follower.lines.empty()
