@@ -20,9 +20,9 @@ import cProfile
 import pstats
 import time
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import RequestSpec
-from kvbudget.daemon.spec import KV_DTYPES, AttentionSpec, SlidingWindowSpec, group_layers
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import RequestSpec
+from kvbudget.daemon.core.spec import KV_DTYPES, AttentionSpec, SlidingWindowSpec, group_layers
 
 BF16 = KV_DTYPES["bf16"]
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import sqlite_utils
 
-from kvbudget.daemon import decision_log as dl
-from kvbudget.daemon import decision_upkeep as upkeep
-from kvbudget.daemon import decision_schema as schema
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.log import decision_log as dl
+from kvbudget.daemon.log import upkeep
+from kvbudget.daemon.log import schema
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 
 
 def sample_decisions(n: int, start: int = 0) -> list[Decision]:

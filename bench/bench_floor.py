@@ -35,7 +35,7 @@ from pathlib import Path
 
 import grpc
 
-from kvbudget.target import wait_until_serving
+from kvbudget.client.target import wait_until_serving
 
 SERVICE = "floor.Floor"
 BLOCK = 100

@@ -2,7 +2,7 @@
 
     python bench/bench_gc.py [--rounds 4] [--seconds 10]
 
-`kvbudget daemon` settles its heap once it is up (daemon/interpreter.py: a full
+`kvbudget daemon` settles its heap once it is up (daemon/server/interpreter.py: a full
 collection, `gc.freeze()`, a gen-0 threshold of 5,000). This starts, in turn, a daemon as
 shipped ("settled") and one that keeps CPython's defaults ("defaults": settle_heap
 skipped from outside, as bench/step_variant.py does), drives each with bench_roundtrip's
@@ -48,7 +48,7 @@ def _as_daemon(variant: str, report_path: str, daemon_argv: list[str]) -> int:
         longest[0] = max(longest[0], took)
 
     gc.callbacks.append(timer)
-    from kvbudget import cmd_daemon
+    from kvbudget.cli import cmd_daemon
 
     settle = cmd_daemon._settle_heap
 
@@ -67,7 +67,7 @@ def _as_daemon(variant: str, report_path: str, daemon_argv: list[str]) -> int:
                        "thresholds": gc.get_threshold(), "frozen": gc.get_freeze_count()}, f)
 
     atexit.register(write)
-    from kvbudget.cli import main
+    from kvbudget.cli.main import main
 
     return main(daemon_argv)
 

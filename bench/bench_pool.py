@@ -15,7 +15,7 @@ from array import array
 import resource
 import time
 
-from kvbudget.daemon.pool import BlockPool
+from kvbudget.daemon.core.pool import BlockPool
 
 
 def peak_rss_mb() -> float:

@@ -84,8 +84,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvbudget.daemon.admission import AdmissionController
-from kvbudget.daemon.hf_config import load_model
+from kvbudget.daemon.core.admission import AdmissionController
+from kvbudget.daemon.config.hf_config import load_model
 from kvbudget.traces.engine_sim import EngineConfig, Simulation
 from kvbudget.traces.loaders import load_trace
 from kvbudget.traces.replay import ControllerBackend, ReplaySetup, admission_config, run_live
@@ -173,7 +173,7 @@ def bench_live(args: argparse.Namespace, trace) -> dict:
 
 
 def _wait_serving(target: str, daemon: subprocess.Popen) -> None:
-    from kvbudget.target import wait_until_serving
+    from kvbudget.client.target import wait_until_serving
 
     why = wait_until_serving(target, daemon)
     if why is not None:

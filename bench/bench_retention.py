@@ -32,9 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_decision_log import sample_decisions  # noqa: E402
 
-from kvbudget.daemon import decision_upkeep as upkeep  # noqa: E402
-from kvbudget.daemon.decision_log import DecisionLog  # noqa: E402
-from kvbudget.daemon.decision_query import query_decisions  # noqa: E402
+from kvbudget.daemon.log import upkeep  # noqa: E402
+from kvbudget.daemon.log.decision_log import DecisionLog  # noqa: E402
+from kvbudget.daemon.log.query import query_decisions  # noqa: E402
 
 
 def steps(request_ids: str):

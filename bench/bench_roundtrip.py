@@ -55,7 +55,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient, step_message
-from kvbudget.target import wait_until_serving
+from kvbudget.client.target import wait_until_serving
 from kvbudget.v1 import engine_pb2
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from daemon_harness import DaemonProcess  # noqa: E402
 
 from kvbudget.client import EngineClient, ObserverClient  # noqa: E402
-from kvbudget.daemon.records import RequestSpec  # noqa: E402
+from kvbudget.daemon.core.records import RequestSpec  # noqa: E402
 
 
 async def timed(call, calls: int) -> float:

@@ -46,7 +46,7 @@ from bench_roundtrip import start_daemon  # noqa: E402
 from bench_sustained import backlog  # noqa: E402
 
 from kvbudget.client import EngineClient, ObserverClient  # noqa: E402
-from kvbudget.daemon.decision_query import newest_id  # noqa: E402
+from kvbudget.daemon.log.query import newest_id  # noqa: E402
 from kvbudget.v1 import engine_pb2  # noqa: E402
 
 

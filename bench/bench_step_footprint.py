@@ -35,16 +35,16 @@ import time
 from pathlib import Path
 
 from kvbudget.client import step_message
-from kvbudget.daemon import interpreter
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.auth import Authorizer
-from kvbudget.daemon.convert import plan_to_proto
-from kvbudget.daemon.core_service import CoreOptions, CoreService
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.hf_config import load_model
-from kvbudget.daemon.servicers import EngineServicer
-from kvbudget.daemon.sessions import SessionTable
-from kvbudget.daemon.watch import WatchHub
+from kvbudget.daemon.server import interpreter
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.server.auth import Authorizer
+from kvbudget.daemon.wire.convert import plan_to_proto
+from kvbudget.daemon.server.service import CoreOptions, CoreService
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.config.hf_config import load_model
+from kvbudget.daemon.server.servicers import EngineServicer
+from kvbudget.daemon.server.sessions import SessionTable
+from kvbudget.daemon.server.watch import WatchHub
 from kvbudget.v1 import engine_pb2
 
 EVENTS = ("Ir", "ILmr", "DLmr")

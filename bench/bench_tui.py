@@ -48,7 +48,7 @@ async def engine_load(
     import grpc
 
     from kvbudget.client import EngineClient, SessionLost
-    from kvbudget.daemon.records import DecisionKind, RequestSpec
+    from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
     counts = {"steps": 0, "decisions": 0, "preempted": 0}
     running: dict[str, int] = {}  # request id -> tokens it holds now

@@ -70,9 +70,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def in_process(counts: list[int]) -> None:
-    from kvbudget.daemon import convert
-    from kvbudget.daemon.records import Decision, DecisionKind, Reason
-    from kvbudget.daemon.watch import WatchHub
+    from kvbudget.daemon.wire import convert
+    from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
+    from kvbudget.daemon.server.watch import WatchHub
     from kvbudget.v1 import observer_pb2
 
     def admit(seq: int) -> Decision:

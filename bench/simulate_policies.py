@@ -20,10 +20,10 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from kvbudget.daemon.admission import POLICIES, AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import Decision, DecisionKind, RequestSpec
-from kvbudget.daemon.requests import Status
-from kvbudget.daemon.spec import KV_DTYPES, AttentionSpec, SlidingWindowSpec, group_layers
+from kvbudget.daemon.core.admission import POLICIES, AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import Decision, DecisionKind, RequestSpec
+from kvbudget.daemon.core.requests import Status
+from kvbudget.daemon.core.spec import KV_DTYPES, AttentionSpec, SlidingWindowSpec, group_layers
 
 F = 512  # max_num_batched_tokens
 MAX_MODEL_LEN = 8192

@@ -38,10 +38,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvbudget.cli import main
-from kvbudget.daemon import convert, servicers
-from kvbudget.daemon.core_service import CoreService
-from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.cli.main import main
+from kvbudget.daemon.wire import convert
+from kvbudget.daemon.server import servicers
+from kvbudget.daemon.server.service import CoreService
+from kvbudget.daemon.log.decision_log import DecisionLog
 
 VARIANTS = ("full", "staged", "no-commit", "journal", "canned", "spin")
 SPIN_US = 100

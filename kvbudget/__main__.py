@@ -1,3 +1,3 @@
-from kvbudget.cli import main
+from kvbudget.cli.main import main
 
 raise SystemExit(main())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from kvbudget.daemon import pool as pool_module
+from kvbudget.daemon.core import pool as pool_module
 
 settings.register_profile("kvbudget", deadline=None, max_examples=60)
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True)

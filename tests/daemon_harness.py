@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvbudget.target import wait_until_serving
+from kvbudget.client.target import wait_until_serving
 
 # Small and hand-checkable: llama-3.1-8b, 16-token blocks; 65 blocks = 64 usable + null.
 DEFAULT_ARGS = (

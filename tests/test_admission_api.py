@@ -7,15 +7,15 @@ import dataclasses
 
 import pytest
 
-from kvbudget.daemon.admission import (
+from kvbudget.daemon.core.admission import (
     AdmissionConfig,
     AdmissionController,
     AdmissionError,
     DuplicateRequest,
     UnknownRequest,
 )
-from kvbudget.daemon.predictor import OutputLengthPredictor
-from kvbudget.daemon.records import DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.predictor import OutputLengthPredictor
+from kvbudget.daemon.core.records import DecisionKind, Reason, RequestSpec
 
 from test_admission_support import SMALL_LAYOUTS, kinds
 

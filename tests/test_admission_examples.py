@@ -4,11 +4,11 @@ eviction case a stateful run found."""
 
 from __future__ import annotations
 
-from kvbudget.daemon import budget
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.pool import NULL_BLOCK
-from kvbudget.daemon.records import DecisionKind, Reason, RequestSpec
-from kvbudget.daemon.spec import group_layers
+from kvbudget.daemon.core import budget
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.pool import NULL_BLOCK
+from kvbudget.daemon.core.records import DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.spec import group_layers
 
 from test_admission_support import SMALL_LAYOUTS, by_kind, full_spec, sliding_spec
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.policies import POLICIES
-from kvbudget.daemon.records import Decision, RequestSpec
-from kvbudget.daemon.requests import Status
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.policies import POLICIES
+from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.daemon.core.requests import Status
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_admission_support import B, SMALL_LAYOUTS  # noqa: E402

@@ -29,13 +29,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.budget import blocks_out_of_window, cdiv, worst_case_blocks
-from kvbudget.daemon.pool import NULL_BLOCK
-from kvbudget.daemon.predictor import OutputLengthPredictor
-from kvbudget.daemon.records import DecisionKind, RequestSpec
-from kvbudget.daemon.requests import Status
-from kvbudget.daemon.spec import (
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.budget import blocks_out_of_window, cdiv, worst_case_blocks
+from kvbudget.daemon.core.pool import NULL_BLOCK
+from kvbudget.daemon.core.predictor import OutputLengthPredictor
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.requests import Status
+from kvbudget.daemon.core.spec import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

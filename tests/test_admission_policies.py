@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController, AdmissionError
-from kvbudget.daemon.predictor import OutputLengthPredictor
-from kvbudget.daemon.records import DecisionKind, Reason, RequestSpec
-from kvbudget.daemon.requests import Status
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController, AdmissionError
+from kvbudget.daemon.core.predictor import OutputLengthPredictor
+from kvbudget.daemon.core.records import DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.requests import Status
 
 from test_admission_support import SMALL_LAYOUTS, kinds
 

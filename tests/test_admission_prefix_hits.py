@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.budget import blocks_out_of_window, cache_hit_tokens
-from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
-from kvbudget.daemon.prefix_hits import (
+from kvbudget.daemon.core.budget import blocks_out_of_window, cache_hit_tokens
+from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.core.prefix_hits import (
     _PREFIX_KINDS,
     _WINDOW_KINDS,
     PrefixHit,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController, AdmissionError
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController, AdmissionError
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
 from test_admission_support import SMALL_LAYOUTS, kinds
 

@@ -4,10 +4,10 @@ however long they have waited (backfill depth and aging are about the pool, not 
 
 from __future__ import annotations
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import Reason, RequestSpec
-from kvbudget.daemon.requests import RequestState, Status
-from kvbudget.daemon.waiting_queue import TenantAccount, WaitingQueue
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import Reason, RequestSpec
+from kvbudget.daemon.core.requests import RequestState, Status
+from kvbudget.daemon.core.waiting_queue import TenantAccount, WaitingQueue
 
 from test_admission_support import SMALL_LAYOUTS, kinds
 

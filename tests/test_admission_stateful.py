@@ -15,11 +15,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvbudget.daemon.admission import POLICIES, AdmissionConfig, AdmissionController
-from kvbudget.daemon.budget import worst_case_blocks
-from kvbudget.daemon.metrics import DECISION_PAIRS
-from kvbudget.daemon.records import DecisionKind, RequestSpec
-from kvbudget.daemon.requests import Status
+from kvbudget.daemon.core.admission import POLICIES, AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.budget import worst_case_blocks
+from kvbudget.daemon.server.metrics import DECISION_PAIRS
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.requests import Status
 
 from test_admission_support import B, SMALL_LAYOUTS, drain, engine_step
 

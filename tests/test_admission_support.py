@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kvbudget.daemon.admission import AdmissionController
-from kvbudget.daemon.records import Decision, DecisionKind
-from kvbudget.daemon.requests import Status
-from kvbudget.daemon.spec import (
+from kvbudget.daemon.core.admission import AdmissionController
+from kvbudget.daemon.core.records import Decision, DecisionKind
+from kvbudget.daemon.core.requests import Status
+from kvbudget.daemon.core.spec import (
     KV_DTYPES,
     AttentionSpec,
     ChunkedLocalAttentionSpec,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget.daemon import budget
-from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
-from kvbudget.daemon.spec import (
+from kvbudget.daemon.core import budget
+from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.core.spec import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
     CappedAttentionSpec,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon import budget
-from kvbudget.daemon.spec import (
+from kvbudget.daemon.core import budget
+from kvbudget.daemon.core.spec import (
     KV_DTYPES,
     AttentionSpec,
     CappedAttentionSpec,

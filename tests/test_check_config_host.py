@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config import MAX_UNIX_ADDRESS_PATH_BYTES, load_config
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.log_lock import lock_holder
+from kvbudget.daemon.config.settings import MAX_UNIX_ADDRESS_PATH_BYTES, load_config
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.lock import lock_holder
 
 from daemon_harness import DEFAULT_ARGS, DaemonProcess
 

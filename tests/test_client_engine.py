@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from kvbudget.client import ClientClosed, EngineClient, ObserverClient, SessionLost
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, RequestSpec
 
 from daemon_harness import DaemonProcess, await_until, wait_until
 

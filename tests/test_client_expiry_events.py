@@ -25,15 +25,15 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient, SessionLost
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.auth import Authorizer
-from kvbudget.daemon.core_service import CoreOptions, CoreService
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.records import Decision, RequestSpec
-from kvbudget.daemon.servicers import EngineServicer
-from kvbudget.daemon.sessions import SessionTable
-from kvbudget.daemon.spec import group_layers
-from kvbudget.daemon.watch import WatchHub
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.server.auth import Authorizer
+from kvbudget.daemon.server.service import CoreOptions, CoreService
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.daemon.server.servicers import EngineServicer
+from kvbudget.daemon.server.sessions import SessionTable
+from kvbudget.daemon.core.spec import group_layers
+from kvbudget.daemon.server.watch import WatchHub
 from kvbudget.v1 import common_pb2, engine_pb2_grpc
 
 from test_admission_support import full_spec, kinds

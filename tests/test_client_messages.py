@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvbudget.client import step_message
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ import asyncio
 import grpc
 import pytest
 
-import kvbudget.client as client_module
+import kvbudget.client.engine as client_module
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
 from daemon_harness import DaemonProcess
 

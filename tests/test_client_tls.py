@@ -1,4 +1,4 @@
-"""Client commands over TLS and mutual TLS (kvbudget.target: --tls-ca, --tls-cert, --tls-key).
+"""Client commands over TLS and mutual TLS (kvbudget.client.target: --tls-ca, --tls-cert, --tls-key).
 
 Every mistake in the TLS files is one line naming the flag (or variable) and the file,
 before any call. Against real gRPC servers on localhost, with a CA and certificates made
@@ -28,10 +28,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvbudget import cli
-from kvbudget.client_tls import NO_TLS, TlsFile, TlsFiles, channel_credentials, resolve_tls
-from kvbudget.errors import CLIError
-from kvbudget.target import channel
+from kvbudget.cli import main as cli
+from kvbudget.client.tls import NO_TLS, TlsFile, TlsFiles, channel_credentials, resolve_tls
+from kvbudget.client.errors import CLIError
+from kvbudget.client.target import channel
 from kvbudget.tui.source import Connected, Disconnected, Update, WatchSource
 from kvbudget.v1 import common_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
@@ -176,7 +176,7 @@ def mtls(mtls_server: TlsServer) -> TlsServer:
 
 
 def health_check(address: str, credentials: grpc.ChannelCredentials | None) -> str:
-    """"SERVING" over `kvbudget.target.channel`, or the status the call failed with."""
+    """"SERVING" over `kvbudget.client.target.channel`, or the status the call failed with."""
     with channel(address, credentials) as to_server:
         try:
             reply = health_pb2_grpc.HealthStub(to_server).Check(health_pb2.HealthCheckRequest(), timeout=10)

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvbudget import cli
+from kvbudget.cli import main as cli
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
 from daemon_harness import DaemonProcess
 
@@ -171,7 +171,7 @@ def test_status_text_is_one_screen_with_the_pool_figures(daemon, capsys) -> None
 
 
 def test_status_says_when_the_decision_log_cannot_write() -> None:
-    from kvbudget.cmd_admin import render_status, status_fields
+    from kvbudget.cli.cmd_admin import render_status, status_fields
     from kvbudget.v1 import common_pb2
 
     snapshot = common_pb2.Snapshot(
@@ -286,8 +286,8 @@ def test_a_malformed_target_is_refused_before_any_call(capsys) -> None:
 
 
 def test_the_cli_lists_the_daemons_policies() -> None:
-    from kvbudget import cmd_admin
-    from kvbudget.daemon import convert
+    from kvbudget.cli import cmd_admin
+    from kvbudget.daemon.wire import convert
 
     assert cmd_admin.POLICY_NAMES == convert.POLICY_NAMES
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.cmd_log import parse_time
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
-from kvbudget.errors import CLIError
+from kvbudget.cli.cmd_log import parse_time
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
+from kvbudget.client.errors import CLIError
 
 
 def kvbudget(*args: str) -> subprocess.CompletedProcess[str]:
@@ -217,7 +217,7 @@ def test_disk_usage_counts_what_retention_kept_and_rows_not_yet_indexed(tmp_path
     conn.execute("INSERT INTO decisions_recent (id, logged_at, seq) VALUES (11, 2011.0, 10), (12, 2012.0, 11)")
     conn.commit()
     conn.close()
-    from kvbudget.daemon.decision_query import log_usage
+    from kvbudget.daemon.log.query import log_usage
 
     usage = log_usage(path)
     assert usage.num_decisions == 8  # ids 5..12: 6 indexed, 2 committed but not indexed yet

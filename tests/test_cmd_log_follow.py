@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 
 WAIT_S = 30.0  # bounds a hang only: the follower polls every 0.25 s
 # `kvbudget` with Ctrl-C as a terminal gives it: a shell's background job ignores SIGINT and

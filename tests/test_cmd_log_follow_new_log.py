@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbudget.daemon.decision_log import DecisionLog
+from kvbudget.daemon.log.decision_log import DecisionLog
 
 from test_cmd_log_follow import decision, following, seqs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget import cli
+from kvbudget.cli import main as cli
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.admission import POLICIES
-from kvbudget.daemon.config import (
+from kvbudget.daemon.core.admission import POLICIES
+from kvbudget.daemon.config.settings import (
     DEFAULT_DB_PATH,
     DEFAULT_LISTEN,
     MAX_UNIX_ADDRESS_PATH_BYTES,
@@ -20,8 +20,8 @@ from kvbudget.daemon.config import (
     load_config,
     parse_host_port,
 )
-from kvbudget.daemon.records import MAX_TENANT_CHARS
-from kvbudget.daemon.tokens_file import load_roles, load_tokens
+from kvbudget.daemon.core.records import MAX_TENANT_CHARS
+from kvbudget.daemon.server.tokens_file import load_roles, load_tokens
 
 from certificates import make_ca, make_pair
 
@@ -244,7 +244,7 @@ def test_a_client_ca_needs_tls_and_a_readable_ca_file(tmp_path: Path) -> None:
 
 
 def test_check_config_says_how_tcp_callers_get_in(tmp_path: Path) -> None:
-    from kvbudget.cmd_daemon import tcp_access
+    from kvbudget.cli.cmd_daemon import tcp_access
 
     cert, key = make_pair(tmp_path, "x")
     ca, _ = make_ca(tmp_path, "ca")

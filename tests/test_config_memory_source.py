@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config import ConfigError, DaemonConfig, load_config
-from kvbudget.daemon.sizing import DEFAULT_GPU_MEMORY_UTILIZATION
+from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, load_config
+from kvbudget.daemon.config.sizing import DEFAULT_GPU_MEMORY_UTILIZATION
 
 MODEL = '[model]\nname = "llama-3.1-8b"\n'
 GIB = 2**30

@@ -14,8 +14,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget.daemon import convert
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.wire import convert
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.v1 import common_pb2, engine_pb2
 
 COUNTS = st.integers(0, 2**32 - 1)
@@ -98,7 +98,7 @@ def test_submit_to_spec_reads_presence_and_hashes_as_the_plain_way(max_new_token
 
 
 def test_a_snapshot_says_which_daemon_process_took_it() -> None:
-    from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
+    from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 
     from test_admission_support import SMALL_LAYOUTS
 

@@ -27,13 +27,13 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.core_service import CoreOptions, CoreService
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_query import query_decisions
-from kvbudget.daemon.records import Decision, RequestSpec
-from kvbudget.daemon.sessions import SessionTable
-from kvbudget.daemon.watch import WatchHub
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.server.service import CoreOptions, CoreService
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.query import query_decisions
+from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.daemon.server.sessions import SessionTable
+from kvbudget.daemon.server.watch import WatchHub
 from kvbudget.v1 import common_pb2
 
 from test_admission_support import SMALL_LAYOUTS

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from kvbudget.daemon.log_lock import LockHolder, LogInUse, WriterLock, lock_holder, lock_path
+from kvbudget.daemon.log.lock import LockHolder, LogInUse, WriterLock, lock_holder, lock_path
 from tests.daemon_harness import DEFAULT_ARGS, DaemonProcess, wait_until
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.cmd_estimate import parse_size as estimate_parse_size
-from kvbudget.daemon.config import SIZE_FIELDS, ConfigError, load_config
-from kvbudget.errors import CLIError
+from kvbudget.cli.cmd_estimate import parse_size as estimate_parse_size
+from kvbudget.daemon.config.settings import SIZE_FIELDS, ConfigError, load_config
+from kvbudget.client.errors import CLIError
 from kvbudget.units import parse_size
 
 MODEL = '[model]\nname = "llama-3.1-8b"\n[pool]\ndevice = "cpu"\n'

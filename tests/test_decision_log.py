@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget.daemon import decision_query
-from kvbudget.daemon import decision_upkeep as upkeep
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_query import open_read_only, query_decisions
-from kvbudget.daemon.decision_schema import (
+from kvbudget.daemon.log import query as decision_query
+from kvbudget.daemon.log import upkeep
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.query import open_read_only, query_decisions
+from kvbudget.daemon.log.schema import (
     COLUMNS,
     INDEXED,
     INDEXED_COLUMNS,
@@ -32,7 +32,7 @@ from kvbudget.daemon.decision_schema import (
     DecisionLogError,
     decision_from_row,
 )
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 
 
 def make_decision(seq: int, **fields: object) -> Decision:
@@ -923,7 +923,7 @@ def test_rows_a_crash_left_unfolded_are_folded_at_start_and_ids_go_on(db_path: P
 
 def make_version_1_log(path: Path, decisions: list[Decision]) -> None:
     """A log as schema version 1 wrote it: one indexed table named `decisions`."""
-    from kvbudget.daemon.decision_schema import COLUMN_TYPES, decision_row
+    from kvbudget.daemon.log.schema import COLUMN_TYPES, decision_row
 
     conn = sqlite3.connect(path)
     body = ", ".join(f"[{name}] {'INTEGER PRIMARY KEY' if name == 'id' else ''}" for name in COLUMN_TYPES)
@@ -1019,7 +1019,7 @@ def test_a_fold_in_chunks_leaves_every_row_once(db_path: Path) -> None:
 def test_a_fold_takes_the_rows_there_when_it_starts(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Under steady load a commit lands between every two chunks; a fold that chased them
     # would never hand back to the writer's loop (queued batches wait, retention starves).
-    from kvbudget.daemon.decision_schema import decision_row
+    from kvbudget.daemon.log.schema import decision_row
 
     with DecisionLog(db_path, fold_interval_s=3600.0, fold_chunk_rows=1) as log:
         for seq in range(3):
@@ -1078,7 +1078,7 @@ def test_an_inline_commit_gives_up_after_inline_wait_s_and_writes_nothing(db_pat
     [((), "[]"), (((),), "[[]]"), (((17,),), "[[17]]"), (((1, 2),), "[[1, 2]]"), (((1,), (2, 3)), "[[1], [2, 3]]")],
 )
 def test_block_ids_per_group_are_stored_as_json_text(ids, text) -> None:
-    from kvbudget.daemon.decision_schema import _int_list, _nested_int_list
+    from kvbudget.daemon.log.schema import _int_list, _nested_int_list
 
     assert _nested_int_list(ids) == text and json.loads(text) == [list(g) for g in ids]
     assert _int_list((3, 4)) == "[3, 4]" and _int_list(()) == "[]"
@@ -1086,7 +1086,7 @@ def test_block_ids_per_group_are_stored_as_json_text(ids, text) -> None:
 
 
 def test_a_new_log_uses_small_pages_and_an_existing_one_keeps_its_own(tmp_path: Path) -> None:
-    from kvbudget.daemon.decision_log import PAGE_SIZE
+    from kvbudget.daemon.log.decision_log import PAGE_SIZE
 
     fresh = tmp_path / "fresh.db"
     with DecisionLog(fresh):
@@ -1131,7 +1131,7 @@ def test_commit_inline_says_when_the_caller_must_queue_instead(log: DecisionLog,
 def test_a_large_commit_is_cut_into_bounded_statements_and_keeps_every_row_in_order(
     db_path: Path, num_rows: int
 ) -> None:
-    from kvbudget.daemon.decision_log import _CHUNK_ROWS, _INSERT_SQL, _SMALL_ROWS, _chunk_sizes
+    from kvbudget.daemon.log.decision_log import _CHUNK_ROWS, _INSERT_SQL, _SMALL_ROWS, _chunk_sizes
 
     sizes = _chunk_sizes(num_rows)
     assert sum(sizes) == num_rows and all(size in _INSERT_SQL for size in sizes)
@@ -1146,7 +1146,7 @@ def test_a_large_commit_is_cut_into_bounded_statements_and_keeps_every_row_in_or
 
 
 def test_chunk_sizes_by_hand() -> None:
-    from kvbudget.daemon.decision_log import _chunk_sizes
+    from kvbudget.daemon.log.decision_log import _chunk_sizes
 
     assert _chunk_sizes(5) == [5]  # up to 8 rows: one statement of exactly that many
     assert _chunk_sizes(9) == [8, 1]  # 9 = 8 + 1

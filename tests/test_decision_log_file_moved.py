@@ -16,11 +16,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient
-from kvbudget.daemon import decision_log
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_query import query_decisions
-from kvbudget.daemon.decision_unwritten import UnwrittenError
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.log import decision_log
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.query import query_decisions
+from kvbudget.daemon.log.unwritten import UnwrittenError
+from kvbudget.daemon.core.records import RequestSpec
 
 from daemon_harness import DaemonProcess, await_until
 from test_decision_log import make_decision

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon import decision_upkeep as upkeep
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_schema import INDEXED, RECENT
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, new_decision
+from kvbudget.daemon.log import upkeep
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.schema import INDEXED, RECENT
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, new_decision
 
 
 def admit(seq: int, num_blocks: int) -> Decision:

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_query import query_decisions
-from kvbudget.daemon.decision_schema import DecisionLogError
-from kvbudget.daemon.decision_unwritten import UnwrittenError
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.query import query_decisions
+from kvbudget.daemon.log.schema import DecisionLogError
+from kvbudget.daemon.log.unwritten import UnwrittenError
 
 from full_disk import fill
 from test_decision_log import make_decision

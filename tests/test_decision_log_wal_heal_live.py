@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 from daemon_harness import DaemonProcess
 

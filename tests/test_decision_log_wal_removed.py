@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon import decision_log
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_unwritten import UnwrittenError
+from kvbudget.daemon.log import decision_log
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.unwritten import UnwrittenError
 
 from test_decision_log import make_decision
 
@@ -70,7 +70,7 @@ def test_a_removed_wal_is_healed_and_every_acknowledged_decision_stays_readable(
         assert log.commit_inline([make_decision(3)])
         log.append([make_decision(4)]).result(timeout=30)  # (through the writer thread)
         wal_of(path).unlink()
-        with caplog.at_level(logging.WARNING, logger="kvbudget.daemon.decision_log"):
+        with caplog.at_level(logging.WARNING, logger="kvbudget.daemon.log.decision_log"):
             assert log.commit_inline([make_decision(5)])  # heals first, then commits
         log.append([make_decision(6)]).result(timeout=30)
         assert log.num_unwritten == 0
@@ -171,7 +171,7 @@ def test_while_a_reader_holds_the_removed_wal_writes_fail_and_go_through_once_it
 def test_a_new_log_holds_its_tables_in_the_file_itself(tmp_path: Path) -> None:
     # Before the first checkpoint a new log's schema was only in its WAL: with the WAL
     # removed (and no write since to heal it), a reader found "no meta table", no log at all.
-    from kvbudget.daemon.decision_query import open_read_only, query_decisions
+    from kvbudget.daemon.log.query import open_read_only, query_decisions
 
     path = tmp_path / "decisions.db"
     log = DecisionLog(path, checkpoint_interval_s=3600.0)  # (no checkpoint of the thread's)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from kvbudget.daemon.decision_upkeep import WalWatch
+from kvbudget.daemon.log.upkeep import WalWatch
 
 MIB = 2**20
 
@@ -36,11 +36,11 @@ def test_a_log_whose_wal_a_reader_holds_says_so_in_its_journal(tmp_path, caplog)
     import sqlite3
     import time
 
-    from kvbudget.daemon.decision_log import DecisionLog
+    from kvbudget.daemon.log.decision_log import DecisionLog
     from test_decision_log import make_decision
 
     path = tmp_path / "d.db"
-    caplog.set_level(logging.INFO, logger="kvbudget.daemon.decision_log")
+    caplog.set_level(logging.INFO, logger="kvbudget.daemon.log.decision_log")
     with DecisionLog(path, checkpoint_interval_s=0.05, wal_limit_bytes=64 * 1024) as log:
         log.append([make_decision(0)]).result()
         reader = sqlite3.connect(path)

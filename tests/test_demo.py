@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.cli import main
+from kvbudget.cli.main import main
 
 pytestmark = pytest.mark.slow
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget import doctor, doctor_samples
-from kvbudget.cli import main
-from kvbudget.cmd_doctor import render
-from kvbudget.doctor_samples import GpuSample, PlanView, PoolSample, Status, TenantSample, Verdict
+from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.main import main
+from kvbudget.cli.cmd_doctor import render
+from kvbudget.cli.doctor_samples import GpuSample, PlanView, PoolSample, Status, TenantSample, Verdict
 from kvbudget.v1 import common_pb2
 
 GiB = 1 << 30

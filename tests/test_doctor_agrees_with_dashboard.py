@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import pytest
 from tui_helpers import snapshot, state_of
 
-from kvbudget import doctor, doctor_samples
-from kvbudget.doctor_samples import Thresholds, Verdict
+from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.doctor_samples import Thresholds, Verdict
 from kvbudget.tui import verdict as dashboard
 from kvbudget.tui.verdict import Bound
 from kvbudget.v1 import common_pb2
@@ -109,7 +109,7 @@ def test_both_draw_the_line_at_the_same_share(held: int) -> None:
 
 
 def test_one_bar_shared_and_the_doctors_still_overridable() -> None:
-    from kvbudget.pressure import POOL_FULL_SHARE
+    from kvbudget.client.pressure import POOL_FULL_SHARE
     from kvbudget.tui import drawing
 
     assert Thresholds().full_share == dashboard.POOL_BOUND_USAGE == drawing.USAGE_CRITICAL == POOL_FULL_SHARE
@@ -154,7 +154,7 @@ def test_a_queue_waiting_for_promised_blocks_stays_budget_bound_for_both() -> No
 
 
 def test_waits_for_pool_weighs_the_daemons_reasons() -> None:
-    from kvbudget.pressure import waits_for_pool
+    from kvbudget.client.pressure import waits_for_pool
 
     assert waits_for_pool([{"pool_full": 2}, {"budget_full": 1}])
     assert waits_for_pool([{"watermark": 1, "queue_ahead": 9}])  # queue_ahead says nothing

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from kvbudget import doctor, doctor_samples
-from kvbudget.cmd_doctor import json_report
-from kvbudget.doctor_samples import GpuSample, PlanView, PoolSample, Status, Verdict
+from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.cmd_doctor import json_report
+from kvbudget.cli.doctor_samples import GpuSample, PlanView, PoolSample, Status, Verdict
 
 import doc_tables
 from doc_tables import names

@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import kvbudget
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
 pytestmark = pytest.mark.slow

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvbudget import doctor, doctor_samples
-from kvbudget.doctor_samples import PlanView, PoolSample, Status
+from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.doctor_samples import PlanView, PoolSample, Status
 from kvbudget.v1 import common_pb2
 
 # max_model_len 2048 in 16-token blocks: cdiv(2048, 16) = 128 blocks a request at most.
@@ -58,9 +58,9 @@ def test_max_new_tokens_still_named_when_sharing_could_not_explain_the_totals() 
 
 
 def test_shared_prefix_from_a_real_controller_is_not_named_max_new_tokens() -> None:
-    from kvbudget.daemon import convert
-    from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-    from kvbudget.daemon.records import DecisionKind, RequestSpec
+    from kvbudget.daemon.wire import convert
+    from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+    from kvbudget.daemon.core.records import DecisionKind, RequestSpec
     from test_admission_support import SMALL_LAYOUTS
 
     # One full-attention group, 8-token blocks; max_model_len 256: cdiv(256, 8) = 32 blocks.
@@ -93,8 +93,8 @@ def test_a_sliding_window_model_at_max_model_len_is_read_on_its_own_groups() -> 
     # (the window caps it), not cdiv(32768, 16) = 2048. Two requests sending no max new tokens:
     # 1,538 committed (142 held, 1,396 reserved) = 2 x 769, every one at max_model_len. Read
     # against 2048 a request, 1,538 <= 2 x 2048 / 2 and the doctor named max new tokens.
-    from kvbudget.daemon.convert import plan_to_proto
-    from kvbudget.daemon.hf_config import load_model
+    from kvbudget.daemon.wire.convert import plan_to_proto
+    from kvbudget.daemon.config.hf_config import load_model
 
     layout = load_model("mistral-7b-v0.1").layout
     plan = plan_to_proto(layout, 4000, max_model_len=32768, max_num_batched_tokens=8192)

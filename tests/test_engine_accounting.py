@@ -16,13 +16,13 @@ import time
 import grpc
 import pytest
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.core_service import CoreService
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.records import Decision, RequestSpec
-from kvbudget.daemon.sessions import Session, SessionTable
-from kvbudget.daemon.spec import group_layers
-from kvbudget.daemon.watch import WatchHub
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.server.service import CoreService
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.daemon.server.sessions import Session, SessionTable
+from kvbudget.daemon.core.spec import group_layers
+from kvbudget.daemon.server.watch import WatchHub
 from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 from daemon_harness import DaemonProcess

@@ -4,8 +4,8 @@ the admission core decides for a request: an engine author codes against that ta
 
 from __future__ import annotations
 
-from kvbudget.daemon.metrics import DECISION_PAIRS
-from kvbudget.daemon.records import DecisionKind
+from kvbudget.daemon.server.metrics import DECISION_PAIRS
+from kvbudget.daemon.core.records import DecisionKind
 
 from doc_tables import ENGINE_INTEGRATION, doc_section, names, table_rows
 

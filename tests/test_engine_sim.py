@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
-from kvbudget.daemon.spec import AttentionSpec, SlidingWindowSpec, group_layers, kv_dtype
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.core.spec import AttentionSpec, SlidingWindowSpec, group_layers, kv_dtype
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps, spread_arrivals
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.replay import ControllerBackend
@@ -210,7 +210,7 @@ def test_against_the_real_controller_guaranteed_is_never_denied():
 def test_two_engines_share_a_pool_through_preemptions_and_prefix_hits():
     # Mooncake's first 80 requests (prefix ids, long prompts) on a pool that holds only a
     # few of them: optimistic preempts, preempted requests come back with cache hits.
-    from kvbudget.daemon.hf_config import load_model
+    from kvbudget.daemon.config.hf_config import load_model
     from kvbudget.traces.loaders import load_trace
 
     layout = load_model("llama-3.1-8b").layout

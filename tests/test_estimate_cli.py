@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
-from kvbudget.cmd_estimate import parse_size
-from kvbudget.errors import CLIError
+from kvbudget.cli.cmd_estimate import parse_size
+from kvbudget.client.errors import CLIError
 
 KVBUDGET = [sys.executable, "-m", "kvbudget"]
 # The same CLI with pynvml made unimportable, so "no GPU" holds on any machine.
 KVBUDGET_NO_NVML = [
     sys.executable,
     "-c",
-    "import sys; sys.modules['pynvml'] = None; from kvbudget.cli import main; "
+    "import sys; sys.modules['pynvml'] = None; from kvbudget.cli.main import main; "
     "sys.exit(main(sys.argv[1:]))",
 ]
 
@@ -310,7 +310,7 @@ KV_DTYPE_NAMES = ["bf16", "fp16", "fp8", "int4", "int2", "BF16", "bfloat16", "fl
 
 @pytest.mark.parametrize("name", KV_DTYPE_NAMES)
 def test_estimate_and_daemon_take_the_same_kv_dtypes(name):
-    from kvbudget.daemon.config import ConfigError, load_config
+    from kvbudget.daemon.config.settings import ConfigError, load_config
 
     try:
         load_config(None, {"model": "llama-3.1-8b", "kv_dtype": name, "num_gpu_blocks": 10})
@@ -338,8 +338,8 @@ def test_estimate_and_daemon_take_the_same_kv_dtypes(name):
     ids=lambda settings: "+".join(settings),
 )  # fmt: skip
 def test_estimate_and_daemon_refuse_the_same_memory_sources(settings):
-    from kvbudget.cmd_estimate import parse_size
-    from kvbudget.daemon.config import ConfigError, load_config
+    from kvbudget.cli.cmd_estimate import parse_size
+    from kvbudget.daemon.config.settings import ConfigError, load_config
 
     flags = [part for name, value in settings.items() for part in ("--" + name.replace("_", "-"), value)]
     result = run("--model", "llama-3.1-8b", *flags)
@@ -354,8 +354,8 @@ def test_estimate_and_daemon_refuse_the_same_memory_sources(settings):
 
 
 def test_daemon_refuses_a_max_model_len_estimate_refuses():
-    from kvbudget.daemon.config import load_config
-    from kvbudget.daemon.pool_setup import PoolSetupError, setup_pool
+    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool
 
     result = run("--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--max-model-len", "200000")
     assert result.returncode == 2 and "exceeds the model's max_position_embeddings" in result.stderr
@@ -439,7 +439,7 @@ KVBUDGET_NO_TORCH_NO_NVML = [
     "            raise ImportError(f'{name} is blocked in this test')\n"
     "        return None\n"
     "sys.meta_path.insert(0, Refuse())\n"
-    "from kvbudget.cli import main\n"
+    "from kvbudget.cli.main import main\n"
     "try:\n"
     "    code = main(sys.argv[1:])\n"
     "except SystemExit as exc:  # argparse's --help\n"
@@ -452,7 +452,7 @@ KVBUDGET_NO_TORCH_NO_NVML = [
 def test_the_finder_really_blocks_torch_and_pynvml():
     # torch is installed here: the finder, not its absence, is what the tests below rely on.
     done = subprocess.run([*KVBUDGET_NO_TORCH_NO_NVML[:2], KVBUDGET_NO_TORCH_NO_NVML[2].replace(
-        "from kvbudget.cli import main", "import torch")], capture_output=True, text=True, timeout=60)
+        "from kvbudget.cli.main import main", "import torch")], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "torch is blocked in this test" in done.stderr
 
 

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from kvbudget.daemon import budget
-from kvbudget.daemon.hf_config import mamba_state_bytes, model_from_config
-from kvbudget.daemon.spec import AttentionSpec, LayerKind, SlidingWindowSpec, group_layers, kv_dtype
+from kvbudget.daemon.core import budget
+from kvbudget.daemon.config.hf_config import mamba_state_bytes, model_from_config
+from kvbudget.daemon.core.spec import AttentionSpec, LayerKind, SlidingWindowSpec, group_layers, kv_dtype
 
 BF16 = kv_dtype("bf16")
 

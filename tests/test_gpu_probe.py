@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from kvbudget.daemon.gpu import GPUProbe, probe_gpu
+from kvbudget.daemon.config.gpu import GPUProbe, probe_gpu
 
 
 def test_real_nvml_path():

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget.daemon.hf_config import (
+from kvbudget.daemon.config.hf_config import (
     load_model,
     mamba_state_bytes,
     model_from_config,
@@ -21,7 +21,7 @@ from kvbudget.daemon.hf_config import (
     read_config,
     resolve_max_model_len,
 )
-from kvbudget.daemon.spec import (
+from kvbudget.daemon.core.spec import (
     AttentionSpec,
     CappedAttentionSpec,
     ChunkedLocalAttentionSpec,

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbudget.cli import main
-from kvbudget.daemon.hf_config import PRESETS_DIR, model_from_config, preset_names
+from kvbudget.cli.main import main
+from kvbudget.daemon.config.hf_config import PRESETS_DIR, model_from_config, preset_names
 
 
 def preset(name: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvbudget.daemon.in_flight import InFlightCalls, Stopped, stop_server
-from kvbudget.daemon.malformed import add_checked
+from kvbudget.daemon.server.in_flight import InFlightCalls, Stopped, stop_server
+from kvbudget.daemon.server.malformed import add_checked
 
 GRACE_S = 20.0  # far past anything these tests wait for: reaching it is the failure
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS

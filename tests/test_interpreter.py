@@ -20,7 +20,7 @@ from daemon_harness import DaemonProcess, wait_until
 SETTLE = textwrap.dedent(
     """
     import gc, sys, weakref
-    from kvbudget.daemon import interpreter
+    from kvbudget.daemon.server import interpreter
 
     assert gc.get_threshold() == (700, 10, 10), gc.get_threshold()  # CPython's defaults
     assert gc.get_freeze_count() == 0
@@ -54,8 +54,8 @@ def test_settle_heap_collects_then_freezes_and_raises_the_gen0_threshold() -> No
 
 def test_the_test_process_keeps_cpythons_defaults() -> None:
     # Importing the daemon (every other test does) must not change them.
-    import kvbudget.daemon.interpreter  # noqa: F401
-    import kvbudget.daemon.server  # noqa: F401
+    import kvbudget.daemon.server.interpreter  # noqa: F401
+    import kvbudget.daemon.server.lifecycle  # noqa: F401
 
     assert gc.get_threshold()[0] == 700
     assert gc.get_freeze_count() == 0

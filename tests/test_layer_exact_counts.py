@@ -5,10 +5,10 @@ B = 8 tokens a block throughout. Each test writes its arithmetic next to the ass
 
 from __future__ import annotations
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.budget import blocks_held, worst_case_blocks
-from kvbudget.daemon.records import DecisionKind, Reason, RequestSpec
-from kvbudget.daemon.spec import (
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.budget import blocks_held, worst_case_blocks
+from kvbudget.daemon.core.records import DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.spec import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

@@ -1,4 +1,4 @@
-"""Leases are held through spells the daemon itself did not run (daemon/lease_clock.py).
+"""Leases are held through spells the daemon itself did not run (daemon/server/lease_clock.py).
 
 QA: with a 3 s lease, a daemon SIGSTOPped for 4.5 s expired its engine when it ran again,
 though the engine had heartbeated throughout (the heartbeats waited in the socket), and
@@ -12,9 +12,9 @@ import signal
 import pytest
 
 from kvbudget.client import EngineClient
-from kvbudget.daemon.lease_clock import LeaseClock
-from kvbudget.daemon.records import RequestSpec
-from kvbudget.daemon.sessions import SessionTable
+from kvbudget.daemon.server.lease_clock import LeaseClock
+from kvbudget.daemon.core.records import RequestSpec
+from kvbudget.daemon.server.sessions import SessionTable
 
 from daemon_harness import DaemonProcess, wait_until
 

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from kvbudget.cli import build_parser
+from kvbudget.cli.main import build_parser
 from kvbudget.client import ObserverClient
-from kvbudget.daemon.config import config_keys
+from kvbudget.daemon.config.settings import config_keys
 
 from daemon_harness import DaemonProcess, await_until
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config import load_config
-from kvbudget.daemon.server import Daemon
+from kvbudget.daemon.config.settings import load_config
+from kvbudget.daemon.server.lifecycle import Daemon
 
 from daemon_harness import await_until
 

@@ -27,7 +27,7 @@ HELD_DAEMON = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from kvbudget.daemon.server import Daemon
+    from kvbudget.daemon.server.lifecycle import Daemon
 
     held, release = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -38,7 +38,7 @@ HELD_DAEMON = textwrap.dedent(
         return None
 
     Daemon.probe_gpu = held_probe
-    from kvbudget.cli import main
+    from kvbudget.cli.main import main
     sys.exit(main(sys.argv[3:]))
     """
 )

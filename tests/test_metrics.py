@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvbudget.daemon.metrics import Metrics
-from kvbudget.daemon.records import Decision, DecisionKind, GroupSnapshot, Reason, Snapshot, TenantSnapshot
+from kvbudget.daemon.server.metrics import Metrics
+from kvbudget.daemon.core.records import Decision, DecisionKind, GroupSnapshot, Reason, Snapshot, TenantSnapshot
 
 
 def decision(seq: int, kind: DecisionKind, reason: Reason) -> Decision:
@@ -283,7 +283,7 @@ def tenant_label_values(metrics: Metrics) -> set[str]:
 
 def test_tenant_series_are_bounded_and_the_rest_summed() -> None:
     """Tenant names come from requests: 200 tenants waiting must not make 800 series."""
-    from kvbudget.daemon.metrics import MAX_TENANT_SERIES, OTHER_TENANTS
+    from kvbudget.daemon.server.metrics import MAX_TENANT_SERIES, OTHER_TENANTS
 
     assert MAX_TENANT_SERIES == 50
     # u3 is small but the config gives it a quota: the operator's dashboards name it.
@@ -311,7 +311,7 @@ def test_tenant_series_are_bounded_and_the_rest_summed() -> None:
 
 
 def test_a_tenant_named_like_the_sum_is_part_of_the_sum() -> None:
-    from kvbudget.daemon.metrics import OTHER_TENANTS
+    from kvbudget.daemon.server.metrics import OTHER_TENANTS
 
     big = TenantSnapshot(OTHER_TENANTS, 1000, 0, None, 1.0, 1, 0)  # the largest: ranked first
     metrics = Metrics()
@@ -465,7 +465,7 @@ def test_no_created_series_and_every_other_series_kept() -> None:
     that vLLM's /metrics users don't see. It is left out; every series of ours stays."""
     import sys
 
-    from kvbudget.daemon.metrics import DECISION_PAIRS, LATENCY_BUCKETS_S
+    from kvbudget.daemon.server.metrics import DECISION_PAIRS, LATENCY_BUCKETS_S
 
     metrics = full_metrics()
     text = metrics.render().decode()

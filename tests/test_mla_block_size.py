@@ -8,7 +8,7 @@ and 16 for any other, with a note that says why; one given (flag or file) is use
 with a note when vLLM's default MLA backend would replace it (FlashMLA, on Hopper: any size
 not a multiple of 64 becomes 64), since the plan's blocks would then not be the engine's.
 
-The deepseek-v3 preset (daemon/presets/deepseek-v3.json): 61 layers, every one MLA,
+The deepseek-v3 preset (daemon/config/presets/deepseek-v3.json): 61 layers, every one MLA,
 kv_lora_rank 512, qk_rope_head_dim 64, bf16 (2 bytes); one latent of 512 + 64 = 576
 elements per token and layer, all 61 layers in one KV-cache group:
   64-token blocks: page 64 x 576 x 2 = 73,728 B; block 73,728 x 61 = 4,497,408 B
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.cli import build_parser
-from kvbudget.daemon.config import load_config
-from kvbudget.daemon.hf_config import MLA_BLOCK_SIZE, load_model, model_from_config, read_config
-from kvbudget.daemon.pool_setup import setup_pool
-from kvbudget.daemon.spec import LayerKind
+from kvbudget.cli.main import build_parser
+from kvbudget.daemon.config.settings import load_config
+from kvbudget.daemon.config.hf_config import MLA_BLOCK_SIZE, load_model, model_from_config, read_config
+from kvbudget.daemon.config.pool_setup import setup_pool
+from kvbudget.daemon.core.spec import LayerKind
 
 from test_estimate_cli import run, run_json
 
@@ -286,7 +286,7 @@ async def test_a_running_daemon_hands_engines_64_token_blocks(tmp_path: Path) ->
     from daemon_harness import DaemonProcess
 
     from kvbudget.client import EngineClient
-    from kvbudget.daemon.records import DecisionKind, RequestSpec
+    from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
     with DaemonProcess(tmp_path, "--model", "deepseek-v3") as daemon:  # 65 blocks: 64 usable
         async with EngineClient(daemon.target, "engine-a") as engine:
@@ -305,7 +305,7 @@ async def test_a_running_daemon_hands_engines_64_token_blocks(tmp_path: Path) ->
 
 
 def test_offline_replay_uses_64_for_deepseek_unless_told(capsys) -> None:
-    from kvbudget.cli import main
+    from kvbudget.cli.main import main
 
     def replay(*extra: str) -> dict:
         code = main(["replay", "azure", "--offline", "--model", "deepseek-v3", "--num-gpu-blocks", "3000",
@@ -321,7 +321,7 @@ _REPLAY = ["replay", "azure", "--offline", "--num-gpu-blocks", "3000", "--max-mo
 
 
 def test_offline_replay_prints_the_layout_notes_as_estimate_does(capsys) -> None:
-    from kvbudget.cli import main
+    from kvbudget.cli.main import main
 
     assert main([*_REPLAY, "--model", "deepseek-v3"]) == 0
     out, err = capsys.readouterr()
@@ -341,7 +341,7 @@ def test_offline_replay_prints_the_layout_notes_as_estimate_does(capsys) -> None
 
 
 def test_offline_replay_json_carries_the_notes_as_a_list(capsys) -> None:
-    from kvbudget.cli import main
+    from kvbudget.cli.main import main
 
     assert main([*_REPLAY, "--model", "deepseek-v3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)  # (still one JSON document)

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
 from daemon_harness import DaemonProcess, await_until, wait_until
 

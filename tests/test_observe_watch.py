@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import RequestSpec
-from kvbudget.daemon.server import MAX_WATCHERS
+from kvbudget.daemon.core.records import RequestSpec
+from kvbudget.daemon.server.lifecycle import MAX_WATCHERS
 
 from daemon_harness import DaemonProcess, await_until
 

@@ -19,9 +19,9 @@ import sys
 from test_estimate_cli import run, run_json
 from tui_helpers import snapshot, state_of, text_of
 
-from kvbudget import doctor, doctor_samples
-from kvbudget.cmd_admin import render_status, status_fields
-from kvbudget.doctor_samples import PlanView, PoolSample, Status
+from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.cmd_admin import render_status, status_fields
+from kvbudget.cli.doctor_samples import PlanView, PoolSample, Status
 from kvbudget.tui import panels
 from kvbudget.v1 import common_pb2
 
@@ -60,10 +60,10 @@ def test_admin_status_json_keeps_its_keys_and_adds_the_split() -> None:
 def test_the_shared_pool_split_imports_nothing_of_the_project() -> None:
     # `kvbudget admin` may load no dashboard code, the dashboard no daemon: the split both
     # read lives apart from either.
-    code = "import sys, json\nimport kvbudget.pool_parts\nprint(json.dumps(sorted(sys.modules)))"
+    code = "import sys, json\nimport kvbudget.client.pool_parts\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.pool_parts"}
+    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client.pool_parts"}
     assert not {m.split(".")[0] for m in loaded} & {"textual", "rich", "torch", "pynvml", "grpc", "google"}
 
 
@@ -138,9 +138,9 @@ def test_the_naive_policy_is_max_model_len_whatever_the_requests_ask() -> None:
 
 
 def test_the_cause_from_a_real_controller_snapshot() -> None:
-    from kvbudget.daemon import convert
-    from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-    from kvbudget.daemon.records import DecisionKind, RequestSpec
+    from kvbudget.daemon.wire import convert
+    from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+    from kvbudget.daemon.core.records import DecisionKind, RequestSpec
     from test_admission_support import SMALL_LAYOUTS
 
     # One full-attention group, 8-token blocks; max_model_len 128: cdiv(128, 8) = 16 blocks.

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
 
 
 def test_fresh_pool_hands_out_low_ids_never_the_null_block() -> None:

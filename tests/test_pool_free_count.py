@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
 
 
 def test_free_counts_every_block_that_reaches_zero() -> None:

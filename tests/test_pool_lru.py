@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.pool import NULL_BLOCK, BlockPool
+from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
 
 
 def cached_pool(num_blocks: int, n: int) -> tuple[BlockPool, list[int]]:

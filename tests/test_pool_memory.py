@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from kvbudget.daemon.pool_memory import (
+from kvbudget.daemon.config.pool_memory import (
     SHM_DIR,
     PoolMemoryError,
     allocate_pool_memory,
@@ -47,7 +47,7 @@ def test_cpu_pool_is_shared_memory_another_process_maps_by_name() -> None:
         # wrote, and writes where the daemon will look.
         out = run_python(
             f"""
-            from kvbudget.daemon.pool_memory import map_shared_memory
+            from kvbudget.daemon.config.pool_memory import map_shared_memory
             shm = map_shared_memory({pool.shm_name!r})
             print(list(shm.buf[:4]), list(shm.buf[{size} - 2:{size}]), shm.size >= {size})
             shm.buf[100] = 42
@@ -127,7 +127,7 @@ def test_cuda_pool_is_mapped_by_another_process_through_its_ipc_handle() -> None
         out = run_python(
             f"""
             import torch
-            from kvbudget.daemon.pool_memory import map_cuda_pool
+            from kvbudget.daemon.config.pool_memory import map_cuda_pool
             pool = map_cuda_pool({pool.cuda_ipc_handle!r}, {pool.offset_bytes}, {size}, 0)
             print(pool[:4].tolist(), pool.numel())
             pool[100] = 42
@@ -144,10 +144,10 @@ def test_a_pool_sized_from_a_gpu_goes_to_that_gpu_or_start_up_says_why(tmp_path)
     """device = auto, NVML finds GPU 0, but this torch has no CUDA (a CPU-only wheel): the
     pool was sized from the GPU's memory, so it must not quietly land in /dev/shm at that
     size; start-up fails naming the device and the way out."""
-    from kvbudget.daemon.config import load_config
-    from kvbudget.daemon.gpu import GPUProbe
-    from kvbudget.daemon.pool_setup import setup_pool
-    from kvbudget.daemon.server import Daemon, StartupError
+    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.gpu import GPUProbe
+    from kvbudget.daemon.config.pool_setup import setup_pool
+    from kvbudget.daemon.server.lifecycle import Daemon, StartupError
 
     config = load_config(None, {"model": "llama-3.1-8b", "num_gpu_blocks": 9, "memory_mode": "owned",
                                 "device": "auto", "db_path": str(tmp_path / "d.db")})

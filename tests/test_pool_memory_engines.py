@@ -17,14 +17,14 @@ import pytest
 
 from daemon_harness import DaemonProcess
 from kvbudget.client import EngineClient
-from kvbudget.daemon.pool_memory import (
+from kvbudget.daemon.config.pool_memory import (
     SHM_DIR,
     PoolMemoryError,
     _allocate_cuda,
     allocate_pool_memory,
     map_shared_memory,
 )
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 MIB = 2**20
 
@@ -117,7 +117,7 @@ def test_accounting_mode_hands_out_no_memory(tmp_path: Path) -> None:
 ALLOCATE_AND_WAIT = textwrap.dedent(
     """
     import sys
-    from kvbudget.daemon.pool_memory import allocate_pool_memory
+    from kvbudget.daemon.config.pool_memory import allocate_pool_memory
     pool = allocate_pool_memory(4 * 2**20, device="cpu")
     pool.tensor[:] = 7  # an engine wrote KV: the tmpfs pages are committed
     print(pool.shm_name, flush=True)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.predictor import OutputLengthPredictor
+from kvbudget.daemon.core.predictor import OutputLengthPredictor
 
 
 def nearest_rank(values: deque[int], q: float) -> int:

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos" / "kvbudget" / "v1"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-DESCRIPTOR_SET = "descriptor_set.binpb"  # see daemon/reflection_pool.py
+DESCRIPTOR_SET = "descriptor_set.binpb"  # see daemon/server/reflection.py
 
 
 def test_generated_code_matches_the_protos(tmp_path: Path) -> None:

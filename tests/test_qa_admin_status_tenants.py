@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from kvbudget.cmd_admin import render_status, status_fields
-from kvbudget.daemon.records import OTHER_TENANTS
+from kvbudget.cli.cmd_admin import render_status, status_fields
+from kvbudget.daemon.core.records import OTHER_TENANTS
 from kvbudget.v1 import common_pb2
 
 
@@ -65,7 +65,7 @@ def test_an_older_daemon_without_a_count_lists_them_all() -> None:
 
 def test_a_real_cut_snapshot_from_the_core_reads_back_exactly() -> None:
     # The daemon's own conversion of a ledger cut: the sums of the rows shown are the totals.
-    from kvbudget.daemon.records import MAX_SNAPSHOT_TENANTS
+    from kvbudget.daemon.core.records import MAX_SNAPSHOT_TENANTS
 
     n = MAX_SNAPSHOT_TENANTS + 25
     tenants = [common_pb2.TenantState(tenant=f"t{i}", blocks_held=1, waiting=1, weight=1.0)
@@ -93,7 +93,7 @@ class _FakeDaemon:
 def test_set_quota_never_reads_the_sum_of_a_cut_list_back_as_the_tenant() -> None:
     # A tenant named "(other)" (the daemon accepts the name) in a cut list is summed, not
     # listed: its quota cannot be read back, and "0 blocks" would be false.
-    from kvbudget.cmd_admin import _set_quota
+    from kvbudget.cli.cmd_admin import _set_quota
 
     result, text, code = _set_quota(_FakeDaemon(_cut()), OTHER_TENANTS, 0.5, 1.0)
     assert (code, result["quota_blocks"]) == (0, None)
@@ -101,7 +101,7 @@ def test_set_quota_never_reads_the_sum_of_a_cut_list_back_as_the_tenant() -> Non
 
 
 def test_set_quota_reads_a_listed_tenant_back_in_blocks() -> None:
-    from kvbudget.cmd_admin import _set_quota
+    from kvbudget.cli.cmd_admin import _set_quota
 
     snapshot = _cut()
     snapshot.tenants[0].quota_blocks = 32

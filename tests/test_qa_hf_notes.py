@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvbudget.daemon.hf_config import model_from_config
-from kvbudget.daemon.spec import LayerKind
+from kvbudget.daemon.config.hf_config import model_from_config
+from kvbudget.daemon.core.spec import LayerKind
 
 from test_hf_config import kinds_of, small_config
 

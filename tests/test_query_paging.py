@@ -15,11 +15,11 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.cmd_log import parse_time
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_query import query_decisions
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec
-from kvbudget.errors import CLIError
+from kvbudget.cli.cmd_log import parse_time
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.query import query_decisions
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, RequestSpec
+from kvbudget.client.errors import CLIError
 from kvbudget.v1 import common_pb2, observer_pb2, observer_pb2_grpc
 
 from daemon_harness import DaemonProcess

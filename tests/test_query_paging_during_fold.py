@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon import decision_query
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.decision_query import query_decisions
-from kvbudget.daemon.decision_schema import INDEXED, RECENT
-from kvbudget.daemon.decision_upkeep import fold
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.log import query as decision_query
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.query import query_decisions
+from kvbudget.daemon.log.schema import INDEXED, RECENT
+from kvbudget.daemon.log.upkeep import fold
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 
 
 def make_log(path: Path, seqs: range, *, indexed_below_id: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec, new_decision, new_request_spec
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, RequestSpec, new_decision, new_request_spec
 
 _ids = st.tuples(st.integers(0, 10_000), st.integers(0, 10_000))
 decision_args = st.tuples(

@@ -1,4 +1,4 @@
-"""What a reload changes live and what waits for a restart (daemon/reload.py), in process."""
+"""What a reload changes live and what waits for a restart (daemon/server/reload.py), in process."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config import ConfigError, DaemonConfig, TenantQuota
-from kvbudget.daemon.reload import model_resolved, plan_reload, tenant_updates
-from kvbudget.daemon.tls import read_client_ca, read_pair
+from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, TenantQuota
+from kvbudget.daemon.server.reload import model_resolved, plan_reload, tenant_updates
+from kvbudget.daemon.server.tls import read_client_ca, read_pair
 
 from certificates import fingerprint, make_ca, make_pair
 

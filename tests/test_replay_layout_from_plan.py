@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.daemon.convert import layout_from_plan
-from kvbudget.daemon import budget
-from kvbudget.daemon.convert import plan_to_proto
-from kvbudget.daemon.hf_config import PRESETS_DIR, load_model
-from kvbudget.daemon.spec import AttentionSpec, CrossAttentionSpec, KVCacheLayout, group_layers, kv_dtype
+from kvbudget.daemon.wire.convert import layout_from_plan
+from kvbudget.daemon.core import budget
+from kvbudget.daemon.wire.convert import plan_to_proto
+from kvbudget.daemon.config.hf_config import PRESETS_DIR, load_model
+from kvbudget.daemon.core.spec import AttentionSpec, CrossAttentionSpec, KVCacheLayout, group_layers, kv_dtype
 from kvbudget.v1 import common_pb2
 
 PRESETS = sorted(p.stem for p in PRESETS_DIR.glob("*.json"))

@@ -16,7 +16,7 @@ import sys
 import pytest
 from daemon_harness import DaemonProcess, wait_until
 
-from kvbudget.cli import main
+from kvbudget.cli.main import main
 from kvbudget.client import ObserverClient
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def test_live_replay_unreachable_daemon_is_one_line(tmp_path, capsys):
 ])
 def test_a_bad_target_is_refused_before_the_trace_is_read(target, message, capsys, monkeypatch):
     # Checked before anything else: the trace loader must never run.
-    from kvbudget import cmd_replay
+    from kvbudget.cli import cmd_replay
 
     monkeypatch.setattr(cmd_replay, "_load", lambda args: pytest.fail("the trace was read"))
     assert main(["replay", "azure", "--target", target, "--limit", "3"]) == 2
@@ -83,7 +83,7 @@ def test_a_bad_target_is_refused_before_the_trace_is_read(target, message, capsy
 
 
 def test_live_replay_reads_target_and_token_from_the_environment(tmp_path, capsys, monkeypatch):
-    from kvbudget import cmd_replay
+    from kvbudget.cli import cmd_replay
 
     target = f"unix://{tmp_path}/from-env.sock"
     monkeypatch.setenv("KVBUDGET_TARGET", target)
@@ -187,9 +187,9 @@ def test_live_summary_names_every_policy_that_decided(tmp_path):
 def test_policies_in_seq_order_whatever_order_decisions_arrive_in():
     # An event stream can deliver a decision after a later one from a Step reply: ordered
     # by seq, runs merged, a decision seen twice counted once.
-    from kvbudget.daemon import convert
-    from kvbudget.daemon.records import DecisionKind, Reason
-    from kvbudget.daemon.spec import AttentionSpec, group_layers, kv_dtype
+    from kvbudget.daemon.wire import convert
+    from kvbudget.daemon.core.records import DecisionKind, Reason
+    from kvbudget.daemon.core.spec import AttentionSpec, group_layers, kv_dtype
     from kvbudget.traces.replay import DaemonBackend, LiveDecision, _light_decision
     from kvbudget.v1 import common_pb2
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvbudget.cli import main
-from kvbudget.daemon.hf_config import load_model
+from kvbudget.cli.main import main
+from kvbudget.daemon.config.hf_config import load_model
 from kvbudget.traces.engine_sim import EngineConfig
 from kvbudget.traces.loaders import load_trace
 from kvbudget.traces.replay import ReplaySetup, run_compare, run_offline
@@ -118,7 +118,7 @@ def test_cli_broken_trace_names_the_line(tmp_path, capsys):
 
 
 def _never_runs(monkeypatch):
-    from kvbudget import cmd_replay
+    from kvbudget.cli import cmd_replay
 
     monkeypatch.setattr(cmd_replay, "_run_offline", lambda *a: pytest.fail("the replay ran"))
 
@@ -134,7 +134,7 @@ def test_report_dir_is_checked_before_the_replay(tmp_path, capsys, monkeypatch):
 
 
 def test_report_dir_is_made_before_the_replay(tmp_path, capsys, monkeypatch):
-    from kvbudget import cmd_replay
+    from kvbudget.cli import cmd_replay
 
     made = tmp_path / "a" / "b"
 
@@ -184,7 +184,7 @@ def test_grow_ahead_default_depends_on_where_admission_runs() -> None:
     # asked ahead are blocks other requests cannot have, so the default stays small.
     import argparse
 
-    from kvbudget.cmd_replay import _grow_ahead_blocks
+    from kvbudget.cli.cmd_replay import _grow_ahead_blocks
 
     assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=False)) == 16
     assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=True)) == 4
@@ -277,7 +277,7 @@ def test_offline_pool_keeps_the_null_block_like_the_daemon(tmp_path, capsys):
 def test_offline_only_flags_are_refused_live(flags, named, capsys, monkeypatch):
     # Live, the daemon's plan sets model, pool and limits: such a flag would be ignored (or,
     # --max-model-len, half-applied). Refused before any daemon or trace is touched.
-    from kvbudget import cmd_replay
+    from kvbudget.cli import cmd_replay
 
     monkeypatch.setattr(cmd_replay, "_load", lambda args: pytest.fail("the trace was read"))
     assert main(["replay", "azure", "--target", "unix:///nowhere/kvbudget.sock", *flags]) == 2

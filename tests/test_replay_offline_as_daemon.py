@@ -4,8 +4,8 @@ a request an earlier grow of the same step preempted is answered DENY not_runnin
 
 from __future__ import annotations
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.traces.engine_sim import StepOps
 from kvbudget.traces.replay import ControllerBackend
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon import sdnotify
+from kvbudget.daemon.server import sdnotify
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon import sdnotify
-from kvbudget.target import wait_until_serving
+from kvbudget.daemon.server import sdnotify
+from kvbudget.client.target import wait_until_serving
 from tests.daemon_harness import DaemonProcess, wait_until
 
 HANG_BOUND_S = 30.0  # only bounds a hang (the old code never returned); not a timing assert

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient, SessionLost
-from kvbudget.daemon.records import DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, Reason, RequestSpec
 
 from daemon_harness import DaemonProcess
 

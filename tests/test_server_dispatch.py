@@ -15,12 +15,12 @@ import time
 import grpc
 import pytest
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.core_service import CoreOptions, CoreService
-from kvbudget.daemon.decision_log import DecisionLog
-from kvbudget.daemon.records import Decision, DecisionKind, Reason, RequestSpec
-from kvbudget.daemon.sessions import ReplayTable, SessionTable
-from kvbudget.daemon.watch import WatchHub
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.server.service import CoreOptions, CoreService
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.server.sessions import ReplayTable, SessionTable
+from kvbudget.daemon.server.watch import WatchHub
 from kvbudget.v1 import common_pb2
 
 from test_admission_support import SMALL_LAYOUTS
@@ -230,8 +230,8 @@ class _Context:
 async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it(core: CoreService) -> None:
     # The ticker takes lapsed sessions back every 0.1 s; a call in between used to renew
     # the lease and carry on (a grow sent 1.06 s into a 1 s lease went through 4 times in 10).
-    from kvbudget.daemon.auth import Authorizer
-    from kvbudget.daemon.servicers import EngineServicer
+    from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
     from kvbudget.v1 import engine_pb2
 
     servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
@@ -256,8 +256,8 @@ async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it
 async def test_a_reply_past_the_message_limit_goes_out_on_the_events_stream(core: CoreService, monkeypatch) -> None:
     # gRPC failed the send after the step was applied and logged: the engine heard nothing
     # and its retry got ALREADY_EXISTS. (The limit is 64 MiB; here it is made 10 kB.)
-    from kvbudget.daemon import servicers
-    from kvbudget.daemon.auth import Authorizer
+    from kvbudget.daemon.server import servicers
+    from kvbudget.daemon.server.auth import Authorizer
     from kvbudget.v1 import engine_pb2
 
     monkeypatch.setattr(servicers, "MAX_MESSAGE_BYTES", 10_000)
@@ -292,8 +292,8 @@ class _StreamContext(_Context):
 
 async def test_a_decision_an_events_stream_could_not_send_goes_first_on_the_next(core: CoreService) -> None:
     # An ADMIT lost this way left the engine waiting for a request that held its blocks.
-    from kvbudget.daemon.auth import Authorizer
-    from kvbudget.daemon.servicers import EngineServicer
+    from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
     from kvbudget.v1 import engine_pb2
 
     servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
@@ -316,8 +316,8 @@ async def test_a_decision_an_events_stream_could_not_send_goes_first_on_the_next
 
 
 async def test_a_decision_taken_as_a_newer_stream_takes_over_goes_to_the_newer(core: CoreService) -> None:
-    from kvbudget.daemon.auth import Authorizer
-    from kvbudget.daemon.servicers import EngineServicer
+    from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
     from kvbudget.v1 import engine_pb2
 
     servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))

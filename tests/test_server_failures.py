@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 from daemon_harness import DaemonProcess, await_until
 
@@ -23,7 +23,7 @@ ENGINE_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
     from kvbudget.client import EngineClient
-    from kvbudget.daemon.records import RequestSpec
+    from kvbudget.daemon.core.records import RequestSpec
 
     async def main():
         engine = EngineClient(sys.argv[1], "doomed")
@@ -128,8 +128,8 @@ async def test_every_decision_a_client_received_survives_a_daemon_sigkill(tmp_pa
 BROKEN_WRITER_DAEMON = textwrap.dedent(
     """
     import sys
-    from kvbudget.cli import main
-    from kvbudget.daemon.decision_log import DecisionLog
+    from kvbudget.cli.main import main
+    from kvbudget.daemon.log.decision_log import DecisionLog
 
     commit, commit_inline = DecisionLog._commit, DecisionLog.commit_inline
 
@@ -152,7 +152,7 @@ BROKEN_WRITER_DAEMON = textwrap.dedent(
 
 async def test_a_daemon_whose_log_writer_stops_says_so_and_exits_1(tmp_path) -> None:
     from daemon_harness import DEFAULT_ARGS
-    from kvbudget.target import wait_until_serving
+    from kvbudget.client.target import wait_until_serving
 
     target = f"unix://{tmp_path / 'kvbudget.sock'}"
     db_path = tmp_path / "decisions.db"

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import DecisionKind, Reason, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, Reason, RequestSpec
 
 from daemon_harness import DaemonProcess, await_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from kvbudget.daemon.server import MAX_WATCHERS
+from kvbudget.daemon.server.lifecycle import MAX_WATCHERS
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
 from daemon_harness import DaemonProcess

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 from daemon_harness import DaemonProcess, await_until
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.slow
 FULL_DISK_DAEMON = textwrap.dedent(
     """
     import os, sys
-    from kvbudget.cli import main
-    from kvbudget.daemon.decision_log import DecisionLog
+    from kvbudget.cli.main import main
+    from kvbudget.daemon.log.decision_log import DecisionLog
 
     FLAG = os.environ["KVBUDGET_TEST_DISK_FULL"]
     insert = DecisionLog._insert
@@ -244,8 +244,8 @@ async def test_a_daemon_stopped_while_its_log_cannot_write_stops_and_says_what_i
 HELD_COMMIT_DAEMON = textwrap.dedent(
     """
     import os, sqlite3, sys, time
-    from kvbudget.cli import main
-    from kvbudget.daemon.decision_log import DecisionLog
+    from kvbudget.cli.main import main
+    from kvbudget.daemon.log.decision_log import DecisionLog
 
     HOLD, FULL = os.environ["KVBUDGET_TEST_HOLD"], os.environ["KVBUDGET_TEST_FULL"]
     inline, insert = DecisionLog.commit_inline, DecisionLog._insert

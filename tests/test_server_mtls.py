@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, common_pb2, observer_pb2, observer_pb2_grpc
 
 from certificates import make_ca, make_signed, new_connection, not_after_unix_s

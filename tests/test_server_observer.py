@@ -8,9 +8,9 @@ import time
 import pytest
 
 import kvbudget
-from kvbudget.cli import main
+from kvbudget.cli.main import main
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 from kvbudget.tui.state import DashboardState
 from kvbudget.v1 import common_pb2, observer_pb2
 

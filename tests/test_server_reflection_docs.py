@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from daemon_harness import DaemonProcess
-from kvbudget.daemon.reflection_pool import DocumentedPool, bundled_descriptor_set, reflection_pool
+from kvbudget.daemon.server.reflection import DocumentedPool, bundled_descriptor_set, reflection_pool
 from kvbudget.v1 import engine_pb2
 
 PROTO_DIR = Path(__file__).resolve().parents[1] / "protos" / "kvbudget" / "v1"
@@ -100,7 +100,7 @@ def test_services_are_listed_and_health_and_reflection_resolve(channel: grpc.Cha
 
 
 def test_the_shipped_set_documents_every_contract_file() -> None:
-    import kvbudget.daemon.server  # noqa: F401  (what the daemon imports: every file it serves)
+    import kvbudget.daemon.server.lifecycle  # noqa: F401  (what the daemon imports: every file it serves)
 
     pool = reflection_pool()
     assert isinstance(pool, DocumentedPool)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from kvbudget.client import ObserverClient
-from kvbudget.daemon import convert
+from kvbudget.daemon.wire import convert
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
 from certificates import fingerprint, make_pair, new_connection, not_after_unix_s

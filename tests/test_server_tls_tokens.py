@@ -20,9 +20,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kvbudget.daemon.tls import ServedCertificate, read_pair
-from kvbudget.errors import CLIError
-from kvbudget.target import call_metadata, resolve_token
+from kvbudget.daemon.server.tls import ServedCertificate, read_pair
+from kvbudget.client.errors import CLIError
+from kvbudget.client.target import call_metadata, resolve_token
 
 from certificates import make_pair, run_openssl
 from daemon_harness import DEFAULT_ARGS, DaemonProcess, wait_until
@@ -221,7 +221,7 @@ def _server(credentials: grpc.ServerCredentials | None) -> tuple[grpc.Server, st
 def test_tls_to_a_plaintext_port_is_not_blamed_on_the_ca(tmp_path) -> None:
     """A client given --tls-ca for a daemon that serves plaintext TCP (tokens only): the
     line said to check the CA, which was never looked at."""
-    from kvbudget.target import rpc_error_line
+    from kvbudget.client.target import rpc_error_line
 
     cert, _ = make_pair(tmp_path, "server")
     server, address = _server(None)
@@ -235,7 +235,7 @@ def test_tls_to_a_plaintext_port_is_not_blamed_on_the_ca(tmp_path) -> None:
 
 def test_a_certificate_for_another_host_is_named_as_such(tmp_path) -> None:
     from certificates import make_ca, make_signed
-    from kvbudget.target import rpc_error_line
+    from kvbudget.client.target import rpc_error_line
 
     ca = make_ca(tmp_path, "ca")
     cert, key = make_signed(tmp_path, "server", ca, common_name="not-this-host")

@@ -7,11 +7,11 @@ import types
 import grpc
 import pytest
 
-from kvbudget.daemon import convert
-from kvbudget.daemon.auth import AuthError, Authorizer, Role, bearer_token
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
-from kvbudget.daemon.sessions import SessionExists, SessionTable, TooManySessions
-from kvbudget.daemon.watch import TooManyWatchers, WatchHub
+from kvbudget.daemon.wire import convert
+from kvbudget.daemon.server.auth import AuthError, Authorizer, Role, bearer_token
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.server.sessions import SessionExists, SessionTable, TooManySessions
+from kvbudget.daemon.server.watch import TooManyWatchers, WatchHub
 from kvbudget.v1 import common_pb2, observer_pb2
 
 TOKENS = {"engine-token-1": "engine", "observer-token-1": "observer", "admin-token-1": "admin"}
@@ -171,7 +171,7 @@ async def test_watchers_get_the_same_messages_each_built_once(monkeypatch) -> No
 
 
 async def test_watch_messages_kept_for_watchers_are_bounded(monkeypatch) -> None:
-    from kvbudget.daemon import watch
+    from kvbudget.daemon.server import watch
 
     monkeypatch.setattr(watch, "MAX_BUILT", 3)
     hub = WatchHub(max_watchers=2)
@@ -220,7 +220,7 @@ def test_decision_round_trips_through_the_proto() -> None:
 
 
 def test_every_kind_and_policy_has_a_proto_value() -> None:
-    from kvbudget.daemon.admission import POLICIES
+    from kvbudget.daemon.core.admission import POLICIES
 
     assert set(convert.POLICY_NAMES) == set(POLICIES)
     for kind in DecisionKind:
@@ -237,7 +237,7 @@ def test_gpu_note_without_a_gpu_says_device_cpu() -> None:
 
 
 def test_other_processes_bytes_leaves_out_the_daemon_itself() -> None:
-    from kvbudget.daemon.gpu import GPUProbe, GPUProcess
+    from kvbudget.daemon.config.gpu import GPUProbe, GPUProcess
 
     probe = GPUProbe(
         present=True, index=0, name="H200", total_bytes=100, used_bytes=70, free_bytes=30,
@@ -273,7 +273,7 @@ def test_add_decisions_builds_in_place_what_decision_to_proto_builds() -> None:
 
 
 def test_submit_to_spec_reads_every_field() -> None:
-    from kvbudget.daemon.records import RequestSpec
+    from kvbudget.daemon.core.records import RequestSpec
     from kvbudget.v1 import engine_pb2
 
     submit = engine_pb2.Submit(request_id="r", prompt_tokens=40, max_new_tokens=8, prefix_hashes=[11, 12],
@@ -287,7 +287,7 @@ def test_submit_to_spec_reads_every_field() -> None:
 
 
 def test_the_core_tick_follows_a_short_lease_but_never_spins() -> None:
-    from kvbudget.daemon.server import MIN_TICK_S, core_tick_s
+    from kvbudget.daemon.server.lifecycle import MIN_TICK_S, core_tick_s
 
     assert core_tick_s(0.1, 30.0) == 0.1  # the default tick: leases of seconds lapse on time
     assert core_tick_s(0.1, 0.2) == 0.05  # a quarter of a short TTL: seen soon after it lapses

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbudget.daemon import budget
-from kvbudget.daemon.hf_config import load_model, model_from_config
-from kvbudget.daemon.sizing import (
+from kvbudget.daemon.core import budget
+from kvbudget.daemon.config.hf_config import load_model, model_from_config
+from kvbudget.daemon.config.sizing import (
     SOURCE_BLOCKS,
     SOURCE_GPU,
     SOURCE_KV_BYTES,

@@ -7,9 +7,11 @@ GetSnapshot, and every Watch update (up to 10 Hz a watcher), carry 20,000 entrie
 
 from __future__ import annotations
 
-from kvbudget.daemon import convert, metrics
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import MAX_SNAPSHOT_TENANTS, OTHER_TENANTS, RequestSpec, TenantSnapshot
+from kvbudget.daemon.wire import convert
+
+from kvbudget.daemon.server import metrics
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import MAX_SNAPSHOT_TENANTS, OTHER_TENANTS, RequestSpec, TenantSnapshot
 from kvbudget.v1 import common_pb2
 
 from test_admission_support import SMALL_LAYOUTS
@@ -152,13 +154,13 @@ def test_the_count_crosses_the_wire():
 def test_the_folded_count_is_read_one_way_by_the_cli_and_the_dashboard():
     """`kvbudget admin status` and the dashboard both say how many tenants "(other)" sums:
     one definition, in a module neither textual nor the daemon comes with."""
-    import kvbudget.cmd_admin
-    import kvbudget.tenants
+    import kvbudget.cli.cmd_admin
+    import kvbudget.client.tenants
     import kvbudget.tui.panels
     import kvbudget.tui.state
-    from kvbudget.tenants import tenants_folded
+    from kvbudget.client.tenants import tenants_folded
 
-    assert kvbudget.cmd_admin.tenants_folded is tenants_folded
+    assert kvbudget.cli.cmd_admin.tenants_folded is tenants_folded
     assert kvbudget.tui.panels.tenants_folded is tenants_folded
     assert not hasattr(kvbudget.tui.state, "tenants_folded")  # no second copy to drift
 

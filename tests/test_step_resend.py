@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbudget.client import EngineClient, _outcome_unknown
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.client import EngineClient
+from kvbudget.client.engine import _outcome_unknown
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
 from daemon_harness import DaemonProcess

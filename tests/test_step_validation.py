@@ -24,11 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import RequestSpec
-from kvbudget.daemon.requests import Status
-from kvbudget.daemon.spec import KV_DTYPES, AttentionSpec, group_layers
-from kvbudget.daemon.step_validation import StepRejected, _all_clear, _first_problem, read_ops, validate_step
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import RequestSpec
+from kvbudget.daemon.core.requests import Status
+from kvbudget.daemon.core.spec import KV_DTYPES, AttentionSpec, group_layers
+from kvbudget.daemon.server.step_validation import StepRejected, _all_clear, _first_problem, read_ops, validate_step
 from kvbudget.v1 import engine_pb2
 
 B = 16

@@ -1,5 +1,5 @@
 """SIGTERM against real daemon processes with real clients: what the stop that ends once no
-call is in flight (daemon/in_flight.py) must keep.
+call is in flight (daemon/server/in_flight.py) must keep.
 
 - Under load, every decision any engine received is in the log, and the daemon exits 0.
 - A Step in flight when the stop begins is answered (and logged) before the stop ends,
@@ -30,7 +30,7 @@ import grpc
 import pytest
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
 from daemon_harness import DaemonProcess, wait_until
 
@@ -48,7 +48,7 @@ CUT_SHORT = "stopped: no call in flight; closed the connections still open"
 STEPPING_ENGINE = """
 import asyncio, json, sys
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 async def main(target, engine_id, path):
     with open(path, "w") as out:
@@ -79,7 +79,7 @@ asyncio.run(main(*sys.argv[1:]))
 IDLE_ENGINE = """
 import asyncio, sys
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 async def main():
     async with EngineClient(sys.argv[1], "frozen", heartbeat=True) as engine:

@@ -33,7 +33,7 @@ LINK_BYTES_PER_S = 1 << 20  # the slow link, engine -> daemon
 SLOW_ENGINE = r"""
 import asyncio, json, sys
 from kvbudget.client import EngineClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 
 async def main():
     async with EngineClient(sys.argv[1], "slow", call_timeout_s=60, step_resends=0, heartbeat=False) as engine:

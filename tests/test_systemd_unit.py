@@ -171,7 +171,7 @@ def test_unit_is_a_notify_service_with_watchdog_and_restart() -> None:
 def test_stop_timeout_outlasts_the_graceful_drain() -> None:
     unit = unit_settings(UNIT.read_text())
     stop_s = seconds(unit["TimeoutStopSec"][0])
-    from kvbudget.daemon import config
+    from kvbudget.daemon.config import settings as config
 
     fields = config.DaemonConfig.__dataclass_fields__
     drain_fields = [name for name in fields if "drain" in name and name.endswith("_s")]

@@ -1,4 +1,4 @@
-"""kvbudget.target: one check of a daemon address for every client command.
+"""kvbudget.client.target: one check of a daemon address for every client command.
 
 A malformed target, or a unix socket path with nothing there, is one line before any call;
 a failed call is one line naming the gRPC status.
@@ -14,8 +14,8 @@ import sys
 import grpc
 import pytest
 
-from kvbudget.errors import CLIError
-from kvbudget.target import (
+from kvbudget.client.errors import CLIError
+from kvbudget.client.target import (
     DEFAULT_TARGET,
     add_target_arguments,
     check_target,
@@ -118,6 +118,6 @@ def test_a_failed_call_is_one_line_with_the_status_name(listening_path):
 
 
 def test_importing_the_module_imports_no_grpc():
-    code = "import sys, kvbudget.target; print('grpc' in sys.modules)"
+    code = "import sys, kvbudget.client.target; print('grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -13,9 +13,9 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.pool import NULL_BLOCK
-from kvbudget.daemon.records import DecisionKind, RequestSpec
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.pool import NULL_BLOCK
+from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
 from test_admission_support import B, SMALL_LAYOUTS, engine_step, kinds
 

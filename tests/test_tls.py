@@ -1,4 +1,4 @@
-"""The daemon's TLS certificate (daemon/tls.py): every bad pair named by its file, and a
+"""The daemon's TLS certificate (daemon/server/tls.py): every bad pair named by its file, and a
 replaced pair served to new connections by a real grpc.aio server, old ones kept; mutual
 TLS: clients without a certificate from the client CA refused at the handshake, the CA
 file replaced while serving."""
@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from kvbudget.daemon.tls import ServedCertificate, TlsError, read_client_ca, read_pair
+from kvbudget.daemon.server.tls import ServedCertificate, TlsError, read_client_ca, read_pair
 
 from certificates import fingerprint, make_ca, make_pair, make_signed, new_connection, not_after_unix_s
 
@@ -92,7 +92,7 @@ def test_an_expired_certificate_is_served_but_the_journal_says_so(tmp_path, capl
     import dataclasses
     import logging
 
-    from kvbudget.daemon.server import _warn_if_expired
+    from kvbudget.daemon.server.lifecycle import _warn_if_expired
 
     cert, key = make_pair(tmp_path, "a")
     pair = read_pair(str(cert), str(key))
@@ -178,7 +178,7 @@ def test_an_expired_client_ca_is_said_too(tmp_path, caplog) -> None:
     import dataclasses
     import logging
 
-    from kvbudget.daemon.server import _warn_if_expired
+    from kvbudget.daemon.server.lifecycle import _warn_if_expired
 
     ca, _ = make_ca(tmp_path, "ca")
     client_ca = read_client_ca(str(ca))

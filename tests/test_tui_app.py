@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 from tui_helpers import QueueSource, hang_up, screen_text, wait_until
 from tui_stream import load_stream
 
-from kvbudget import cli
+from kvbudget.cli import main as cli
 from kvbudget.tui.app import KVBudgetApp
 from kvbudget.tui.replays import ReplayRequest
 from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen
@@ -422,7 +422,7 @@ def test_bad_target_is_one_line_and_exit_2(capsys):
 @pytest.mark.parametrize("target", ["unix:///run/kvbudget/kvbudget.sock", "unix:rel.sock",
                                     "localhost:50051", "dns:///host:1", "[::1]:443"])
 def test_good_targets_pass_the_check(target):
-    from kvbudget.target import check_target
+    from kvbudget.client.target import check_target
 
     # the dashboard's check: a socket that is not there yet is fine, it waits for the daemon
     assert check_target(target, require_socket=False) == target

@@ -17,7 +17,7 @@ from daemon_harness import DaemonProcess
 from tui_helpers import screen_text, wait_until
 
 from kvbudget.client import EngineClient, ObserverClient
-from kvbudget.daemon.records import RequestSpec
+from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.tui.app import KVBudgetApp
 from kvbudget.tui.state import Link, kind_name
 

@@ -27,7 +27,7 @@ def roots(modules: set[str]) -> set[str]:
     [
         "import kvbudget.tui",
         "import kvbudget.tui.app",
-        "import kvbudget.cmd_tui",
+        "import kvbudget.cli.cmd_tui",
         "from kvbudget.tui import panels, state, source, verdict, replays, screens, drawing, decisions",
     ],
 )
@@ -39,22 +39,22 @@ def test_the_dashboard_pulls_in_neither_torch_nor_nvml_nor_the_daemon(statement)
 
 def test_the_daemon_pulls_in_no_textual():
     loaded = modules_after(
-        "import kvbudget.daemon, kvbudget.daemon.server, kvbudget.cmd_daemon"
+        "import kvbudget.daemon, kvbudget.daemon.server.lifecycle, kvbudget.cli.cmd_daemon"
     )
-    assert "kvbudget.daemon.server" in loaded  # the import did happen
+    assert "kvbudget.daemon.server.lifecycle" in loaded  # the import did happen
     assert "textual" not in roots(loaded)
 
 
 def test_the_admin_command_pulls_in_no_dashboard_code():
     """`kvbudget admin status` reads the snapshot's tenant list as the dashboard does, from a
-    shared module (kvbudget.tenants), not from the dashboard's."""
-    loaded = modules_after("import kvbudget.cmd_admin")
-    assert "kvbudget.tenants" in loaded  # the import did happen
+    shared module (kvbudget.client.tenants), not from the dashboard's."""
+    loaded = modules_after("import kvbudget.cli.cmd_admin")
+    assert "kvbudget.client.tenants" in loaded  # the import did happen
     assert "textual" not in roots(loaded)
     assert not {m for m in loaded if m.startswith(("kvbudget.tui", "kvbudget.daemon"))}
 
 
 def test_the_shared_tenant_reading_imports_nothing_of_the_project():
-    loaded = modules_after("import kvbudget.tenants")
-    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.tenants"}
+    loaded = modules_after("import kvbudget.client.tenants")
+    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client.tenants"}
     assert not roots(loaded) & {"textual", "rich", "torch", "pynvml", "grpc", "google"}

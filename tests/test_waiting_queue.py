@@ -11,10 +11,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import RequestSpec
-from kvbudget.daemon.requests import RequestState
-from kvbudget.daemon.waiting_queue import TenantAccount, WaitingQueue
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import RequestSpec
+from kvbudget.daemon.core.requests import RequestState
+from kvbudget.daemon.core.waiting_queue import TenantAccount, WaitingQueue
 
 from test_admission_support import SMALL_LAYOUTS, kinds
 

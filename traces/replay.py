@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvbudget.daemon.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.records import Decision, DecisionKind, Reason
-from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.core.spec import KVCacheLayout
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
@@ -178,8 +178,8 @@ class DaemonBackend:
         # than a set of seqs: the same keys, and the policies in order come for free).
         self._seen: dict[int, str] = {}
         self._wall_origin: float | None = None
-        from kvbudget.daemon import convert  # the protos: live mode only
-        from kvbudget.daemon.policies import POLICIES
+        from kvbudget.daemon.wire import convert  # the protos: live mode only
+        from kvbudget.daemon.core.policies import POLICIES
 
         self._kinds = {value: kind for kind in DecisionKind if (value := convert.kind_to_proto(kind))}
         self._reasons = {reason.value: reason for reason in Reason}
@@ -368,7 +368,7 @@ async def run_live(
     report: Callable[[int, int, bool], object] | None = None,
 ) -> ReplayResult:
     """Replay against the daemon at `target` (over TLS with `credentials`, as
-    `kvbudget.client_tls.channel_credentials` builds them). The pool and layout come from its plan."""
+    `kvbudget.client.tls.channel_credentials` builds them). The pool and layout come from its plan."""
     # The plan tells the real pool; the simulated engine's block size must match it.
     backend = DaemonBackend(target, token, setup.layout, setup.num_blocks, speed=speed, credentials=credentials)
     simulation = Simulation(
@@ -391,7 +391,7 @@ async def run_live(
 async def _daemon_policy(target: str, token: str | None, credentials: grpc.ChannelCredentials | None) -> str:
     """The daemon's policy now ("" if it cannot say): for a replay that saw no decision."""
     from kvbudget.client import ObserverClient
-    from kvbudget.daemon import convert
+    from kvbudget.daemon.wire import convert
 
     async with ObserverClient(target, token, credentials=credentials) as observer:
         try:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvbudget.daemon.records import Decision, RequestSpec
-from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.daemon.core.spec import KVCacheLayout
 
 
 @dataclass

@@ -13,9 +13,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from kvbudget.daemon.budget import cache_hit_tokens
-from kvbudget.daemon.records import Decision, DecisionKind, RequestSpec
-from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.daemon.core.budget import cache_hit_tokens
+from kvbudget.daemon.core.records import Decision, DecisionKind, RequestSpec
+from kvbudget.daemon.core.spec import KVCacheLayout
 from kvbudget.traces.sim_backend import StepOps
 from kvbudget.traces.sim_request import FINISHED, LOST, QUEUED, REJECTED, RUNNING, SimRequest
 

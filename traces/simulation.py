@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvbudget.daemon.records import Decision
-from kvbudget.daemon.spec import KVCacheLayout
+from kvbudget.daemon.core.records import Decision
+from kvbudget.daemon.core.spec import KVCacheLayout
 from kvbudget.traces.loaders import TraceRequest, pool_prefix_hashes
 from kvbudget.traces.sim_backend import AsyncBackend, Backend, StepOps
 from kvbudget.traces.sim_engine import EngineConfig, SimEngine

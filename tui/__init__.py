@@ -5,6 +5,6 @@ Entry points: `kvbudget.tui.app.KVBudgetApp(target, token)` and
 nor the daemon; importing it (this file) pulls in nothing heavy.
 """
 
-from kvbudget.target import DEFAULT_TARGET  # one default for every client command
+from kvbudget.client.target import DEFAULT_TARGET  # one default for every client command
 
 __all__ = ["DEFAULT_TARGET"]

@@ -8,7 +8,7 @@ the state is bounded.
 
 Embedding (the demo does): `app = KVBudgetApp(target, token)` then `exit_status(app,
 app.run())` (non-zero after a crash or a signal), or `run_dashboard(target, token)`; `tls=`
-(a `kvbudget.client_tls.TlsFiles`) for a daemon on TCP with TLS; pass `source=` to feed it
+(a `kvbudget.client.tls.TlsFiles`) for a daemon on TCP with TLS; pass `source=` to feed it
 anything else that yields `SourceEvent`s (`playback=True` for a recording: no daemon
 behind it).
 
@@ -36,7 +36,7 @@ from textual.containers import Grid, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from kvbudget.client_tls import NO_TLS, TlsFiles, channel_credentials
+from kvbudget.client.tls import NO_TLS, TlsFiles, channel_credentials
 from kvbudget.tui import DEFAULT_TARGET, decisions, panels
 from kvbudget.tui.replays import ReplayLauncher, ReplayRequest, shipped_traces
 from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen

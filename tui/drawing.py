@@ -16,7 +16,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from kvbudget.pressure import POOL_FULL_SHARE
+from kvbudget.client.pressure import POOL_FULL_SHARE
 
 USAGE_WARN = 0.70
 USAGE_CRITICAL = POOL_FULL_SHARE  # red where the pool counts as full (the verdicts' bar)

@@ -16,8 +16,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvbudget.pool_parts import pool_parts  # shared with `kvbudget admin status`
-from kvbudget.tenants import tenants_folded
+from kvbudget.client.pool_parts import pool_parts  # shared with `kvbudget admin status`
+from kvbudget.client.tenants import tenants_folded
 from kvbudget.tui.drawing import (
     Blocks,
     CountName,
@@ -340,7 +340,7 @@ class TenantList:
     "+N more" row with their sums.
 
     N counts tenants, not entries: "(other)" stands for the many the daemon left out
-    (`kvbudget.tenants.tenants_folded`), so N comes from the snapshot's count of them all.
+    (`kvbudget.client.tenants.tenants_folded`), so N comes from the snapshot's count of them all.
     """
 
     def __init__(self, s) -> None:

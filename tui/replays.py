@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbudget.client_tls import NO_TLS, TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsFiles
+from kvbudget.client.tls import NO_TLS, TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsFiles
 
 TRACE_SUFFIXES = (".jsonl", ".csv")
 POLICIES = ("optimistic", "guaranteed", "predictive", "naive")

@@ -63,7 +63,7 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def open_channel(target: str, token: str | None = None, credentials: grpc.ChannelCredentials | None = None):
-    """A TLS channel with `credentials` (`kvbudget.client_tls.channel_credentials`), else an
+    """A TLS channel with `credentials` (`kvbudget.client.tls.channel_credentials`), else an
     insecure one (unix socket, or TCP where the token is the guard).
 
     grpc is imported here so that importing the dashboard package stays cheap.

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kvbudget.pool_parts import pool_parts  # (the pool panel's split; the free plot samples it)
+from kvbudget.client.pool_parts import pool_parts  # (the pool panel's split; the free plot samples it)
 from kvbudget.v1 import common_pb2, observer_pb2
 
 

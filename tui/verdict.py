@@ -13,7 +13,7 @@ This module turns that drill into one line from a `DashboardState`, first match 
   runs and nothing waits now ("idle").
 - pool-bound: pressure, and the mean usage (held / capacity) of the samples under pressure
   is at least `POOL_BOUND_USAGE`, the bar `kvbudget doctor` judges by too (and reads the
-  same way: kvbudget/pressure.py says where the two still differ); or, below it, the daemon
+  same way: kvbudget/client/pressure.py says where the two still differ); or, below it, the daemon
   says the requests that waited then waited for room in the pool more than for the budget
   (`waits_for_pool`: pool_full, watermark against budget_full, tenant_quota). Only more KV
   memory (or fewer concurrent requests) helps.
@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from kvbudget.pressure import POOL_FULL_SHARE, waits_for_pool
+from kvbudget.client.pressure import POOL_FULL_SHARE, waits_for_pool
 from kvbudget.tui.state import DashboardState, Sample
 
 WINDOW_S = 30.0  # growth outside the pool, preemptions and log stalls are judged over this

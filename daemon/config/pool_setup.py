@@ -1,0 +1,89 @@
+"""From the daemon's config to a sized pool: which model, how many blocks, and why.
+
+Precedence is the config's own (it refuses two explicit sources): an explicit block count,
+else explicit pool bytes, else the GPU's memory (`gpu_memory_bytes` overrides what NVML
+says) minus the weights (given, or estimated from the model's parameter count). On a
+machine without a GPU and without an explicit size this is a one-line error that says
+which setting to pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kvbudget.daemon.config import hf_config, sizing
+from kvbudget.daemon.config.settings import DaemonConfig
+
+log = logging.getLogger("kvbudget.daemon")
+
+
+class PoolSetupError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PoolSetup:
+    model: hf_config.ModelInfo
+    sizing: sizing.PoolSizing
+    max_model_len: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.sizing.num_blocks
+
+
+def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
+    """`gpu` is a gpu.GPUProbe (or None when not probed)."""
+    try:
+        model = hf_config.load_model(
+            config.model,
+            kv_dtype=None if config.kv_dtype == "auto" else config.kv_dtype,
+            block_size=config.block_size,
+        )
+    except ValueError as exc:
+        raise PoolSetupError(f"model: {exc}") from None
+    if model.block_size_note:
+        # None given: why an MLA model's is 64 (news); one given: that a default MLA engine
+        # would not use it, so the plan would not match that engine (a warning).
+        (log.info if config.block_size is None else log.warning)("%s", model.block_size_note)
+    try:  # as `kvbudget estimate --max-model-len` does: not past max_position_embeddings
+        max_model_len = hf_config.resolve_max_model_len(model, config.max_model_len)
+    except ValueError as exc:
+        raise PoolSetupError(str(exc)) from None
+    layout = model.layout
+    try:
+        if config.num_gpu_blocks is not None:
+            sized = sizing.size_from_num_blocks(layout, config.num_gpu_blocks)
+        elif config.kv_cache_memory_bytes is not None:
+            sized = sizing.size_from_kv_cache_bytes(layout, config.kv_cache_memory_bytes)
+        else:
+            total = config.gpu_memory_bytes
+            if total is None and gpu is not None and getattr(gpu, "present", False):
+                total = int(gpu.total_bytes)
+            if total is None:
+                note = getattr(gpu, "note", "") or "no GPU"
+                raise PoolSetupError(
+                    f"{note}; size the pool with num_gpu_blocks, kv_cache_memory_bytes "
+                    "or gpu_memory_bytes"
+                )
+            weights = config.weights_bytes
+            sized = sizing.size_from_gpu_memory(
+                layout,
+                gpu_total_bytes=total,
+                weights_bytes=weights if weights is not None else model.weights.weight_bytes,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                activation_reserve_bytes=config.activation_reserve_bytes or 0,
+                weights_estimated=weights is None,
+                gpu_name=str(getattr(gpu, "name", "") or ""),
+            )
+    except ValueError as exc:
+        raise PoolSetupError(str(exc)) from None
+    if sized.num_blocks < 2:
+        short = f" (short by {sized.shortfall_bytes} bytes)" if sized.shortfall_bytes else ""
+        lower = ("give kv_cache_memory_bytes more" if sized.source == "kv_cache_memory_bytes" else
+                 "lower weights_bytes / activation_reserve_bytes or give kv_cache_memory_bytes")
+        raise PoolSetupError(
+            f"the pool gets {sized.num_blocks} blocks{short}; it needs at least 2 (one is the null block): {lower}"
+        )
+    return PoolSetup(model, sized, max_model_len)

@@ -1,0 +1,63 @@
+"""What the admission controller is told (AdmissionConfig), and how it says it was misused.
+
+"Does not fit" is a decision, never an exception; exceptions are for misuse (unknown or
+duplicate ids, bad numbers) and name the field: AdmissionError, and its UnknownRequest and
+DuplicateRequest. `AdmissionConfig.validate` names the first setting out of range the
+same way. The controller (admission.py) re-exports all of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbudget.daemon.core import policies
+
+POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive", "naive")
+
+
+class AdmissionError(Exception):
+    """Misuse of the controller; `field` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class UnknownRequest(AdmissionError):
+    pass
+
+
+class DuplicateRequest(AdmissionError):
+    pass
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    max_model_len: int
+    max_num_batched_tokens: int = 8192  # F in the budget formulas
+    policy: str = "optimistic"
+    enable_prefix_caching: bool = True
+    lookahead_tokens: int = 0  # optimistic: slots allocated beyond the prompt at admission
+    watermark: float = 0.01  # optimistic: share of the pool kept free at admission
+    max_queue_len: int = 0  # 0: unbounded
+    backfill_depth: int = 16  # requests behind a blocked head that may be tried
+    max_head_wait_s: float = 30.0  # aging: after this, nothing may pass the head
+    reject_over_quota: bool = False  # tenant over quota: reject (True) or queue (False)
+    fair_share: bool = True  # across tenants: least charged per weight first (else arrival)
+    predictor_quantile: float = 0.9  # predictive: output-length quantile reserved for
+
+    def validate(self) -> None:
+        checks = (
+            ("max_model_len", self.max_model_len >= 1, "must be at least 1"),
+            ("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "must be at least 1"),
+            ("policy", self.policy in policies.POLICIES, f"must be one of {', '.join(POLICIES)}"),
+            ("lookahead_tokens", self.lookahead_tokens >= 0, "must not be negative"),
+            ("watermark", 0.0 <= self.watermark < 1.0, "must be in [0, 1)"),
+            ("max_queue_len", self.max_queue_len >= 0, "must not be negative"),
+            ("backfill_depth", self.backfill_depth >= 0, "must not be negative"),
+            ("max_head_wait_s", self.max_head_wait_s >= 0, "must not be negative"),
+            ("predictor_quantile", 0.0 < self.predictor_quantile <= 1.0, "must be in (0, 1]"),
+        )
+        for name, ok, message in checks:
+            if not ok:
+                raise AdmissionError(name, f"{message}, got {getattr(self, name)!r}")

@@ -1,0 +1,70 @@
+"""Victims: whom a growth that does not fit preempts, and the length a victim comes back at.
+
+Victims (optimistic and predictive requests only; guaranteed and naive ones are never
+preempted): the running request with the numerically largest priority value, then the
+latest arrival, first; the request that grows stops the search — if it is itself the worst,
+it is preempted (vLLM's behaviour). A preempted request frees all its blocks, waits at the
+front of its priority class, and is readmitted only when the worst case of the length it
+had reached fits (that is also what it then reserves), so its recompute cannot be
+preempted by its own growth and it cannot bounce straight back in.
+
+This module picks the victims (`preempt_for`) and the length each resumes at
+(`resume_length`); what a preemption does to the controller's books (release the blocks,
+requeue at the front, the PREEMPT decision) is the controller's `_preempt` (admission.py),
+and what a returning request reserves is its policy's `reserved_length` of that length
+(policies.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kvbudget.daemon.core.fit import extra_for_growth
+from kvbudget.daemon.core.ledger import BlockLedger
+from kvbudget.daemon.core.policies import POLICIES
+from kvbudget.daemon.core.records import Decision, Reason
+from kvbudget.daemon.core.requests import RequestState
+
+# (victim, reason, now, detail, resume_len) -> its PREEMPT decision: the controller's _preempt
+Preempt = Callable[[RequestState, Reason, float, str, int], Decision]
+
+
+def victims(running: Iterable[RequestState]) -> list[RequestState]:
+    """The running requests a growth may preempt, worst first (see the module docstring)."""
+    return sorted(
+        (v for v in running if POLICIES[v.policy].preempts),
+        key=lambda v: (v.spec.priority, v.order),
+        reverse=True,
+    )
+
+
+def preempt_for(
+    r: RequestState,
+    num_tokens: int,
+    new_held: list[int],
+    running: Iterable[RequestState],
+    ledger: BlockLedger,
+    preempt: Preempt,
+    now: float,
+) -> list[Decision]:
+    """Preempt victims, worst first, until `r`'s growth fits; `r` itself stops the search."""
+    decisions: list[Decision] = []
+    for v in victims(running):
+        if extra_for_growth(r, new_held) <= ledger.spare:
+            break
+        if v is r:
+            detail = "preempted itself: the pool is dry and nothing running ranks below it"
+            # It comes back only when the length it asked for fits, not the one it had:
+            # else it would be readmitted at once and preempt itself again.
+            decisions.append(preempt(r, Reason.GROWTH, now, detail, num_tokens))
+            break
+        reason = Reason.PRIORITY if v.spec.priority > r.spec.priority else Reason.GROWTH
+        decisions.append(preempt(v, reason, now, f"to let {r.request_id!r} grow", 0))
+    return decisions
+
+
+def resume_length(v: RequestState, asked: int = 0) -> int:
+    """The length a preempted request is readmitted at (and reserves the worst case of):
+    the longest of its prompt, the slots it held and the length it `asked` to grow to
+    (its own growth preempted it), capped at its maximum length L."""
+    return min(max(v.spec.prompt_tokens, v.num_tokens, asked), v.max_len)

@@ -1,0 +1,185 @@
+"""`systemctl reload kvbudget` (SIGHUP): the config read again, what can change live applied.
+
+Live: the admission `policy`, the fit test's margins (`watermark`, `lookahead_tokens`,
+`reject_over_quota`), the queue's bounds (`max_queue_len`, `backfill_depth`,
+`max_head_wait_s`), `[tenants.NAME]` quotas and weights, the log's retention
+(`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
+sessions, `drain_timeout_s`, `log_level`, the tokens file's contents (rotate a token
+without a restart), the TLS certificate and key, and the CAs that client certificates
+are checked against (their files read again, or other files named: a renewed certificate is
+served to new connections, `daemon/server/tls.py`).
+Everything else shaped what was built at start (the pool and its memory, the model and its
+block size, `enable_prefix_caching`, the sockets, TLS or client certificates turned on or
+off, the log's file, metrics): a change there is reported and waits for the next restart.
+
+A reload applies what changed in the file since the daemon started (or last reloaded), so
+a policy or quota set live over AdminService stays unless the file's own value for it
+changes. A file that no longer loads changes nothing: the daemon goes on as it was, and
+the journal says why (like `nginx -s reload`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, TenantQuota
+from kvbudget.daemon.server.tokens_file import Roles, load_roles, tokens_file_warnings
+from kvbudget.daemon.server.tls import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
+
+# AdmissionController.retune's keyword arguments, the config's field names
+RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s",
+               "reject_over_quota")
+LIVE_KEYS = (
+    "policy", *RETUNE_KEYS, "tenants", "retention_days", "retention_max_rows", "retention_max_bytes",
+    "lease_ttl_s", "drain_timeout_s", "log_level", "tokens_file", "tls_cert_file", "tls_key_file",
+    "tls_client_ca_file",
+)
+
+
+@dataclass(frozen=True)
+class ReloadPlan:
+    """What a reload would do: the running config after it, the changes in words, the
+    keys that changed but wait for a restart, the tokens to serve with, the TLS
+    certificate to serve and the client CAs to verify against (None: as now)."""
+
+    config: DaemonConfig
+    changes: tuple[str, ...]
+    at_restart: tuple[str, ...]
+    roles: Roles | None  # the tokens file's tokens and certificate names
+    certificate: CertificatePair | None = None
+    client_ca: ClientAuthority | None = None
+    warnings: tuple[str, ...] = ()  # taken, but worth the journal's warning (tokens_file_warnings)
+
+    @property
+    def tokens(self) -> dict[str, str] | None:
+        return self.roles.tokens if self.roles is not None else None
+
+
+def plan_reload(
+    running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None,
+    served_client_ca: ClientAuthority | None = None, resolved: Mapping[str, object] | None = None,
+) -> ReloadPlan:
+    """Compares the config the daemon runs with the one just loaded; `served` is the TLS
+    certificate its listeners present, `served_client_ca` the CAs they verify clients
+    against, `resolved` what the running daemon made of keys left to the model
+    (`block_size`, `max_model_len`: see `model_resolved`). Raises ConfigError / OSError (a
+    tokens file that cannot be read): then nothing is to change."""
+    live: dict[str, object] = {}
+    changes: list[str] = []
+    at_restart: list[str] = []
+    warnings: list[str] = []
+    roles: Roles | None = None
+    certificate: CertificatePair | None = None
+    client_ca: ClientAuthority | None = None
+    for f in dataclasses.fields(DaemonConfig):
+        before, after = getattr(running, f.name), getattr(loaded, f.name)
+        if f.name == "tls_key_file":
+            continue  # (with tls_cert_file)
+        if f.name == "tls_cert_file":
+            if running.tls_enabled != loaded.tls_enabled:  # TCP listeners with TLS or without
+                at_restart.extend(k for k in ("tls_cert_file", "tls_key_file") if getattr(running, k) != getattr(loaded, k))
+            elif loaded.tls_enabled:
+                certificate = _certificate_to_serve(loaded, served)
+                if certificate is not None:
+                    changes.append(f"tls certificate {certificate.describe()}")
+                live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)
+            continue
+        if f.name == "tls_client_ca_file":
+            if bool(before) != bool(after) or running.tls_enabled != loaded.tls_enabled:
+                if before != after:  # what each listener demands of a handshake
+                    at_restart.append(f.name)
+            elif after:
+                client_ca = _client_ca_to_serve(after, served_client_ca)
+                if client_ca is not None:
+                    changes.append(f"tls client CA {client_ca.describe()}")
+                live[f.name] = after
+            continue
+        if f.name == "tokens_file":
+            if bool(before) != bool(after):
+                at_restart.append(f.name)  # with tokens or without: TCP trusts callers or not
+            elif after:
+                roles = load_roles(after)  # the file's contents may have changed, not its name
+                warnings.extend(tokens_file_warnings(after, roles))
+                names = f", certificate names: {len(roles.certificate_names)}" if roles.certificate_names else ""
+                changes.append(f"tokens from {after}: {len(roles.tokens)}{names}")
+                live[f.name] = after
+            continue
+        if resolved and f.name in resolved and running.model == loaded.model:
+            # Unset means "the model's": with the same model, unset and the size the model
+            # gave are the same setting (no "takes a restart" for writing down the default).
+            before = resolved[f.name] if before is None else before
+            after = resolved[f.name] if after is None else after
+        if before == after:
+            continue
+        if f.name not in LIVE_KEYS:
+            at_restart.append(f.name)
+            continue
+        live[f.name] = after
+        if f.name == "tenants":
+            changes.extend(_tenant_changes(before, after))
+        else:
+            changes.append(f"{f.name} {_shown(before)} -> {_shown(after)}")
+    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), roles,  # type: ignore[arg-type]
+                      certificate, client_ca, tuple(warnings))
+
+
+def _certificate_to_serve(loaded: DaemonConfig, served: CertificatePair | None) -> CertificatePair | None:
+    """The pair the files hold now if it is not the one served (a renewal in place changes
+    the files' contents, not their names); ConfigError if it cannot be served."""
+    try:
+        pair = read_pair(loaded.tls_cert_file, loaded.tls_key_file)
+    except TlsError as exc:
+        raise ConfigError(f"server.{exc.field}", str(exc)) from None
+    if served is not None and (pair.cert_pem, pair.key_pem) == (served.cert_pem, served.key_pem):
+        return None
+    return pair
+
+
+def _client_ca_to_serve(ca_file: str, served: ClientAuthority | None) -> ClientAuthority | None:
+    """The CAs the file holds now if they are not the ones served; ConfigError if unusable."""
+    try:
+        client_ca = read_client_ca(ca_file)
+    except TlsError as exc:
+        raise ConfigError(f"server.{exc.field}", str(exc)) from None
+    if served is not None and client_ca.pem == served.pem:
+        return None
+    return client_ca
+
+
+def tenant_updates(running: DaemonConfig, target: DaemonConfig) -> list[tuple[str, float | None, float]]:
+    """(tenant, max_share or None, weight) to set so the quotas become `target`'s: a tenant
+    the file no longer names loses its quota."""
+    updates = [(name, q.max_share, q.weight) for name, q in target.tenants.items()
+               if running.tenants.get(name) != q]
+    updates += [(name, None, 1.0) for name in running.tenants if name not in target.tenants]
+    return updates
+
+
+def _tenant_changes(before: dict[str, TenantQuota], after: dict[str, TenantQuota]) -> list[str]:
+    changes = []
+    for name in sorted({*before, *after}):
+        old, new = before.get(name), after.get(name)
+        if old == new:
+            continue
+        changes.append(f"tenant {name} {_quota(old)} -> {_quota(new)}")
+    return changes
+
+
+def _quota(quota: TenantQuota | None) -> str:
+    if quota is None:
+        return "(none)"
+    share = "none" if quota.max_share is None else f"{quota.max_share:g}"
+    return f"max_share {share} weight {quota.weight:g}"
+
+
+def _shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def model_resolved(block_size: int, max_model_len: int) -> dict[str, object]:
+    """`plan_reload`'s `resolved`: the block size and maximum length a daemon serves with,
+    for the keys that leave them to the model when unset."""
+    return {"block_size": block_size, "max_model_len": max_model_len}
+

@@ -1,0 +1,1 @@
+"""The command line: `kvbudget` and one module per subcommand (`cmd_*`)."""

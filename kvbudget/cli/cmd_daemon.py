@@ -1,0 +1,250 @@
+"""`kvbudget daemon`: run the KV budget daemon.
+
+Every config key has a flag of the same name (`--num-gpu-blocks` for `pool.num_gpu_blocks`,
+`--db-path` for `log.db_path`, ...); flags win over the `--config` file. With neither a GPU
+nor an explicit size, pass `--num-gpu-blocks` or `--kv-cache-memory-bytes`.
+SIGHUP (`systemctl reload kvbudget`) reads the `--config` file again and applies what can
+change live (daemon/server/reload.py).
+
+  kvbudget daemon --model llama-3.1-8b --num-gpu-blocks 4096 \\
+      --listen unix:kvbudget.sock --db-path decisions.db --memory-mode accounting
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+from kvbudget.client.errors import CLIError
+
+if TYPE_CHECKING:
+    from kvbudget.daemon.config.settings import DaemonConfig
+
+# DaemonConfig fields whose flag takes another shape than "one value of the field's type".
+_SPECIAL = {"tenants", "listen"}
+
+
+def _flag_type(annotation: str):
+    base = annotation.replace(" | None", "")
+    return {"str": str, "int": int, "float": float, "bool": bool}.get(base)
+
+
+def _size(text: str) -> int:
+    """A SIZE flag's value: `8GiB`, `80GB`, `80e9` or whole bytes, as `kvbudget estimate` takes."""
+    from kvbudget.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # (argparse: "argument --FLAG: ...", one line)
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvbudget.daemon.config.settings import LOG_LEVELS, SIZE_FIELDS, DaemonConfig, file_key, flag_name
+
+    parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
+    parser.add_argument(
+        "--check-config", action="store_true", help="validate the config and pool sizing, then exit"
+    )
+    parser.add_argument(
+        "--listen",
+        action="append",
+        metavar="ADDRESS",
+        help="server.listen: unix:///PATH or HOST:PORT (repeat for several; default "
+             "unix:///run/kvbudget/kvbudget.sock)",
+    )
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        metavar="NAME=SHARE[:WEIGHT]",
+        help="tenants.NAME: share of the pool (0-1) and fair-share weight; overrides that tenant "
+             "of the file, the others stay",
+    )
+    for f in dataclasses.fields(DaemonConfig):
+        if f.name in _SPECIAL:
+            continue
+        kind = _flag_type(str(f.type))
+        flag = flag_name(f.name)  # (config errors spell flags this way too)
+        # The file's key in every flag's help: most names match, some do not (--model is
+        # model.name, --metrics-address is metrics.address).
+        default_text = f" (default {f.default})" if f.default not in (None, "") else ""
+        if f.name == "block_size":  # (None: the model decides, hf_config.default_block_size)
+            default_text = " (default 16; 64 for MLA models)"
+        help_text = file_key(f.name) + default_text
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+        elif f.name in SIZE_FIELDS:
+            parser.add_argument(flag, dest=f.name, type=_size, default=None, metavar="SIZE",
+                                help=f"{help_text}: bytes, or a size such as 8GiB, 80GB or 80e9")
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=help_text,
+                                choices=LOG_LEVELS if f.name == "log_level" else None)
+
+
+def _tenants(values: list[str] | None) -> dict[str, dict[str, float]] | None:
+    if not values:
+        return None
+    tenants: dict[str, dict[str, float]] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        share, _, weight = rest.partition(":")
+        try:
+            entry = {"max_share": float(share)}
+            if weight:
+                entry["weight"] = float(weight)
+        except ValueError:
+            raise CLIError(f"--tenant: expected NAME=SHARE[:WEIGHT], got {value!r}") from None
+        if not sep or not name:
+            raise CLIError(f"--tenant: expected NAME=SHARE[:WEIGHT], got {value!r}")
+        tenants[name] = entry
+    return tenants
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The flags given, as config fields (None: not given, the file or the default rules)."""
+    from kvbudget.daemon.config.settings import DaemonConfig
+
+    overrides: dict[str, object] = {
+        f.name: getattr(args, f.name, None) for f in dataclasses.fields(DaemonConfig) if f.name not in _SPECIAL
+    }
+    overrides["listen"] = tuple(args.listen) if args.listen else None
+    overrides["tenants"] = _tenants(args.tenant)
+    return overrides
+
+
+def load(args: argparse.Namespace):
+    from kvbudget.daemon.config.settings import ConfigError, load_config
+
+    try:
+        # --check-config also looks at what the start would use on this host: whether the
+        # log could be created and written where it is set, and the listen sockets (as the
+        # user running the check; the start itself finds out by doing it).
+        return load_config(args.config, _overrides(args), check_paths=bool(getattr(args, "check_config", False)))
+    except ConfigError as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"--config: {exc.strerror or exc}: {args.config}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load(args)
+    # The root logger: the daemon's modules log under it, and `systemctl reload` may
+    # change its level (server.log_level).
+    logging.basicConfig(
+        level=config.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
+    )
+    from kvbudget.daemon.server import interpreter
+    from kvbudget.daemon.server.lifecycle import Daemon, StartupError
+
+    from kvbudget.daemon.config.settings import load_config
+
+    # SIGHUP reads the file again, the flags still over it (they were given once, at start).
+    daemon = Daemon(config, on_ready=_settle_heap,
+                    reload_config=functools.partial(load_config, args.config, _overrides(args)), owns_process=True)
+    if args.check_config:
+        from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool
+
+        try:
+            setup = setup_pool(config, daemon.probe_gpu())
+        except PoolSetupError as exc:
+            raise CLIError(str(exc)) from None
+        print(
+            f"config OK: {setup.model.name}, {setup.num_blocks} blocks of {setup.sizing.block_size} tokens "
+            f"({setup.num_blocks - 1} usable + the null block; from {setup.sizing.source}), "
+            f"listen {', '.join(config.listen)}{tcp_access(config)}, log {config.db_path} "
+            f"(kept: {_retention(config)})"
+        )
+        if config.tokens_file:
+            from kvbudget.daemon.server.tokens_file import tokens_file_warnings
+
+            for warning in tokens_file_warnings(config.tokens_file, daemon.roles):
+                print(f"warning: {warning}")
+        for note in (_log_in_use(config.db_path), *_sockets_in_use(config)):
+            if note:
+                print(note)
+        return 0
+    import asyncio
+
+    interpreter.set_switch_interval()
+    try:
+        return asyncio.run(daemon.serve())
+    except StartupError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _log_in_use(db_path: str) -> str:
+    """--check-config's note when a daemon holds the log's writer lock ("" when none): not
+    an error, as the check is often run beside the daemon it is about (before a reload), but
+    a daemon started with this config would refuse to start while that one runs. The lock
+    is looked up, never taken: a daemon starting meanwhile must not find it held."""
+    from kvbudget.daemon.log.lock import lock_holder, lock_path
+
+    holder = lock_holder(db_path)
+    if holder is None:
+        return ""
+    who = f"pid {holder.pid}" if holder.pid else "another process"
+    return (f"note: log {db_path} is in use by a running daemon ({who} holds {lock_path(db_path)}): "
+            "another daemon on this db_path refuses to start while it runs")
+
+
+def _sockets_in_use(config: DaemonConfig) -> list[str]:
+    """--check-config's notes for the unix sockets the running daemon that holds this
+    config's log serves on (load_config let them pass: the check is run beside that daemon
+    before a reload); as for the log, another daemon would refuse to start there."""
+    from kvbudget.daemon.config.host import is_log_daemon, socket_server, unix_socket_paths
+
+    notes = []
+    for path in unix_socket_paths(config.listen):
+        server = socket_server(path)
+        if server is not None and is_log_daemon(server, config.db_path):
+            notes.append(f"note: listen {path} is served by that running daemon (pid {server.pid}): "
+                         "another daemon listening there refuses to start while it runs")
+    return notes
+
+
+def tcp_access(config: DaemonConfig) -> str:
+    """How TCP callers get in, for --check-config: `, TCP over mutual TLS, roles from
+    PATH`; "" without a TCP listener."""
+    from kvbudget.daemon.config.settings import listen_kind
+
+    if not any(listen_kind(address) == "tcp" for address in config.listen):
+        return ""
+    transport = "mutual TLS" if config.tls_client_ca_file else "TLS" if config.tls_enabled else "plaintext"
+    if config.tokens_file:
+        who = f"roles from {config.tokens_file}"
+    elif config.tls_client_ca_file:
+        who = f"every client {config.tls_client_ca_file} signed is admin"
+    else:
+        who = "every client that reaches it is admin"
+    return f", TCP over {transport}, {who}"
+
+
+def _retention(config: DaemonConfig) -> str:
+    """The log's retention in words: `30 days or 10 GiB, whichever comes first`."""
+    from kvbudget.units import format_bytes
+
+    limits = []
+    if config.retention_days:
+        limits.append(f"{config.retention_days:g} days")
+    if config.retention_max_rows:
+        limits.append(f"{config.retention_max_rows:,} decisions")
+    if config.retention_max_bytes:
+        limits.append(format_bytes(config.retention_max_bytes, ".3g"))
+    if not limits:
+        return "forever"
+    return limits[0] if len(limits) == 1 else f"{', '.join(limits[:-1])} or {limits[-1]}, whichever comes first"
+
+
+def _settle_heap() -> None:
+    """Start-up is done (the daemon calls this just before READY=1): see interpreter.py."""
+    from kvbudget.daemon.server.interpreter import settle_heap
+
+    settled = settle_heap()
+    logging.getLogger("kvbudget.daemon").info(
+        "heap settled: %d objects frozen, gc thresholds %s", settled.frozen_objects, settled.thresholds
+    )

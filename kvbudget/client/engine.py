@@ -1,0 +1,625 @@
+"""Typed Python clients of the daemon: an engine's, and an observer's / operator's.
+
+No torch, no textual: the dashboard, doctor and replayer import this.
+
+Engine use, one Step per scheduler step:
+
+    async with EngineClient("unix:///run/kvbudget/kvbudget.sock", "engine-0") as engine:
+        plan = engine.plan
+        decisions = await engine.step(submits=[RequestSpec("r1", prompt_tokens=900)])
+        async for later in engine.events():   # queued request admitted, preempt orders
+            ...
+
+The client heartbeats its lease in the background and follows the Events stream across
+daemon restarts. When the daemon no longer knows the session (it restarted, or the lease
+lapsed), the client opens a new one and the next `step()` raises `SessionLost` (once, and
+without sending that step, if the heartbeat found out first): the engine's requests are
+gone on the daemon side and must be submitted again. `events()` does not say so; it just
+follows the new session. If another process has taken the engine id meanwhile
+(`replace_existing`), the re-open is refused with ALREADY_EXISTS and `step()` raises that:
+the client never takes an engine id back by itself.
+Refusals are `grpc.aio.AioRpcError`s: read `.code()` (NOT_FOUND, ALREADY_EXISTS,
+UNAVAILABLE while draining, ...) and `.details()` (the field at fault).
+A step that fails with UNAVAILABLE "decision log: ..." (the daemon's disk is full) may be
+sent again as it is, with the same arguments: a step the daemon applied gets its reply
+then, one it refused is applied then (docs/engine-integration.md).
+Every step is numbered (`StepRequest.step_seq`). A step whose reply is lost on the way (its
+deadline passed on a live connection, or the connection dropped mid-call) may or may not
+have been applied; the client sends the very same step again (`step_resends` times at
+most), and the daemon, which keeps the outcome of each session's last numbered step,
+answers it without applying it twice.
+Steps of one client go one at a time, in the order they were called (a step called while
+another is in flight waits for it): a lower number arriving after a higher one is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+
+from kvbudget.daemon.wire import convert
+from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    engine_pb2,
+    engine_pb2_grpc,
+    observer_pb2,
+    observer_pb2_grpc,
+)
+
+log = logging.getLogger("kvbudget.client")
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+
+
+class SessionLost(Exception):
+    """The daemon forgot this engine's session; a new one is open, requests must be resent."""
+
+
+class ClientClosed(RuntimeError):
+    """A step on a closed EngineClient, or one in flight when close() was called (whether
+    the daemon applied that one is unknown; close() released the session's requests)."""
+
+
+def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=options)
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+def submit_message(spec: RequestSpec | engine_pb2.Submit) -> engine_pb2.Submit:
+    if isinstance(spec, engine_pb2.Submit):
+        return spec
+    try:
+        msg = engine_pb2.Submit(
+            request_id=spec.request_id,
+            prompt_tokens=spec.prompt_tokens,
+            prefix_hashes=spec.prefix_hashes,
+            priority=spec.priority,
+            tenant=spec.tenant,
+            deadline_unix_s=spec.deadline_s or 0.0,
+        )
+        if spec.max_new_tokens is not None:
+            msg.max_new_tokens = spec.max_new_tokens
+    except (ValueError, TypeError) as exc:
+        # protobuf's own words name no field ("Value out of range: -1"); as the daemon would
+        # refuse it, name the field (a count the wire cannot carry never reaches the daemon).
+        raise ValueError(f"submit {spec.request_id!r}: {_unsendable_field(spec)}: {exc}") from None
+    return msg
+
+
+def _unsendable_field(spec: RequestSpec) -> str:
+    """The first field of `spec` the Submit message cannot carry (uint32 counts, uint64 hashes)."""
+    for name in ("prompt_tokens", "max_new_tokens"):
+        value = getattr(spec, name)
+        if value is not None and not (isinstance(value, int) and 0 <= value < 2**32):
+            return name
+    if not all(isinstance(h, int) and 0 <= h < 2**64 for h in spec.prefix_hashes):
+        return "prefix_hashes"
+    if not (isinstance(spec.priority, int) and -(2**31) <= spec.priority < 2**31):
+        return "priority"
+    return "a field"
+
+
+def step_message(
+    session_id: str,
+    submits: Iterable[RequestSpec | engine_pb2.Submit] = (),
+    grows: Iterable[tuple[str, int]] = (),
+    progress: Iterable[tuple[str, int]] = (),
+    finishes: Iterable[str] = (),
+    aborts: Iterable[str] = (),
+) -> engine_pb2.StepRequest:
+    # Each op is built in place with the repeated field's `add`: building them apart and
+    # handing lists to the constructor copies every one (twice the cost of a replay step).
+    message = engine_pb2.StepRequest(session_id=session_id)
+    if submits:
+        message.submits.extend([submit_message(s) for s in submits])
+    add = message.grows.add
+    for request_id, num_tokens in grows:
+        add(request_id=request_id, num_tokens=num_tokens)
+    add = message.progress.add
+    for request_id, num_computed_tokens in progress:
+        add(request_id=request_id, num_computed_tokens=num_computed_tokens)
+    add = message.finishes.add
+    for request_id in finishes:
+        add(request_id=request_id)
+    add = message.aborts.add
+    for request_id in aborts:
+        add(request_id=request_id)
+    return message
+
+
+@dataclass(frozen=True)
+class PolicySwitch:
+    """What `set_policy` did: the policy before, and what the switch did to the waiting
+    queue at once (admitted; rejected by reason). `changed` is False when the policy asked
+    for was in force already (nothing logged, nothing moved)."""
+
+    previous: str
+    policy: str
+    num_admitted: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.previous != self.policy
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(self.rejected_by_reason.values())
+
+
+class StepBatch:
+    """Accumulates one scheduler step's operations; `flush()` sends them as one Step.
+
+    A flush that raises leaves its ops in the batch (ahead of any added meanwhile), so the
+    engine can send the same step again (what UNAVAILABLE "decision log: ..." asks for) or
+    take out the op that was refused: a refused step applied nothing, and its submits must
+    not be forgotten. Only `SessionLost` empties it: its ops were for the lost session.
+    One refusal comes after the step was applied: RESOURCE_EXHAUSTED "this step was applied
+    and logged" (its reply was too large; its decisions come on Events): `clear()` then.
+    """
+
+    def __init__(self, client: EngineClient) -> None:
+        self._client = client
+        self.clear()
+
+    def clear(self) -> None:
+        self.submits: list[RequestSpec | engine_pb2.Submit] = []
+        self.grows: list[tuple[str, int]] = []
+        self.progress: list[tuple[str, int]] = []
+        self.finishes: list[str] = []
+        self.aborts: list[str] = []
+
+    def submit(self, spec: RequestSpec | engine_pb2.Submit) -> None:
+        self.submits.append(spec)
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        self.grows.append((request_id, num_tokens))
+
+    def report_progress(self, request_id: str, num_computed_tokens: int) -> None:
+        self.progress.append((request_id, num_computed_tokens))
+
+    def finish(self, request_id: str) -> None:
+        self.finishes.append(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.aborts.append(request_id)
+
+    def __len__(self) -> int:
+        return len(self.submits) + len(self.grows) + len(self.progress) + len(self.finishes) + len(self.aborts)
+
+    async def flush(self) -> list[Decision]:
+        """Sends the ops as one Step (an empty one too: it renews the lease and is how an
+        idle engine hears `SessionLost`); returns this engine's decisions, in order."""
+        ops = (self.submits, self.grows, self.progress, self.finishes, self.aborts)
+        self.clear()  # ops added while the step is in flight belong to the next one
+        try:
+            return await self._client.step(*ops)
+        except SessionLost:
+            raise
+        except Exception:  # (not a cancellation: whether that step was applied is unknown)
+            self._put_back(*ops)
+            raise
+
+    def _put_back(
+        self,
+        submits: list[RequestSpec | engine_pb2.Submit],
+        grows: list[tuple[str, int]],
+        progress: list[tuple[str, int]],
+        finishes: list[str],
+        aborts: list[str],
+    ) -> None:
+        self.submits[:0] = submits
+        self.grows[:0] = grows
+        self.progress[:0] = progress
+        self.finishes[:0] = finishes
+        self.aborts[:0] = aborts
+
+
+class EngineClient:
+    """One engine's session with the daemon: `open()` (or `async with`), one `step()` per
+    scheduler step, `events()` for what is decided later, `close()`."""
+
+    def __init__(
+        self,
+        target: str,
+        engine_id: str,
+        token: str | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        lease_ttl_s: int = 0,
+        model_fingerprint: str = "",
+        replace_existing: bool = False,
+        heartbeat: bool = True,
+        call_timeout_s: float = 30.0,
+        max_backoff_s: float = 2.0,
+        step_resends: int = 2,
+    ) -> None:
+        self.target = target
+        self.engine_id = engine_id
+        self._metadata = _metadata(token)
+        self._channel = _channel(target, credentials)
+        self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
+        self._lease_ttl_s = lease_ttl_s
+        self._fingerprint = model_fingerprint
+        self._replace = replace_existing
+        self._heartbeat_enabled = heartbeat
+        self._timeout = call_timeout_s
+        self._max_backoff = max_backoff_s
+        self._step_resends = step_resends
+        self._last_step_seq = 0  # steps are numbered (StepRequest.step_seq) so a resend is safe
+        # (session id, seq) of the last event yielded: the decision the daemon sends again,
+        # first, on the next stream (the last one ended as it wrote it) is heard once. Only
+        # that one: seqs on a stream need not grow (a too-large reply's decisions are put
+        # on it after others may have been)
+        self._event_seen: tuple[str, int] = ("", 0)
+        # One step at a time, its resends included: the daemon keeps only the last numbered
+        # step, so an overlapping step would be refused for its number (a lower one sent
+        # second), or make the resend of the one before it "below this session's last step".
+        self._step_lock = asyncio.Lock()
+        self.session_id = ""
+        self.lease_ttl_s = 0
+        self.plan: common_pb2.PoolPlan | None = None
+        self.sessions_opened = 0
+        self._heartbeat_task: asyncio.Task | None = None
+        self._closed = False
+        self._lost: str | None = None  # a loss the heartbeat found, not yet told to the engine
+        self._reopen_lock = asyncio.Lock()
+        self._closing = asyncio.Event()  # wakes events() out of its reconnect pause
+        self._events_reader: object | None = None  # the newest events() iteration
+
+    async def __aenter__(self) -> EngineClient:
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # `async with` does not call __aexit__ when entering fails
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ session
+    async def open(self) -> common_pb2.PoolPlan:
+        """Opens the session (waiting for the daemon if it is not up yet); returns the plan."""
+        request = engine_pb2.OpenSessionRequest(
+            engine_id=self.engine_id,
+            model_fingerprint=self._fingerprint,
+            lease_ttl_s=self._lease_ttl_s,
+            replace_existing=self._replace,
+        )
+        response = await self._stub.OpenSession(
+            request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
+        )
+        self.session_id = response.session_id
+        self.lease_ttl_s = response.lease_ttl_s
+        self.plan = response.plan
+        self.sessions_opened += 1
+        # A re-open after a loss never replaces: if another session holds this engine id now,
+        # another process took over, and this one gets ALREADY_EXISTS instead of a tug of war.
+        self._replace = False
+        if self._heartbeat_enabled and (self._heartbeat_task is None or self._heartbeat_task.done()):
+            self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        return response.plan
+
+    async def _reopen_once(self, used_session_id: str, error: grpc.aio.AioRpcError) -> None:
+        """Re-opens the session unless a concurrent call (step or heartbeat) already did."""
+        async with self._reopen_lock:
+            if self.session_id != used_session_id:
+                return
+            log.warning("session of %s lost (%s); opening a new one", self.engine_id, error.details())
+            await self.open()
+            # Only once the new one is open: a refused re-open (ALREADY_EXISTS) is what the
+            # next step must report, not a SessionLost that says a new session is open.
+            self._lost = error.details()  # step() tells the engine, once
+
+    def _session_gone(self, error: grpc.aio.AioRpcError) -> bool:
+        return error.code() == grpc.StatusCode.FAILED_PRECONDITION and "session_id" in (error.details() or "")
+
+    async def close(self) -> None:
+        """Closes the session (the daemon releases what is left) and the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closing.set()
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        if self.session_id:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._stub.CloseSession(
+                    engine_pb2.CloseSessionRequest(session_id=self.session_id),
+                    metadata=self._metadata,
+                    timeout=5.0,
+                )
+        await self._channel.close()
+
+    # ------------------------------------------------------------------ steps
+    def batch(self) -> StepBatch:
+        return StepBatch(self)
+
+    async def step(
+        self,
+        submits: Iterable[RequestSpec | engine_pb2.Submit] = (),
+        grows: Iterable[tuple[str, int]] = (),
+        progress: Iterable[tuple[str, int]] = (),
+        finishes: Iterable[str] = (),
+        aborts: Iterable[str] = (),
+    ) -> list[Decision]:
+        """One scheduler step in one call; returns this engine's decisions, in order."""
+        response = await self.step_raw(step_message(self.session_id, submits, grows, progress, finishes, aborts))
+        return [convert.decision_from_proto(d) for d in response.decisions]
+
+    async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
+        """Sends one Step (numbered unless `request.step_seq` is set). Steps called while
+        another is in flight wait for it, and go in the order they were called."""
+        async with self._step_lock:
+            return await self._step_locked(request)
+
+    async def _step_locked(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
+        if self._closed:  # (else grpc's UsageError "Channel is closed.")
+            raise ClientClosed(f"the client of engine {self.engine_id!r} is closed")
+        if self._lost is not None:  # the heartbeat re-opened the session meanwhile
+            reason, self._lost = self._lost, None
+            raise SessionLost(reason)
+        request.session_id = used = self.session_id
+        if not request.step_seq:
+            self._last_step_seq += 1
+            request.step_seq = self._last_step_seq
+        elif request.step_seq > self._last_step_seq:  # the caller numbers its own: go on from there
+            self._last_step_seq = request.step_seq
+        try:
+            resends = 0
+            while True:
+                try:
+                    return await self._stub.Step(
+                        request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
+                    )
+                except grpc.aio.AioRpcError as error:
+                    if resends >= self._step_resends or not self._reply_lost(error):
+                        raise
+                    # Whether the step was applied is unknown. The daemon keeps the outcome of
+                    # the last numbered step, so sending the very same step again is safe.
+                    resends += 1
+                    log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
+                                self.engine_id, error.code().name, resends, self._step_resends)
+        except grpc.aio.AioRpcError as error:
+            if self._session_gone(error):
+                await self._reopen_once(used, error)
+                self._lost = None
+                raise SessionLost(error.details()) from error
+            raise
+        except asyncio.CancelledError:
+            # close() closing the channel cancels the call: not a cancellation of the caller.
+            if self._closed and not _task_cancelling():
+                raise ClientClosed(f"the client of engine {self.engine_id!r} was closed during this step") from None
+            raise
+
+    def _reply_lost(self, error: grpc.aio.AioRpcError) -> bool:
+        """Whether a failed step was sent and its reply lost: a connection dropped mid-call,
+        or the deadline passed on a connection that is up. A deadline with no connection
+        (the daemon is down: the call waited for one) sent nothing, and a resend would
+        only wait as long again."""
+        if not _outcome_unknown(error):
+            return False
+        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return True
+        return self._channel.get_state() == grpc.ChannelConnectivity.READY
+
+    # ------------------------------------------------------------------ background
+    async def _heartbeat_loop(self) -> None:
+        backoff = 0.05
+        while not self._closed:
+            await asyncio.sleep(max(0.05, self.lease_ttl_s / 3))
+            used = self.session_id
+            try:
+                await self._stub.Heartbeat(
+                    engine_pb2.HeartbeatRequest(session_id=used),
+                    metadata=self._metadata,
+                    timeout=max(1.0, self.lease_ttl_s / 2),
+                )
+                backoff = 0.05
+            except grpc.aio.AioRpcError as error:
+                if self._session_gone(error):
+                    try:
+                        await self._reopen_once(used, error)
+                    except grpc.aio.AioRpcError as refused:
+                        if refused.code() == grpc.StatusCode.ALREADY_EXISTS:
+                            # Another process took the engine id over: nothing left to keep
+                            # alive (a re-open every lease / 3, a warning each, for ever).
+                            # A step that re-opens the session later starts heartbeats again.
+                            log.error("heartbeats of %s stop: %s", self.engine_id, refused.details())
+                            return
+                else:
+                    await asyncio.sleep(backoff)
+                    backoff = min(self._max_backoff, backoff * 2)
+
+    async def events(self) -> AsyncIterator[Decision]:
+        """Decisions taken later for this engine's requests, across reconnects, until close().
+
+        One reader per session, as on the daemon: a newer `events()` iteration of this
+        client takes over, and this one ends. close() ends it too (it does not raise)."""
+        reader = self._events_reader = object()
+        backoff = 0.05
+        while not self._closed and self._events_reader is reader:
+            call = self._stub.Events(
+                engine_pb2.EventsRequest(session_id=self.session_id), metadata=self._metadata, wait_for_ready=True
+            )
+            try:
+                first = True
+                async for message in call:
+                    backoff = 0.05
+                    seq = message.decision.seq
+                    if first and self._event_seen == (self.session_id, seq):
+                        first = False
+                        continue  # the last one heard, sent again first after a reconnect
+                    first = False
+                    self._event_seen = (self.session_id, seq)
+                    yield convert.decision_from_proto(message.decision)
+            except grpc.aio.AioRpcError as error:
+                if self._closed:
+                    return
+                if not (self._session_gone(error) or error.code() in _RETRYABLE):
+                    raise
+            except asyncio.CancelledError:
+                # close() closing the channel cancels the call: that ends the iteration. A
+                # cancellation of the reader's own task goes on.
+                if self._closed and not _task_cancelling():
+                    return
+                raise
+            finally:
+                call.cancel()
+            if self._events_reader is not reader:  # taken over: the stream ended for that
+                return
+            # The stream ended (daemon stopping or restarting): follow it after a pause,
+            # unless close() comes first.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), backoff * (1 + random.random()))
+            backoff = min(self._max_backoff, backoff * 2)
+
+
+def _outcome_unknown(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed Step may have been applied all the same: its reply was lost. The
+    daemon's own refusals (draining, its decision log) say what happened; a deadline or a
+    connection dropped mid-call does not."""
+    code = error.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    return code == grpc.StatusCode.UNAVAILABLE and not (error.details() or "").startswith(
+        ("decision log:", "submits: daemon is draining")
+    )
+
+
+def _task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class ObserverClient:
+    """Read-only views, plus the admin calls (which need an admin token over TCP)."""
+
+    def __init__(
+        self, target: str, token: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
+        self._metadata = _metadata(token)
+        self._channel = _channel(target, credentials)
+        self._observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._closed = False
+
+    async def __aenter__(self) -> ObserverClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._channel.close()
+
+    async def snapshot(self, *, timeout: float = 10.0, wait_for_ready: bool = True) -> common_pb2.Snapshot:
+        """`wait_for_ready=False`: fail at once (UNAVAILABLE, "Connection refused") when no
+        daemon is there, instead of waiting `timeout` for one (DEADLINE_EXCEEDED)."""
+        response = await self._observer.GetSnapshot(
+            observer_pb2.GetSnapshotRequest(), metadata=self._metadata, timeout=timeout, wait_for_ready=wait_for_ready
+        )
+        return response.snapshot
+
+    async def watch(self, interval_ms: int = 100, max_decisions: int = 200) -> AsyncIterator[observer_pb2.WatchResponse]:
+        """The snapshot, then an update every `interval_ms`, until the stream or close() ends it."""
+        call = self._observer.Watch(
+            observer_pb2.WatchRequest(interval_ms=interval_ms, max_decisions=max_decisions),
+            metadata=self._metadata,
+            wait_for_ready=True,
+        )
+        try:
+            async for message in call:
+                yield message
+        except asyncio.CancelledError:
+            # close() closing the channel cancels the call: that ends the iteration.
+            if self._closed and not _task_cancelling():
+                return
+            raise
+        finally:
+            call.cancel()
+
+    async def query_decisions(
+        self,
+        *,
+        request_id: str = "",
+        engine_id: str = "",
+        tenant: str = "",
+        kind: str | None = None,
+        since_unix_s: float = 0.0,
+        until_unix_s: float = 0.0,
+        limit: int = 100,
+        before_seq: int = 0,
+    ) -> list[Decision]:
+        """Newest first, at most `limit`. To page back, pass the oldest seq returned as
+        `before_seq` (0: no bound): exact, where `until_unix_s` skips decisions that share
+        the oldest one's time (one step's do)."""
+        request = observer_pb2.QueryDecisionsRequest(
+            request_id=request_id,
+            engine_id=engine_id,
+            tenant=tenant,
+            kind=convert.kind_to_proto(kind) if kind else common_pb2.DECISION_KIND_UNSPECIFIED,
+            since_unix_s=since_unix_s,
+            until_unix_s=until_unix_s,
+            limit=limit,
+            before_seq=before_seq,
+        )
+        response = await self._observer.QueryDecisions(request, metadata=self._metadata, timeout=30.0)
+        return [convert.decision_from_proto(d) for d in response.decisions]
+
+    async def estimate(self, tokens_per_request: int) -> observer_pb2.EstimateResponse:
+        return await self._observer.Estimate(
+            observer_pb2.EstimateRequest(tokens_per_request=tokens_per_request), metadata=self._metadata, timeout=10.0
+        )
+
+    async def report_replay(self, replay: common_pb2.ReplayState) -> None:
+        await self._observer.ReportReplay(
+            observer_pb2.ReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
+        )
+
+    async def set_policy(self, policy: str) -> PolicySwitch:
+        """Switches the admission policy; says the previous one and what it did to the queue."""
+        response = await self._admin.SetPolicy(
+            admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)), metadata=self._metadata, timeout=10.0
+        )
+        return policy_switch(policy, response)
+
+    async def set_tenant_quota(self, tenant: str, max_share: float = 0.0, weight: float = 0.0) -> None:
+        await self._admin.SetTenantQuota(
+            admin_pb2.SetTenantQuotaRequest(tenant=tenant, max_share=max_share, weight=weight),
+            metadata=self._metadata,
+            timeout=10.0,
+        )
+
+    async def drain(self) -> int:
+        response = await self._admin.Drain(admin_pb2.DrainRequest(), metadata=self._metadata, timeout=10.0)
+        return response.running
+
+
+
+def policy_switch(policy: str, response: admin_pb2.SetPolicyResponse) -> PolicySwitch:
+    """A SetPolicy reply as a `PolicySwitch` (the CLI's blocking call reads it too)."""
+    return PolicySwitch(
+        previous=convert.policy_from_proto(response.previous) or "",
+        policy=policy,
+        num_admitted=response.num_admitted,
+        rejected_by_reason=dict(sorted(response.rejected_by_reason.items())),
+    )
