@@ -1,5 +1,6 @@
 """Per-engine figures in the snapshot (EngineState): an engine's blocks held are its distinct
-pool blocks, so a prefix block its requests share counts once (core_service._engine_tally).
+pool blocks, so a prefix block its requests share counts once (the service's engine tally,
+kvbudget.daemon.server.service).
 
 Every figure below is worked out by hand; `check_integrity` recounts the pool from the block
 tables after every operation.

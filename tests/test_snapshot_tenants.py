@@ -7,6 +7,8 @@ GetSnapshot, and every Watch update (up to 10 Hz a watcher), carry 20,000 entrie
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvbudget.daemon.wire import convert
 
 from kvbudget.daemon.server import metrics
@@ -127,10 +129,24 @@ def test_metrics_read_from_a_cut_snapshot_are_those_of_the_whole_list():
     for i in range(300):  # waiting: 1 to 3 requests each
         ctrl.submit(req(f"w{i}", 8, f"wait-{i % 170:03d}"), 0.0)
     ctrl.check_integrity()
-    cut = ctrl.snapshot(0.0).tenants
+    cut = ctrl.snapshot(0.0)
     whole = ctrl.ledger.tenant_snapshots(limit=10**9)
-    assert len(whole) == 2 + 13 + 170 and len(cut) == 2 + MAX_SNAPSHOT_TENANTS
-    assert metrics._tenant_series(cut) == metrics._tenant_series(whole)
+    assert len(whole) == 2 + 13 + 170 and len(cut.tenants) == 2 + MAX_SNAPSHOT_TENANTS
+    from_cut = tenant_series(cut)
+    assert len(from_cut) == 2 * 2 * metrics.MAX_TENANT_SERIES  # (blocks, requests) x 2 states each
+    assert from_cut == tenant_series(dataclasses.replace(cut, tenants=tuple(whole)))
+
+
+def tenant_series(snapshot) -> list[tuple[str, tuple, float]]:
+    """The tenant gauges /metrics shows for this snapshot, in order."""
+    fed = metrics.Metrics()
+    fed.update(snapshot)
+    return [
+        (sample.name, tuple(sorted(sample.labels.items())), sample.value)
+        for family in fed.registry.collect()
+        if family.name in ("kvbudget_tenant_blocks", "kvbudget_tenant_requests")
+        for sample in family.samples
+    ]
 
 
 def test_the_count_crosses_the_wire():

@@ -208,14 +208,22 @@ def test_unsorted_azure_rows_count_from_the_earliest_row(tmp_path):
     assert trace.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-9)
 
 
+def _azure_arrivals(tmp_path: Path, *stamps: str) -> list[float]:
+    """The arrivals load_trace reads from an Azure CSV of these stamps, in file order."""
+    rows = "".join(f"{stamp},100,10\r\n" for stamp in stamps)
+    trace = load_trace(_write(tmp_path, "az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n" + rows))
+    return [r.arrival_s for r in sorted(trace.requests, key=lambda r: r.line)]
+
+
 def test_azure_timestamps_read_as_strptime_did(tmp_path):
     # one-digit fields as %m/%d/%H/%M/%S accept them; impossible dates are still errors
-    assert loaders._azure_ticks("2023-1-2 3:4:5.5") == loaders._azure_ticks("2023-01-02 03:04:05.5000000")
-    assert loaders._azure_ticks("1970-01-01 00:00:01") == 10**7
+    assert _azure_arrivals(tmp_path, "2023-1-2 3:4:5.5", "2023-01-02 03:04:05.5000000") == [0.0, 0.0]
+    assert _azure_arrivals(tmp_path, "1970-01-01 00:00:00", "1970-01-01 00:00:01") == [0.0, 1.0]
+    assert _azure_arrivals(tmp_path, "1970-01-01 00:00:00", "1970-01-01 00:00:00.0000001") == [0.0, 1e-7]
     bad = ("2023-02-30 00:00:00", "2023-11-16T18:15:46", "2023-11-16 18:15", "2023-11-16 18:15:46.12345678")
     for stamp in bad:
-        with pytest.raises(ValueError):
-            loaders._azure_ticks(stamp)
+        with pytest.raises(TraceError, match=r"az\.csv:3: TIMESTAMP"):
+            _azure_arrivals(tmp_path, "2023-11-16 18:15:46", stamp)
 
 
 def test_gzip_compressed_traces_are_read_through_it(tmp_path):
