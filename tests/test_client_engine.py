@@ -100,8 +100,10 @@ async def test_close_ends_an_events_reader_waiting_for_a_daemon_that_went_away(d
     The reader used to raise that CancelledError (its task looked cancelled by someone)."""
     engine = EngineClient(daemon.target, "engine-a")
     await engine.open()
-    reader = _read_into(engine, [])
-    await asyncio.sleep(0.2)  # (lets it connect; it ends the same way if it had not)
+    received: list[str] = []
+    reader = _read_into(engine, received)
+    async with EngineClient(daemon.target, "engine-b") as other:
+        await _admit_later(engine, other, "q0", received)  # it is reading
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(WAIT_S) == 0
     await asyncio.sleep(0.5)  # its stream ended: it reconnects after 0.05 to 0.1 s, and waits
@@ -129,9 +131,10 @@ async def test_a_step_after_close_or_cut_by_close_raises_client_closed(daemon: D
 
 
 async def test_cancelling_the_events_reader_still_cancels_it(daemon: DaemonProcess) -> None:
-    async with EngineClient(daemon.target, "engine-a") as engine:
-        reader = _read_into(engine, [])
-        await asyncio.sleep(0.2)
+    async with EngineClient(daemon.target, "engine-a") as engine, EngineClient(daemon.target, "engine-b") as other:
+        received: list[str] = []
+        reader = _read_into(engine, received)
+        await _admit_later(engine, other, "q0", received)  # it is reading: cancelled mid-stream
         reader.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(reader, WAIT_S)

@@ -15,9 +15,9 @@ import time
 import grpc
 import pytest
 
-from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, wait_until
 
 pytestmark = pytest.mark.slow
 WAIT_S = 20.0  # a bound, not a measurement: the call fails (DEADLINE_EXCEEDED) past it
@@ -27,10 +27,19 @@ def _step(engine, session_id: str, **ops) -> list[common_pb2.Decision]:
     return list(engine.Step(engine_pb2.StepRequest(session_id=session_id, **ops), timeout=WAIT_S).decisions)
 
 
+def _lease_end(observer, engine_id: str) -> float:
+    """When the engine's lease ends (unix seconds), by the daemon's snapshot: it moves only
+    when a call of the session renews the lease, and an Events stream's opening is one."""
+    snapshot = observer.GetSnapshot(observer_pb2.GetSnapshotRequest(), timeout=WAIT_S).snapshot
+    [state] = [e for e in snapshot.engines if e.engine_id == engine_id]
+    return snapshot.time_unix_s + state.lease_remaining_s
+
+
 def test_a_cancelled_events_stream_leaves_no_reader_behind(tmp_path) -> None:
     with DaemonProcess(tmp_path, "--policy", "guaranteed", lease_ttl_s=600) as daemon:
         channel = grpc.insecure_channel(daemon.target)
         engine = engine_pb2_grpc.EngineServiceStub(channel)
+        observer = observer_pb2_grpc.ObserverServiceStub(channel)
         a = engine.OpenSession(engine_pb2.OpenSessionRequest(engine_id="qa-a", lease_ttl_s=600)).session_id
         b = engine.OpenSession(engine_pb2.OpenSessionRequest(engine_id="qa-b", lease_ttl_s=600)).session_id
 
@@ -56,11 +65,14 @@ def test_a_cancelled_events_stream_leaves_no_reader_behind(tmp_path) -> None:
         first.cancel()
         time.sleep(1.0)  # let the daemon see the cancellation before the next stream opens
 
+        renewed = _lease_end(observer, "qa-b")  # by b-2's step, a second or more ago
         second = engine.Events(engine_pb2.EventsRequest(session_id=b), timeout=WAIT_S)
         got: list = []
         reader = threading.Thread(target=lambda: got.append(_next_or_error(second)))
         reader.start()
-        time.sleep(1.0)  # the second stream is open on the daemon before the decision is made
+        # The second stream is open on the daemon before the decision is made: its opening
+        # renewed the lease (the daemon then takes the session's events at once).
+        wait_until(lambda: _lease_end(observer, "qa-b") > renewed + 0.25, WAIT_S)
         _step(engine, a, finishes=[engine_pb2.Finish(request_id="a-2")])
         reader.join(WAIT_S + 5)
         second.cancel()

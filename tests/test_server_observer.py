@@ -14,7 +14,7 @@ from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 from kvbudget.tui.state import DashboardState
 from kvbudget.v1 import common_pb2, observer_pb2
 
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, await_until
 
 pytestmark = pytest.mark.slow
 
@@ -81,10 +81,13 @@ async def test_snapshots_say_which_daemon_process_took_them(tmp_path, capsys) ->
         after = time.time()
         async with ObserverClient(daemon.target) as observer:
             first = await observer.snapshot()
-            await asyncio.sleep(0.05)
-            second = await observer.snapshot()
+
+            async def later():
+                snapshot = await observer.snapshot()
+                return snapshot if snapshot.time_unix_s > first.time_unix_s else None
+
+            second = await await_until(later)  # a snapshot taken later...
     assert before <= first.started_unix_s <= after
-    assert second.time_unix_s > first.time_unix_s  # a snapshot taken later...
     assert second.started_unix_s == first.started_unix_s  # ...by the same process
     assert first.daemon_version == second.daemon_version == kvbudget.__version__ == printed_version
 
