@@ -171,24 +171,36 @@ async def test_watchers_get_the_same_messages_each_built_once(monkeypatch) -> No
 
 
 async def test_watch_messages_kept_for_watchers_are_bounded(monkeypatch) -> None:
+    """What the hub keeps shows in what it builds again: a message kept is not rebuilt."""
     from kvbudget.daemon.server import watch
 
+    built: list[int] = []
+    real = convert.decision_to_proto
+    monkeypatch.setattr(convert, "decision_to_proto", lambda d: built.append(d.seq) or real(d))
     monkeypatch.setattr(watch, "MAX_BUILT", 3)
-    hub = WatchHub(max_watchers=2)
+    hub = WatchHub(max_watchers=3)
     first, second = hub.add(max_decisions=100), hub.add(max_decisions=100)
-    hub.publish([_decision(i) for i in range(1, 6)])
+    decisions = [_decision(i) for i in range(1, 6)]
+    hub.publish(decisions)
     target = observer_pb2.WatchResponse().decisions
     hub.add_to(target, first.take()[0])
     assert [m.seq for m in target] == [1, 2, 3, 4, 5]
-    assert list(hub._built) == [3, 4, 5]  # the newest kept
     target = observer_pb2.WatchResponse().decisions
-    hub.add_to(target, second.take()[0])  # 1 and 2 built again
+    built.clear()
+    hub.add_to(target, second.take()[0])
     assert [m.seq for m in target] == [1, 2, 3, 4, 5]
+    assert built == [1, 2]  # 3, 4, 5 kept (the newest); 1 and 2 built again
     hub.remove(second)
     target = observer_pb2.WatchResponse().decisions
     hub.publish([_decision(6)])
+    built.clear()
     hub.add_to(target, first.take()[0])  # one watcher: built in place, nothing kept
-    assert [m.seq for m in target] == [6] and not hub._built
+    assert [m.seq for m in target] == [6]
+    third = hub.add(max_decisions=100)
+    hub.publish(decisions[2:])
+    built.clear()
+    hub.add_to(observer_pb2.WatchResponse().decisions, third.take()[0])
+    assert built == [3, 4, 5]  # what was kept went with the single watcher's update
 
 
 async def test_session_table_one_live_session_per_engine_and_leases() -> None:
