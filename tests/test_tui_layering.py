@@ -1,4 +1,5 @@
-"""Layering: the dashboard is a pure gRPC client, the daemon knows nothing of the dashboard.
+"""Layering: the dashboard is a pure gRPC client, the daemon knows nothing of the dashboard,
+an engine's client library loads no server, and the core loads only the standard library.
 
 Each import runs in a fresh interpreter, and what it pulled in is read from sys.modules.
 """
@@ -56,5 +57,26 @@ def test_the_admin_command_pulls_in_no_dashboard_code():
 
 def test_the_shared_tenant_reading_imports_nothing_of_the_project():
     loaded = modules_after("import kvbudget.client.tenants")
-    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client.tenants"}
+    # (kvbudget.client's own __init__ loads its public names lazily: nothing more comes with it)
+    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client", "kvbudget.client.tenants"}
     assert not roots(loaded) & {"textual", "rich", "torch", "pynvml", "grpc", "google"}
+
+
+def test_the_engine_client_pulls_in_no_server_and_no_dashboard():
+    """An engine imports the client library: no server, log or dashboard code comes with it
+    (tests/test_layering.py holds the same line in the source; this is what a process loads)."""
+    loaded = modules_after("import kvbudget.client.engine")
+    assert "kvbudget.client.engine" in loaded  # the import did happen
+    assert not {m for m in loaded if m.startswith(("kvbudget.daemon.server", "kvbudget.daemon.log", "kvbudget.tui"))}
+    assert not roots(loaded) & {"textual", "torch", "pynvml"}
+
+
+def test_the_core_pulls_in_nothing_but_the_standard_library():
+    loaded = modules_after("import kvbudget.daemon.core.admission, kvbudget.daemon.core.step")
+    assert "kvbudget.daemon.core.step" in loaded  # the import did happen
+    outside = {
+        m for m in loaded
+        if m.split(".")[0] not in sys.stdlib_module_names
+        and not m.startswith(("kvbudget.daemon.core", "__editable__", "_distutils_hack", "__main__"))
+    }  # (the editable install's import hooks aside)
+    assert outside <= {"kvbudget", "kvbudget.daemon"}  # the packages above the core: their __init__ only
