@@ -2,7 +2,7 @@
 
 A series of daemon snapshots, each reduced to a `PoolSample` (`sample_from_snapshot`);
 the pool the configuration implies (`expectation_from_config`); and the `Finding`s and
-`Diagnosis` that doctor.py's checks make of them, with the thresholds they use. Plain
+`Diagnosis` that the doctor's checks make of them, with the thresholds they use. Plain
 frozen dataclasses: tests stage series by hand, `cmd_doctor` fills them from the daemon.
 """
 
