@@ -13,7 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvbudget.traces import loaders
-from kvbudget.traces.loaders import TraceError, TraceRequest, load_trace, pool_prefix_hashes
+from kvbudget.traces.format_azure import azure_ticks
+from kvbudget.traces.loaders import load_trace
+from kvbudget.traces.prefix_hashes import CHAIN_ROOT, pool_prefix_hashes
+from kvbudget.traces.trace_request import TraceError, TraceRequest
 
 TRACES = Path(loaders.__file__).resolve().parent
 MASK64 = 2**64 - 1
@@ -210,12 +213,12 @@ def test_unsorted_azure_rows_count_from_the_earliest_row(tmp_path):
 
 def test_azure_timestamps_read_as_strptime_did(tmp_path):
     # one-digit fields as %m/%d/%H/%M/%S accept them; impossible dates are still errors
-    assert loaders._azure_ticks("2023-1-2 3:4:5.5") == loaders._azure_ticks("2023-01-02 03:04:05.5000000")
-    assert loaders._azure_ticks("1970-01-01 00:00:01") == 10**7
+    assert azure_ticks("2023-1-2 3:4:5.5") == azure_ticks("2023-01-02 03:04:05.5000000")
+    assert azure_ticks("1970-01-01 00:00:01") == 10**7
     bad = ("2023-02-30 00:00:00", "2023-11-16T18:15:46", "2023-11-16 18:15", "2023-11-16 18:15:46.12345678")
     for stamp in bad:
         with pytest.raises(ValueError):
-            loaders._azure_ticks(stamp)
+            azure_ticks(stamp)
 
 
 def test_gzip_compressed_traces_are_read_through_it(tmp_path):
@@ -250,7 +253,7 @@ def test_hash_mapping_by_hand():
     # full pool blocks = 1100 // 256 = 4; trace block 0 -> pool 0, 1; block 1 -> pool 2, 3;
     # pool block 4 (tokens 1024..1279) is not full in the prompt: no hash.
     hashes = pool_prefix_hashes(_req(1100, (7, 9, 11)), 256)
-    root = loaders._CHAIN_ROOT
+    root = CHAIN_ROOT
     h0 = hash((root, 7, 0)) & MASK64
     h1 = hash((root, 7, 1)) & MASK64
     h2 = hash((h1, 9, 0)) & MASK64  # chained on the last pool block before trace block 1
@@ -281,7 +284,8 @@ def test_hash_mapping_pool_blocks_larger_than_trace_blocks():
 def test_hash_mapping_is_the_same_in_another_process():
     # Python randomises str hashes per process, never int/tuple hashes: the ids are stable.
     code = (
-        "from kvbudget.traces.loaders import TraceRequest, pool_prefix_hashes;"
+        "from kvbudget.traces.prefix_hashes import pool_prefix_hashes;"
+        "from kvbudget.traces.trace_request import TraceRequest;"
         "print(list(pool_prefix_hashes(TraceRequest(0.0, 1100, 1, (7, 9, 11), 512), 256)))"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")
