@@ -42,9 +42,3 @@ class Trace:
     def arrival_quantum_s(self) -> float:
         """How coarse the timestamps are: a replayer may spread a bucket over this."""
         return MOONCAKE_TIMESTAMP_QUANTUM_S if self.format == "mooncake" else 0.0
-
-    @property
-    def duration_s(self) -> float:
-        if not self.requests:
-            return 0.0
-        return self.requests[-1].arrival_s - self.requests[0].arrival_s
