@@ -184,19 +184,7 @@ def _size_pool(args: argparse.Namespace, model: ModelInfo) -> PoolSizing:
         weights = parse_size(args.weights_bytes, "--weights-bytes", allow_zero=True)
     else:
         weights = model.weights.weight_bytes
-    gpu_name = ""
-    if args.gpu_memory_bytes is not None:
-        total = parse_size(args.gpu_memory_bytes, "--gpu-memory-bytes")
-    else:
-        from kvbudget.daemon.config.gpu import probe_gpu
-
-        probe = probe_gpu()
-        if not probe.present:
-            raise CLIError(
-                "no memory source: give --gpu-memory-bytes, --kv-cache-memory-bytes or "
-                f"--num-gpu-blocks ({probe.note})"
-            )
-        total, gpu_name = probe.total_bytes, probe.name
+    total, gpu_name = _gpu_memory(args)
     return sz.size_from_gpu_memory(
         layout,
         gpu_total_bytes=total,
@@ -206,6 +194,21 @@ def _size_pool(args: argparse.Namespace, model: ModelInfo) -> PoolSizing:
         weights_estimated=args.weights_bytes is None,
         gpu_name=gpu_name,
     )
+
+
+def _gpu_memory(args: argparse.Namespace) -> tuple[int, str]:
+    """The GPU's total memory and name: --gpu-memory-bytes (no name), else the local GPU's."""
+    if args.gpu_memory_bytes is not None:
+        return parse_size(args.gpu_memory_bytes, "--gpu-memory-bytes"), ""
+    from kvbudget.daemon.config.gpu import probe_gpu
+
+    probe = probe_gpu()
+    if not probe.present:
+        raise CLIError(
+            "no memory source: give --gpu-memory-bytes, --kv-cache-memory-bytes or "
+            f"--num-gpu-blocks ({probe.note})"
+        )
+    return probe.total_bytes, probe.name
 
 
 def _does_not_fit(sizing: PoolSizing) -> str:
