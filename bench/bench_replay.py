@@ -59,7 +59,7 @@ Pool calls alone, replayed from a recording of the whole run: 5.5-5.8 s -> 4.0-4
 Where the time goes now (in-process, whole run): pool ~4.5 s (publishing 1.5, eviction
 and allocation 1.2, freeing 1.2, lookups 0.6), the rest of the core ~2.3 s (per call:
 admission, fit test, decisions), prompt hashing ~1.3 s (5.8 M CPython tuple hashes in
-traces/loaders.py, values pinned by tests), the simulated engine ~1.1 s. Of the 95 k
+traces/prefix_hashes.py, values pinned by tests), the simulated engine ~1.1 s. Of the 95 k
 prefix lookups, 68 k are for admission attempts that then do not fit.
 Live, a call is a serial round trip: the replayer's own CPU (~0.40 ms per call), the
 daemon's Step (validation ~0.01 ms, core ~0.27 ms, decision log ~0.09 ms before the

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.doctor_reservations import RESERVATION_CAUSES
 from kvbudget.cli.cmd_doctor import json_report
 from kvbudget.cli.doctor_samples import GpuSample, PlanView, PoolSample, Status, Verdict
 
@@ -75,7 +76,7 @@ def test_the_doc_lists_fields() -> None:
 
 def test_the_doc_lists_every_verdict_and_cause() -> None:
     assert doc_values("verdict") == {v.value for v in Verdict}
-    assert doc_values("cause") == set(doctor.RESERVATION_CAUSES)
+    assert doc_values("cause") == set(RESERVATION_CAUSES)
 
 
 # ------------------------------------------------------------------ staged series

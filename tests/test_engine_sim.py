@@ -10,7 +10,7 @@ from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import AttentionSpec, SlidingWindowSpec, group_layers, kv_dtype
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps, spread_arrivals
-from kvbudget.traces.loaders import TraceRequest
+from kvbudget.traces.trace_request import TraceRequest
 from kvbudget.traces.replay import ControllerBackend
 
 BF16 = kv_dtype("bf16")

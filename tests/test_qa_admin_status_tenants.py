@@ -93,18 +93,18 @@ class _FakeDaemon:
 def test_set_quota_never_reads_the_sum_of_a_cut_list_back_as_the_tenant() -> None:
     # A tenant named "(other)" (the daemon accepts the name) in a cut list is summed, not
     # listed: its quota cannot be read back, and "0 blocks" would be false.
-    from kvbudget.cli.cmd_admin import _set_quota
+    from kvbudget.cli.cmd_admin import set_quota
 
-    result, text, code = _set_quota(_FakeDaemon(_cut()), OTHER_TENANTS, 0.5, 1.0)
+    result, text, code = set_quota(_FakeDaemon(_cut()), OTHER_TENANTS, 0.5, 1.0)
     assert (code, result["quota_blocks"]) == (0, None)
     assert "0 of" not in text and text == "tenant (other): max share 0.5 of 64 blocks, weight 1"
 
 
 def test_set_quota_reads_a_listed_tenant_back_in_blocks() -> None:
-    from kvbudget.cli.cmd_admin import _set_quota
+    from kvbudget.cli.cmd_admin import set_quota
 
     snapshot = _cut()
     snapshot.tenants[0].quota_blocks = 32
-    result, text, code = _set_quota(_FakeDaemon(snapshot), "big", 0.5, 2.0)
+    result, text, code = set_quota(_FakeDaemon(snapshot), "big", 0.5, 2.0)
     assert result["quota_blocks"] == 32
     assert text == "tenant big: max share 0.5 (32 of 64 blocks), weight 2"

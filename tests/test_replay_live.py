@@ -83,7 +83,7 @@ def test_a_bad_target_is_refused_before_the_trace_is_read(target, message, capsy
 
 
 def test_live_replay_reads_target_and_token_from_the_environment(tmp_path, capsys, monkeypatch):
-    from kvbudget.cli import cmd_replay
+    from kvbudget.cli import cmd_replay, replay_live
 
     target = f"unix://{tmp_path}/from-env.sock"
     monkeypatch.setenv("KVBUDGET_TARGET", target)
@@ -98,7 +98,7 @@ def test_live_replay_reads_target_and_token_from_the_environment(tmp_path, capsy
 
     monkeypatch.setenv("KVBUDGET_TARGET", "localhost:50051")
     monkeypatch.setenv("KVBUDGET_TOKEN", "env-token")
-    monkeypatch.setattr(cmd_replay, "_run_live", run_live)
+    monkeypatch.setattr(replay_live, "run", run_live)
     assert main(["replay", "azure", "--limit", "3"]) == 2
     assert seen == {"target": "localhost:50051", "token": "env-token"}
     # a flag wins over the environment

@@ -118,9 +118,9 @@ def test_cli_broken_trace_names_the_line(tmp_path, capsys):
 
 
 def _never_runs(monkeypatch):
-    from kvbudget.cli import cmd_replay
+    from kvbudget.cli import replay_offline
 
-    monkeypatch.setattr(cmd_replay, "_run_offline", lambda *a: pytest.fail("the replay ran"))
+    monkeypatch.setattr(replay_offline, "run", lambda *a: pytest.fail("the replay ran"))
 
 
 def test_report_dir_is_checked_before_the_replay(tmp_path, capsys, monkeypatch):
@@ -134,7 +134,7 @@ def test_report_dir_is_checked_before_the_replay(tmp_path, capsys, monkeypatch):
 
 
 def test_report_dir_is_made_before_the_replay(tmp_path, capsys, monkeypatch):
-    from kvbudget.cli import cmd_replay
+    from kvbudget.cli import cmd_replay, replay_offline
 
     made = tmp_path / "a" / "b"
 
@@ -142,7 +142,7 @@ def test_report_dir_is_made_before_the_replay(tmp_path, capsys, monkeypatch):
         assert made.is_dir()  # already there when the replay starts
         raise cmd_replay.CLIError("stop here")
 
-    monkeypatch.setattr(cmd_replay, "_run_offline", offline)
+    monkeypatch.setattr(replay_offline, "run", offline)
     assert main(["replay", "azure", "--offline", "--limit", "3", "--report", str(made)]) == 2
     assert capsys.readouterr().err == "kvbudget replay: error: stop here\n"
 
@@ -184,11 +184,11 @@ def test_grow_ahead_default_depends_on_where_admission_runs() -> None:
     # asked ahead are blocks other requests cannot have, so the default stays small.
     import argparse
 
-    from kvbudget.cli.cmd_replay import _grow_ahead_blocks
+    from kvbudget.cli.replay_flags import grow_ahead_blocks
 
-    assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=False)) == 16
-    assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=True)) == 4
-    assert _grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks="0", offline=False)) == 0
+    assert grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=False)) == 16
+    assert grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks=None, offline=True)) == 4
+    assert grow_ahead_blocks(argparse.Namespace(grow_ahead_blocks="0", offline=False)) == 0
 
 
 # ------------------------------------------------------------- traces in any order

@@ -19,7 +19,7 @@ from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import KVCacheLayout
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
-from kvbudget.traces.loaders import TraceRequest
+from kvbudget.traces.trace_request import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from kvbudget.traces.loaders import TraceRequest
+from kvbudget.traces.trace_request import TraceRequest
 
 
 PENDING, QUEUED, RUNNING, FINISHED, REJECTED, LOST = range(6)

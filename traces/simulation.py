@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.core.spec import KVCacheLayout
-from kvbudget.traces.loaders import TraceRequest, pool_prefix_hashes
+from kvbudget.traces.prefix_hashes import pool_prefix_hashes
+from kvbudget.traces.trace_request import TraceRequest
 from kvbudget.traces.sim_backend import AsyncBackend, Backend, StepOps
 from kvbudget.traces.sim_engine import EngineConfig, SimEngine
 from kvbudget.traces.sim_request import (

@@ -1,21 +1,7 @@
 """`kvbudget admin`: operator actions on a running daemon: policy, tenant quotas, drain, status.
 
-    kvbudget admin status                              # one screen: policy, blocks, requests, tenants
-    kvbudget admin set-policy guaranteed               # prints "policy: optimistic -> guaranteed"
-                                                       #   and what the switch did to the queue
-    kvbudget admin set-quota team-a --max-share 0.25 --weight 2
-    kvbudget admin set-quota team-a --max-share 0      # clears team-a's quota
-    kvbudget admin drain --wait --timeout 120          # stop admitting, wait for running requests
-    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --json set-policy naive
-    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --tls-ca ca.pem \\
-        --tls-cert me.pem --tls-key me.key status      # a daemon with tls_client_ca_file
-
-Over the unix socket every caller may do everything (the socket's file mode is the guard);
-over TCP the token must have the admin role (`status` only needs an observer token).
-A drain cannot be undone: restart the daemon to admit again.
-
-Exit status: 0 done; 1 `drain --wait` timed out with requests still running; 2 bad
-arguments, or the daemon could not be reached or refused the call.
+Each action is one call, said in one line (or JSON); the examples, roles and exit codes
+are `--help`'s (EPILOG).
 """
 
 from __future__ import annotations
@@ -48,6 +34,26 @@ if TYPE_CHECKING:
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 CALL_TIMEOUT_S = 10.0
 DRAIN_POLL_S = 0.2
+
+
+# `--help`'s epilog, shown as written (RawDescriptionHelpFormatter).
+EPILOG = """\
+    kvbudget admin status                              # one screen: policy, blocks, requests, tenants
+    kvbudget admin set-policy guaranteed               # prints "policy: optimistic -> guaranteed"
+                                                       #   and what the switch did to the queue
+    kvbudget admin set-quota team-a --max-share 0.25 --weight 2
+    kvbudget admin set-quota team-a --max-share 0      # clears team-a's quota
+    kvbudget admin drain --wait --timeout 120          # stop admitting, wait for running requests
+    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --json set-policy naive
+    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --tls-ca ca.pem \\
+        --tls-cert me.pem --tls-key me.key status      # a daemon with tls_client_ca_file
+
+Over the unix socket every caller may do everything (the socket's file mode is the guard);
+over TCP the token must have the admin role (`status` only needs an observer token).
+A drain cannot be undone: restart the daemon to admit again.
+
+Exit status: 0 done; 1 `drain --wait` timed out with requests still running; 2 bad
+arguments, or the daemon could not be reached or refused the call."""
 
 
 def _share(text: str) -> float:
@@ -94,12 +100,12 @@ def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "\n".join((__doc__ or "").splitlines()[2:])  # the examples above
+    parser.epilog = EPILOG
     _connection_options(parser, defaults=True)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    status = actions.add_parser("status", help="policy, blocks, requests, tenants, draining")
-    _connection_options(status, defaults=False)
+    status_parser = actions.add_parser("status", help="policy, blocks, requests, tenants, draining")
+    _connection_options(status_parser, defaults=False)
 
     policy = actions.add_parser("set-policy", help="switch the admission policy for new requests")
     policy.add_argument("policy", choices=POLICY_NAMES, help="the new policy")
@@ -115,12 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _connection_options(quota, defaults=False)
 
-    drain = actions.add_parser("drain", help="stop admitting; running requests finish (cannot be undone)")
-    drain.add_argument("--wait", action="store_true", help="wait until no request is running")
-    drain.add_argument(
+    drain_parser = actions.add_parser("drain", help="stop admitting; running requests finish (cannot be undone)")
+    drain_parser.add_argument("--wait", action="store_true", help="wait until no request is running")
+    drain_parser.add_argument(
         "--timeout", type=_seconds, default=None, metavar="S", help="with --wait: give up after S seconds (0: never)"
     )
-    _connection_options(drain, defaults=False)
+    _connection_options(drain_parser, defaults=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,13 +137,13 @@ def run(args: argparse.Namespace) -> int:
     credentials = channel_credentials(resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key))
     with AdminConnection(target, resolve_token(args.token), credentials) as daemon:
         if args.action == "status":
-            result, text, code = _status(daemon)
+            result, text, code = status(daemon)
         elif args.action == "set-policy":
-            result, text, code = _set_policy(daemon, args.policy)
+            result, text, code = set_policy(daemon, args.policy)
         elif args.action == "set-quota":
-            result, text, code = _set_quota(daemon, args.tenant, args.max_share, args.weight)
+            result, text, code = set_quota(daemon, args.tenant, args.max_share, args.weight)
         else:
-            result, text, code = _drain(daemon, args.wait, args.timeout or 0.0)
+            result, text, code = drain(daemon, args.wait, args.timeout or 0.0)
     if args.json:
         print(json.dumps({"target": target, "action": args.action, **result}, indent=2))
     else:
@@ -181,7 +187,7 @@ class AdminConnection:
 Outcome = tuple[dict[str, Any], str, int]
 
 
-def _set_policy(daemon: AdminConnection, policy: str) -> Outcome:
+def set_policy(daemon: AdminConnection, policy: str) -> Outcome:
     from kvbudget.daemon.wire import convert
     from kvbudget.v1 import admin_pb2
 
@@ -211,7 +217,7 @@ def _queue_moves(admitted: int, rejected_by_reason: dict[str, int]) -> str:
     return "; " + "; ".join(parts) if parts else ""
 
 
-def _set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: float) -> Outcome:
+def set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: float) -> Outcome:
     from kvbudget.v1 import admin_pb2
 
     request = admin_pb2.SetTenantQuotaRequest(tenant=tenant, max_share=max_share, weight=weight)
@@ -235,7 +241,7 @@ def _set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: f
     return result, text, 0
 
 
-def _drain(daemon: AdminConnection, wait: bool, timeout_s: float) -> Outcome:
+def drain(daemon: AdminConnection, wait: bool, timeout_s: float) -> Outcome:
     from kvbudget.v1 import admin_pb2
 
     running = daemon.call(daemon.admin.Drain, admin_pb2.DrainRequest()).running
@@ -253,7 +259,7 @@ def _drain(daemon: AdminConnection, wait: bool, timeout_s: float) -> Outcome:
     return result, text, 0
 
 
-def _status(daemon: AdminConnection) -> Outcome:
+def status(daemon: AdminConnection) -> Outcome:
     s = daemon.snapshot()
     return status_fields(s), render_status(s, daemon.target), 0
 

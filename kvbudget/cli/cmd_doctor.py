@@ -1,10 +1,5 @@
 """`kvbudget doctor`: sample a running daemon and say what limits it, and which knob to turn.
 
-    kvbudget doctor                                   # the local socket, 5 samples 1 s apart
-    kvbudget doctor --target gpu7:50051 --token $T --samples 10 --interval 0.5 --json
-    kvbudget doctor --config /etc/kvbudget/kvbudget.toml   # also check the pool against the config
-    kvbudget doctor --target gpu7:50051 --token $T --tls-ca ca.pem --tls-cert me.pem --tls-key me.key
-
 Exit status: 0 healthy, 1 a problem was found (the verdict is not "healthy", or a check
 failed), 2 the daemon could not be asked (unreachable, refused, bad arguments).
 """

@@ -1,19 +1,7 @@
 """`kvbudget log`: query the decision log, with or without the daemon running.
 
-    kvbudget log --request req-42                  every decision about one request
-    kvbudget log --kind preempt --since 10m        preemptions in the last ten minutes
-    kvbudget log --engine vllm-0 --json | jq .     JSON lines, one decision per line
-    kvbudget log --since 2026-11-29T08:00Z --csv   CSV with a header row
-    kvbudget log --disk-usage                      how big the log is, how far back it reaches
-    kvbudget log -f --kind preempt                 the last 10 preemptions, then each new one
-    kvbudget log --limit 50 --before-seq 9001      the 50 before those, when the first shown was seq 9001
-
-Rows are printed oldest first; `--limit` keeps the newest N that match (0: all).
-`--before-seq` pages back exactly: decisions of one step share a time, seqs do not.
-`-f` (like journalctl -f) prints the newest 10 that match, then follows the file, printing
-new matching decisions as the daemon commits them, until Ctrl-C.
-Times are unix seconds, ISO 8601 (naive means local time, like journalctl), or relative
-to now (`30s`, `10m`, `2h`, `1d`).
+Queries go to the log file itself (kvbudget.daemon.log.query); the examples, paging and
+time forms are `--help`'s (EPILOG).
 """
 
 from __future__ import annotations
@@ -38,9 +26,27 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 KINDS = ("admit", "queue", "reject", "grow", "deny", "preempt", "reclaim", "release", "expire", "policy")
 
 
+# `--help`'s epilog, shown as written (RawDescriptionHelpFormatter).
+EPILOG = """\
+    kvbudget log --request req-42                  every decision about one request
+    kvbudget log --kind preempt --since 10m        preemptions in the last ten minutes
+    kvbudget log --engine vllm-0 --json | jq .     JSON lines, one decision per line
+    kvbudget log --since 2026-11-29T08:00Z --csv   CSV with a header row
+    kvbudget log --disk-usage                      how big the log is, how far back it reaches
+    kvbudget log -f --kind preempt                 the last 10 preemptions, then each new one
+    kvbudget log --limit 50 --before-seq 9001      the 50 before those, when the first shown was seq 9001
+
+Rows are printed oldest first; `--limit` keeps the newest N that match (0: all).
+`--before-seq` pages back exactly: decisions of one step share a time, seqs do not.
+`-f` (like journalctl -f) prints the newest 10 that match, then follows the file, printing
+new matching decisions as the daemon commits them, until Ctrl-C.
+Times are unix seconds, ISO 8601 (naive means local time, like journalctl), or relative
+to now (`30s`, `10m`, `2h`, `1d`)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "\n".join((__doc__ or "").splitlines()[2:])  # the examples above
+    parser.epilog = EPILOG
     parser.add_argument("--db", default=DEFAULT_DB_PATH, help=f"decision log file (default {DEFAULT_DB_PATH})")
     parser.add_argument("--request", metavar="ID", help="only this request id")
     parser.add_argument("--engine", metavar="ID", help="only this engine id")

@@ -1,12 +1,5 @@
 """The Rich console the CLI's tables print on (`log`, `replay`, `estimate`).
 
-- Markup off unless the caller's own labels use it: what the tables show (request ids,
-  trace and model names) is the user's text, and "[/]" in it is not a closing tag.
-- Piped with no COLUMNS, 200 columns wide: 80 would fold or cut every cell.
-- A reader that closes the pipe early (`kvbudget log | head`) ends the command quietly,
-  exit 0, as the JSON and CSV outputs do. Rich's own handling exits 1, which a shell with
-  `set -o pipefail` reads as a failure of ours.
-
 Rich is imported here, so a command imports this module only when it prints a table.
 """
 
@@ -29,6 +22,11 @@ class _CliConsole(Console):
 
 
 def cli_console(*, markup: bool = False, wide_when_piped: bool = True) -> Console:
+    """Markup off unless the caller's own labels use it: what the tables show (request ids,
+    trace and model names) is the user's text, and "[/]" in it is not a closing tag. Piped
+    with no COLUMNS, 200 columns wide: 80 would fold or cut every cell. A reader that closes
+    the pipe early (`kvbudget log | head`) ends the command quietly, exit 0, as the JSON and
+    CSV outputs do, where Rich's own handling exits 1 (a failure to `set -o pipefail`)."""
     console = _CliConsole(markup=markup)
     if wide_when_piped and not console.is_terminal and "COLUMNS" not in os.environ:
         console = _CliConsole(markup=markup, width=200)

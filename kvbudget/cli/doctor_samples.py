@@ -2,7 +2,7 @@
 
 A series of daemon snapshots, each reduced to a `PoolSample` (`sample_from_snapshot`);
 the pool the configuration implies (`expectation_from_config`); and the `Finding`s and
-`Diagnosis` that doctor.py's checks make of them, with the thresholds they use. Plain
+`Diagnosis` that the doctor's checks make of them, with the thresholds they use. Plain
 frozen dataclasses: tests stage series by hand, `cmd_doctor` fills them from the daemon.
 """
 
@@ -172,8 +172,6 @@ class Diagnosis:
 
 def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
     """One `kvbudget.v1.Snapshot` message, as GetSnapshot or Watch returns it."""
-    gpu = msg.gpu
-    plan = msg.plan if msg.HasField("plan") else None
     by_kind = {str(k).lower(): int(v) for k, v in msg.decisions_by_kind.items()}
     return PoolSample(
         time_s=float(msg.time_unix_s),
@@ -188,34 +186,9 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         admits=by_kind.get("admit", by_kind.get("decision_kind_admit", 0)),
         rejections_by_reason=dict(msg.rejections_by_reason),
         waiting_by_reason={str(k): int(v) for k, v in msg.waiting_by_reason.items()},
-        gpu=GpuSample(
-            present=bool(gpu.present),
-            total_bytes=int(gpu.total_bytes),
-            used_bytes=int(gpu.used_bytes),
-            pool_bytes=int(gpu.pool_bytes),
-            other_processes_bytes=int(gpu.other_processes_bytes),
-            note=str(gpu.note),
-        ),
-        plan=None
-        if plan is None
-        else PlanView(
-            num_blocks=int(plan.num_blocks),
-            bytes_per_block=int(plan.bytes_per_block),
-            block_size=int(plan.block_size_tokens),
-            max_model_len=int(plan.max_model_len_tokens),
-            memory_bytes=int(plan.memory.size_bytes) if plan.HasField("memory") else 0,
-            blocks_at_max_model_len=_blocks_at_max_model_len(plan),
-        ),
-        tenants=tuple(
-            TenantSample(
-                tenant=t.tenant,
-                held=int(t.blocks_held),
-                reserved=int(t.blocks_reserved),
-                quota_blocks=int(t.quota_blocks),
-                waiting=int(t.waiting),
-            )
-            for t in msg.tenants
-        ),
+        gpu=_gpu_sample(msg.gpu),
+        plan=_plan_view(msg.plan) if msg.HasField("plan") else None,
+        tenants=tuple(_tenant_sample(t) for t in msg.tenants),
         draining=bool(msg.draining),
         log_stalls=int(msg.decision_log.stalls),
         log_stall_s=float(msg.decision_log.stall_s),
@@ -228,6 +201,38 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         log_write_error=msg.decision_log.write_error,
         daemon_started_s=float(msg.started_unix_s),
         daemon_version=msg.daemon_version,
+    )
+
+
+def _gpu_sample(gpu: common_pb2.GpuState) -> GpuSample:
+    return GpuSample(
+        present=bool(gpu.present),
+        total_bytes=int(gpu.total_bytes),
+        used_bytes=int(gpu.used_bytes),
+        pool_bytes=int(gpu.pool_bytes),
+        other_processes_bytes=int(gpu.other_processes_bytes),
+        note=str(gpu.note),
+    )
+
+
+def _plan_view(plan: common_pb2.PoolPlan) -> PlanView:
+    return PlanView(
+        num_blocks=int(plan.num_blocks),
+        bytes_per_block=int(plan.bytes_per_block),
+        block_size=int(plan.block_size_tokens),
+        max_model_len=int(plan.max_model_len_tokens),
+        memory_bytes=int(plan.memory.size_bytes) if plan.HasField("memory") else 0,
+        blocks_at_max_model_len=_blocks_at_max_model_len(plan),
+    )
+
+
+def _tenant_sample(t: common_pb2.TenantState) -> TenantSample:
+    return TenantSample(
+        tenant=t.tenant,
+        held=int(t.blocks_held),
+        reserved=int(t.blocks_reserved),
+        quota_blocks=int(t.quota_blocks),
+        waiting=int(t.waiting),
     )
 
 

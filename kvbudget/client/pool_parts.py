@@ -1,12 +1,6 @@
-"""A snapshot's pool as four parts that add up to it: the one split `kvbudget admin status`
-and the dashboard share.
-
-The daemon's `num_free_blocks` is every block no request holds: blocks promised to running
-requests (reserved) and evictable cached blocks are in it too. Shown beside "reserved" and
-"cached", that free count says the same blocks twice (60 of 64 blocks promised still read
-"64 free"), so both clients split the pool here, the same way. Nothing of
-the project (and no textual, torch or protobuf) is imported: the dashboard (`kvbudget.tui`)
-and the CLI, which must load no dashboard code, may both import it.
+"""A snapshot's pool as four parts that add up to it (held, reserved, cached, free): the
+one split `kvbudget admin status` and the dashboard share, so that no block is shown twice.
+Imports nothing of the project: the dashboard and the CLI may both import it.
 """
 
 from __future__ import annotations

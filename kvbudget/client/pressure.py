@@ -1,10 +1,6 @@
-"""When the KV pool counts as full: the one bar `kvbudget doctor` and the dashboard share.
-
-Both answer "requests are held back: is the pool full, or the budget?", and an operator who
-runs both must get one answer. So both read the pool the same way, and compare it with
-this one bar, and both take the daemon's word for why requests wait (`waits_for_pool`).
-Nothing of the project is imported here: the dashboard (`kvbudget.tui`, no daemon, no
-torch, no NVML) and the doctor may both import it.
+"""When the KV pool counts as full: the one bar `kvbudget doctor` and the dashboard share,
+so that an operator who runs both gets one answer to "is the pool full, or the budget?".
+Imports nothing of the project: the dashboard and the doctor may both import it.
 """
 
 from __future__ import annotations
@@ -12,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 # The pool counts as full at this share of its usable blocks *held*, the held share being
-# the mean over the moments requests were held back ("under pressure": a sample where some
-# waited, or the cumulative preemption count rose since the sample before), not one
-# instant: under a steady saturated load the queue comes and goes and usage swings around
+# the mean over the moments requests were held back ("under pressure": some waited, or the
+# preemption count rose), not one instant: under a steady saturated load usage swings around
 # the bar from one sample to the next. Pool-bound at or above it, with pressure, and below
-# it when the daemon says the queue waits for room in the pool (`waits_for_pool`); else the
-# limit is not the blocks. 0.90 is also where the dashboard's usage gauges turn red.
+# it when the daemon says the queue waits for room in the pool (`waits_for_pool`).
+# 0.90 is also where the dashboard's usage gauges turn red.
 #
 # Where the two still differ, on purpose:
 # - the window: the dashboard judges the queue over its last 10 s and preemptions over

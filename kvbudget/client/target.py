@@ -1,12 +1,7 @@
 """Where a client command finds the daemon: the default address, its check, the channel.
 
 Shared by `kvbudget doctor`, `admin`, `replay` (live) and `tui`, so each says the same
-thing about the same mistake. The target is checked before any call: a malformed address,
-or a unix socket that is not there, is one line at once, not a wait for a deadline.
-grpc is imported only inside the functions that open a channel, so `--help` and the
-checks import nothing heavy.
-
-The TLS files (--tls-ca, --tls-cert, --tls-key) are `client_tls`'s.
+thing about the same mistake, at once, before any call.
 """
 
 from __future__ import annotations

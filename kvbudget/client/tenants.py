@@ -1,11 +1,6 @@
-"""A snapshot's tenant list as the daemon sends it: the one reading `kvbudget admin status`
-and the dashboard share.
-
-The daemon lists at most so many tenants besides the configured ones; past that, the last
-entry, "(other)", sums the rest, and `num_tenants` says how many there are in all. Both
-clients must count the folded tenants the same way, so they read it here. Nothing of the
-project (and no textual, torch or protobuf) is imported: the dashboard (`kvbudget.tui`)
-and the CLI, which must load no dashboard code, may both import it.
+"""A snapshot's tenant list as the daemon sends it, its last entry "(other)" summing those
+it left out: the one reading `kvbudget admin status` and the dashboard share.
+Imports nothing of the project: the dashboard and the CLI may both import it.
 """
 
 from __future__ import annotations

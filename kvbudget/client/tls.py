@@ -1,18 +1,8 @@
-"""The TLS files of a client command: --tls-ca, --tls-cert, --tls-key, and the channel
-credentials made of them.
-
-TLS, for TCP targets: `--tls-ca` turns it on (the CA that signed the daemon's
-certificate); `--tls-cert` and `--tls-key` add a client certificate for a daemon that
-asks for one (mutual TLS, `tls_client_ca_file`), and need `--tls-ca`: TLS is switched on
-by naming whom to trust, never by a client certificate alone. Each flag has a variable
-($KVBUDGET_TLS_CA, ...), read as $KVBUDGET_TARGET is, so that a TCP target kept in the
-environment can keep its TLS files there too. A unix socket is plaintext (its file mode
-is the guard): TLS flags with one are refused, the TLS variables ignored, so that
-`--target unix:...` still works where they are set for a remote daemon.
+"""The TLS files of a client command (--tls-ca, --tls-cert, --tls-key, or their
+$KVBUDGET_TLS_* variables) and the channel credentials made of them.
 
 Every file is read and checked before any call, so a mistake is one line naming the flag
-(or variable) and the file; grpc would only say UNAVAILABLE, later. grpc and ssl are
-imported only when credentials are made.
+(or variable) and the file, where grpc would only say UNAVAILABLE, later.
 """
 
 from __future__ import annotations

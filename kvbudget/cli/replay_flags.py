@@ -1,0 +1,81 @@
+"""Reading `kvbudget replay`'s flags: numbers with one-line errors, the policies, and the
+simulated engine they describe (offline and live alike)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvbudget.client.errors import CLIError
+
+POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
+
+
+def int_flag(text: str | None, flag: str, *, minimum: int = 1) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise CLIError(f"{flag} {text!r}: expected an integer") from None
+    if value < minimum:
+        raise CLIError(f"{flag} must be >= {minimum}, got {text!r}")
+    return value
+
+
+def float_flag(text: str | None, flag: str, *, positive: bool = False) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise CLIError(f"{flag} {text!r}: expected a number") from None
+    if not (value == value and value != float("inf")) or value < 0 or (positive and value == 0):
+        raise CLIError(f"{flag} must be {'> 0' if positive else '>= 0'} and finite, got {text!r}")
+    return value
+
+
+def chosen_policies(args: argparse.Namespace) -> list[str]:
+    if args.compare is not None:
+        names = [p.strip() for p in args.compare.split(",") if p.strip()]
+        unknown = [p for p in names if p not in POLICY_NAMES]
+        if unknown or not names:
+            raise CLIError(f"--compare: unknown policy {', '.join(unknown) or '(none)'}; "
+                           f"choose from {', '.join(POLICY_NAMES)}")  # fmt: skip
+        if args.policy:
+            raise CLIError("--policy and --compare exclude each other")
+        return names
+    return [args.policy or "optimistic"]
+
+
+# Live, each ask is a round trip, so asking further ahead buys speed; offline, asking ahead
+# costs nothing but ties up blocks, which on tight pools shows up as preemptions
+# (docs/replay-compare.md's Azure gpt-oss-120b run at 3,000 blocks: 25 optimistic
+# preemptions and 1,060 output tok/s at 4 blocks ahead, 63 and 928 at 16).
+LIVE_GROW_AHEAD_BLOCKS = 16
+OFFLINE_GROW_AHEAD_BLOCKS = 4
+
+
+def grow_ahead_blocks(args: argparse.Namespace) -> int:
+    if args.grow_ahead_blocks is None:
+        return OFFLINE_GROW_AHEAD_BLOCKS if args.offline else LIVE_GROW_AHEAD_BLOCKS
+    return int_flag(args.grow_ahead_blocks, "--grow-ahead-blocks", minimum=0) or 0
+
+
+def engine_config(args: argparse.Namespace, trace, *, max_model_len: int, max_num_batched_tokens: int):
+    from kvbudget.traces.engine_sim import EngineConfig
+
+    try:
+        return EngineConfig(
+            max_num_seqs=int_flag(args.max_num_seqs, "--max-num-seqs") or 256,
+            max_num_batched_tokens=max_num_batched_tokens,
+            step_base_s=(float_flag(args.step_base_ms, "--step-base-ms") or 0.0) / 1e3,
+            per_prefill_token_s=(float_flag(args.per_prefill_token_us, "--per-prefill-token-us") or 0.0) / 1e6,
+            per_decode_seq_s=(float_flag(args.per_decode_seq_us, "--per-decode-seq-us") or 0.0) / 1e6,
+            grow_ahead_blocks=grow_ahead_blocks(args),
+            max_model_len=max_model_len,
+            # The whole file's longest output, not the slice's: what the service evidently
+            # capped at, so a what-if does not change with --start / --limit.
+            max_new_tokens=int_flag(args.max_new_tokens, "--max-new-tokens") or trace.max_output_tokens or None,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None

@@ -1,0 +1,79 @@
+"""`kvbudget replay --offline`: the admission core in this process, on the model and pool
+the flags give (as a daemon started with the same flags would size it)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from kvbudget.cli.replay_flags import engine_config, int_flag
+from kvbudget.client.errors import CLIError
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_KV_BYTES = 16 * 2**30  # offline pool when no size is given: 16 GiB of KV cache
+
+
+def run(args: argparse.Namespace, trace, policies: list[str]):
+    from kvbudget.daemon.core.admission import AdmissionError
+    from kvbudget.traces.replay import run_offline
+
+    setup = replace(offline_setup(args, trace), spread_s=trace.arrival_quantum_s)
+    results = []
+    for policy in policies:
+        try:
+            results.append(run_offline(trace.requests, setup, policy, trace_name=trace.name))
+        except AdmissionError as exc:
+            raise CLIError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    for r in results:  # the model layout's notes, as `kvbudget estimate` reports them
+        r.summary["notes"] = list(setup.layout.notes)
+    return results
+
+
+def offline_setup(args: argparse.Namespace, trace):
+    from kvbudget.cli.cmd_estimate import parse_count, parse_size
+    from kvbudget.daemon.config import sizing
+    from kvbudget.daemon.config.hf_config import load_model, resolve_max_model_len
+    from kvbudget.traces.replay import ReplaySetup
+
+    block_size = int_flag(args.block_size, "--block-size")  # None: the model's (16; 64 for MLA)
+    try:
+        model = load_model(args.model or DEFAULT_MODEL, block_size=block_size)
+    except ValueError as exc:
+        raise CLIError(f"--model: {exc}") from None
+    layout = model.layout
+    if args.num_gpu_blocks and args.kv_cache_memory_bytes:
+        raise CLIError("--num-gpu-blocks and --kv-cache-memory-bytes exclude each other")
+    if args.num_gpu_blocks:
+        pool = sizing.size_from_num_blocks(layout, parse_count(args.num_gpu_blocks, "--num-gpu-blocks"))
+    else:
+        kv_bytes = (
+            parse_size(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")
+            if args.kv_cache_memory_bytes
+            else DEFAULT_KV_BYTES
+        )
+        pool = sizing.size_from_kv_cache_bytes(layout, kv_bytes)
+    # Sizing counts blocks as vLLM's num_gpu_blocks does, the null block included; like
+    # the daemon (server/lifecycle.py), hand the admission core the usable ones, so the what-if's
+    # pool, and the num_blocks it reports, are a daemon's with the same flag.
+    if pool.num_blocks < 2:
+        raise CLIError(
+            f"the pool gets {pool.num_blocks} blocks of {layout.bytes_per_block} bytes; it needs at least 2"
+            " (one is the null block): raise --num-gpu-blocks / --kv-cache-memory-bytes"
+        )
+    try:  # as estimate and the daemon do: not past the model's max_position_embeddings
+        max_model_len = resolve_max_model_len(model, int_flag(args.max_model_len, "--max-model-len"), name="--max-model-len")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    engine = engine_config(
+        args, trace, max_model_len=max_model_len,
+        max_num_batched_tokens=int_flag(args.max_num_batched_tokens, "--max-num-batched-tokens") or 8192,
+    )  # fmt: skip
+    return ReplaySetup(
+        layout=layout,
+        num_blocks=pool.num_blocks - 1,
+        engine=engine,
+        model=model.name,
+        engines=int_flag(args.engines, "--engines") or 1,
+        seed=int_flag(args.seed, "--seed", minimum=0) or 0,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
