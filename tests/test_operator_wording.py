@@ -63,13 +63,9 @@ def test_the_shared_pool_split_imports_nothing_of_the_project() -> None:
     code = "import sys, json\nimport kvbudget.client.pool_parts\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-<<<<<<< HEAD
-    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client", "kvbudget.client.pool_parts"}
-=======
     # (kvbudget.client, its package, loads its public names on first use: nothing here)
     expected = {"kvbudget", "kvbudget.client", "kvbudget.client.pool_parts"}
     assert {m for m in loaded if m.startswith("kvbudget")} == expected
->>>>>>> h/cli
     assert not {m.split(".")[0] for m in loaded} & {"textual", "rich", "torch", "pynvml", "grpc", "google"}
 
 
