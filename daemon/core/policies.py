@@ -14,7 +14,7 @@ not get from other requests' shared prefix blocks to be free and unpromised.
   guaranteed  base = worst case at L (prompt + max new tokens, capped by window / chunk /
               cap per group): never denied, never preempted (GUARANTEED_NO_EVICT).
   predictive  base = what the request holds while decoding at prompt + predicted output
-              (predictor.py says how long; fit.FitTest.expected what that holds: the worst
+              (predictor.py says how long; fit.FitCheck.expected what that holds: the worst
               case in full-attention groups, the window — not the prefill transient — in
               window groups); preempts only when a request outgrows that and nothing is
               spare.
@@ -63,7 +63,7 @@ class Predictive(Policy):
     uses_prediction = True
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
-        # The length its reservation is sized for; fit.FitTest.expected sizes it.
+        # The length its reservation is sized for; fit.FitCheck.expected sizes it.
         return min(max_len, max(prompt + predicted, resume_len))
 
 

@@ -16,7 +16,7 @@ Why p90 and not a lower quantile or the mean: measured on the Azure trace (4,000
 tokens/s while preemptions went up 1.4-1.7x (llama-3.1-8b) and 2-10x (gpt-oss-120b).
 Predictive's gap to optimistic with gpt-oss-120b (-42%) came from what was reserved for a
 length, not from the length: a sliding-window group was promised the whole prompt (its
-prefill transient) for the request's life. See fit.FitTest.expected.
+prefill transient) for the request's life. See fit.FitCheck.expected.
 """
 
 from __future__ import annotations

@@ -116,6 +116,20 @@ class WaitingQueue:
         if deadline is not None and not preempted:
             heapq.heappush(self._deadlines, (deadline, request.order, request))
 
+    def enter(self, request: RequestState, account: TenantAccount, preempted: bool, now: float) -> None:
+        """`request` starts waiting, counted in its tenant's `account`."""
+        self.push(request, preempted, account.usage())
+        request.failed_epoch = -1
+        request.queued = True
+        request.queued_at = now
+        account.waiting += 1
+
+    def leave(self, request: RequestState, account: TenantAccount) -> None:
+        """`request` stops waiting (admitted, rejected or gone)."""
+        self.remove(request)
+        request.queued = False
+        account.waiting -= 1
+
     def remove(self, request: RequestState) -> None:
         tenant = request.tenant
         waiting = self._by_tenant[tenant]
