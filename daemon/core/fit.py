@@ -1,17 +1,9 @@
 """Does a request fit now, and with what? The admission test, free of side effects.
 
-`plan` works out what admitting a waiting request would take under a policy: its prefix
-hits, the base reservation per group, the first chunk (`min(prompt, hits + F)` slots, as
-chunked prefill allocates; + lookahead for optimistic), the blocks that chunk holds
-(`budget.blocks_held`), what it is charged (`Σ max(held, base)`) and what the pool must
-find for it (`need`: the charge less hits other requests hold in full-attention groups).
-`refusal` says why it cannot be admitted now, or for good, or None. The tenant quota is
-held to the tenant's charge plus the request's, less its full-attention hits the tenant's
-other requests hold already (charged once; window-group hits are not free for good, as
-for `need`: see ledger.py).
-
-The formulas are the budget module's; the memos below only remember their answers
-(pure functions of small integers that admission asks again and again).
+`plan` works out what admitting a waiting request would take under a policy (its hits,
+base, first chunk, held blocks, charge, and `need`: what the pool must find); `refusal`
+says why it cannot be admitted now, or for good, or None. The formulas are budget.py's;
+the memos only remember their answers (docs/architecture.md).
 """
 
 from __future__ import annotations

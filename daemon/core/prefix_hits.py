@@ -1,19 +1,9 @@
 """How much of a prompt the prefix cache already holds, per KV-cache group.
 
-The engine sends chained hashes of the prompt's full blocks; the pool caches a computed
-block under `(group_index, hash)` (`cache_keys`). A hit of k blocks lets the request skip k·B tokens, so
-every group must be able to serve position k:
-  full / MLA       all of the first k blocks are cached;
-  sliding / chunk  only the blocks still in view after k·B computed tokens
-                   (`budget.blocks_out_of_window` decides which); earlier ones may be gone.
-Layouts with state (Mamba), cross-attention or capped groups get no hits: their pages are
-not a function of the prompt's blocks alone.
-
-A hit on a block another request holds costs nothing; a hit on an evictable block costs
-one block of the free count (it leaves the LRU when touched) and is charged that once.
-The same holds for the request's tenant (ledger.py): a hit on a block another of its own
-requests holds is not charged to its quota again; one on a block only other tenants hold
-is charged to it, once.
+A hit of k blocks lets a request skip k·B tokens, so every group must serve position k:
+full / MLA groups need all k blocks cached, sliding / chunked ones only those still in
+view. Layouts with state (Mamba), cross-attention or capped groups get no hits. What a
+hit costs the pool and the tenant: docs/architecture.md.
 """
 
 from __future__ import annotations
