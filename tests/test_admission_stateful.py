@@ -151,7 +151,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @rule(pick=st.integers(0, 1000), finish=st.booleans())
     def end_one(self, pick, finish):
-        known = sorted(self.ctrl._requests)
+        known = sorted(r.request_id for r in self.ctrl.running_requests() + self.ctrl.waiting_requests())
         if known:
             rid = known[pick % len(known)]
             call = self.ctrl.finish if finish else self.ctrl.abort

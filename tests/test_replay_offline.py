@@ -166,7 +166,7 @@ def test_predictive_preempts_less_than_optimistic_at_comparable_throughput_on_a_
     # fit one chunk, so a sliding group holds the whole prompt only while it is prefilled,
     # then the window. Reserving that prefill for the request's life (the worst case at
     # prompt + prediction) ran predictive at ~60% of optimistic's output tokens/s here;
-    # reserving what a decoding request holds (fit.FitTest.expected) runs it within 15%,
+    # reserving what a decoding request holds (fit.FitCheck.expected) runs it within 15%,
     # with fewer preemptions than optimistic, which reserves nothing.
     gpt_oss = load_model("gpt-oss-120b")
     trace = load_trace("azure", limit=1000)

@@ -13,6 +13,7 @@ from kvbudget.daemon.wire import convert
 
 from kvbudget.daemon.server import metrics
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.admission_report import tenant_snapshots
 from kvbudget.daemon.core.records import MAX_SNAPSHOT_TENANTS, OTHER_TENANTS, RequestSpec, TenantSnapshot
 from kvbudget.v1 import common_pb2
 
@@ -52,18 +53,18 @@ def test_a_cut_list_keeps_the_configured_and_the_largest_and_sums_the_rest():
     # 6 tenants without a quota, room for 3 entries: the 2 largest, then (other).
     # a and r tie at 5 blocks held + reserved and one request each: by name, a then r.
     # (other) = b + c + d + e: held 4 + 3 + 1 + 0 = 8, running 3, waiting 2.
-    assert [row(t) for t in ctrl.ledger.tenant_snapshots(limit=3)] == [
+    assert [row(t) for t in tenant_snapshots(ctrl.ledger, limit=3)] == [
         ("q", 0, 0, 5, 0, 0),  # a quota, nothing held nor waiting: listed all the same
         ("a", 5, 0, None, 1, 0),
         ("r", 1, 4, None, 1, 0),  # reserved blocks count: it outranks b, which holds 4
         (OTHER_TENANTS, 8, 0, None, 3, 2),
     ]
     # Room for 4: b joins; (other) = c + d + e.
-    assert [row(t) for t in ctrl.ledger.tenant_snapshots(limit=4)][3:] == [
+    assert [row(t) for t in tenant_snapshots(ctrl.ledger, limit=4)][3:] == [
         ("b", 4, 0, None, 1, 0),
         (OTHER_TENANTS, 4, 0, None, 2, 2),
     ]
-    assert [t.tenant for t in ctrl.ledger.tenant_snapshots(limit=5)] == ["q", "a", "r", "b", "c", OTHER_TENANTS]
+    assert [t.tenant for t in tenant_snapshots(ctrl.ledger, limit=5)] == ["q", "a", "r", "b", "c", OTHER_TENANTS]
 
 
 def test_under_the_cap_the_list_is_as_before_and_has_no_other_entry():
@@ -71,7 +72,7 @@ def test_under_the_cap_the_list_is_as_before_and_has_no_other_entry():
     everyone = [("q", 0, 0, 5, 0, 0), ("a", 5, 0, None, 1, 0), ("r", 1, 4, None, 1, 0), ("b", 4, 0, None, 1, 0),
                 ("c", 3, 0, None, 1, 0), ("d", 1, 0, None, 1, 0), ("e", 0, 0, None, 0, 2)]
     # 6 without a quota and room for 6 (the quota'd one is not counted): all, as they came.
-    assert [row(t) for t in ctrl.ledger.tenant_snapshots(limit=6)] == everyone
+    assert [row(t) for t in tenant_snapshots(ctrl.ledger, limit=6)] == everyone
     snap = ctrl.snapshot(0.0)
     assert [row(t) for t in snap.tenants] == everyone
     assert snap.num_tenants == 7
@@ -106,9 +107,9 @@ def test_a_tenant_named_other_joins_the_sum_when_the_list_is_cut():
     ctrl = six_tenants()
     ctrl.submit(req("o1", 3, OTHER_TENANTS), 0.0)  # waits, as e's do
     # Uncut, it is listed as it is.
-    assert [t.tenant for t in ctrl.ledger.tenant_snapshots(limit=7)][-1] == OTHER_TENANTS
+    assert [t.tenant for t in tenant_snapshots(ctrl.ledger, limit=7)][-1] == OTHER_TENANTS
     # Cut: one (other) entry, with its request in it; the largest (a) still named.
-    tenants = ctrl.ledger.tenant_snapshots(limit=2)
+    tenants = tenant_snapshots(ctrl.ledger, limit=2)
     assert [row(t) for t in tenants] == [
         ("q", 0, 0, 5, 0, 0),
         ("a", 5, 0, None, 1, 0),
@@ -130,7 +131,7 @@ def test_metrics_read_from_a_cut_snapshot_are_those_of_the_whole_list():
         ctrl.submit(req(f"w{i}", 8, f"wait-{i % 170:03d}"), 0.0)
     ctrl.check_integrity()
     cut = ctrl.snapshot(0.0)
-    whole = ctrl.ledger.tenant_snapshots(limit=10**9)
+    whole = tenant_snapshots(ctrl.ledger, limit=10**9)
     assert len(whole) == 2 + 13 + 170 and len(cut.tenants) == 2 + MAX_SNAPSHOT_TENANTS
     from_cut = tenant_series(cut)
     assert len(from_cut) == 2 * 2 * metrics.MAX_TENANT_SERIES  # (blocks, requests) x 2 states each

@@ -1,14 +1,8 @@
 """The queue pass: which waiting requests the controller tries, in what order, and when it stops.
 
-Queue: bounded backfill — when the head does not fit, up to `backfill_depth` requests
-behind it may be admitted past it, until the head has waited `max_head_wait_s`; from then
-on nothing passes it. Bound: with equal priorities, a request that reaches the head is
-admitted at most `max_head_wait_s` plus the time the requests running at that moment take
-to release enough blocks (nothing new is admitted ahead of it meanwhile, except preempted
-requests returning).
-
-The order itself is waiting_queue.py's; whether a request fits is fit.py's; admitting it
-(or rejecting it, or noting why it waits) is the controller's `try_admit` (admission.py).
+Bounded backfill: behind a head that does not fit, up to `backfill_depth` requests may be
+admitted past it until it has waited `max_head_wait_s`; then nothing passes it (the
+bound this gives: docs/architecture.md).
 """
 
 from __future__ import annotations

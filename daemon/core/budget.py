@@ -160,12 +160,6 @@ def request_naive(layout: KVCacheLayout, num_tokens: int) -> RequestBudget:
     return RequestBudget(tuple(naive_blocks(g.spec, num_tokens) for g in layout.groups))
 
 
-def request_held(layout: KVCacheLayout, num_tokens: int, num_computed: int) -> RequestBudget:
-    return RequestBudget(
-        tuple(blocks_held(g.spec, num_tokens, num_computed) for g in layout.groups)
-    )
-
-
 def max_concurrency(
     num_blocks: int, layout: KVCacheLayout, num_tokens: int, max_num_batched_tokens: int
 ) -> float:
@@ -194,11 +188,6 @@ def max_model_len_that_fits(
         else:
             hi = mid - 1
     return lo
-
-
-def full_prompt_blocks(prompt_tokens: int, block_size: int) -> int:
-    """Prompt blocks that can be hashed into the prefix cache (full blocks only)."""
-    return prompt_tokens // block_size
 
 
 def cache_hit_tokens(

@@ -1,23 +1,16 @@
 """Does a request fit now, and with what? The admission test, free of side effects.
 
-`plan` works out what admitting a waiting request would take under a policy: its prefix
-hits, the base reservation per group, the first chunk (`min(prompt, hits + F)` slots, as
-chunked prefill allocates; + lookahead for optimistic), the blocks that chunk holds
-(`budget.blocks_held`), what it is charged (`Σ max(held, base)`) and what the pool must
-find for it (`need`: the charge less hits other requests hold in full-attention groups).
-`refusal` says why it cannot be admitted now, or for good, or None. The tenant quota is
-held to the tenant's charge plus the request's, less its full-attention hits the tenant's
-other requests hold already (charged once; window-group hits are not free for good, as
-for `need`: see ledger.py).
-
-The formulas are the budget module's; the memos below only remember their answers
-(pure functions of small integers that admission asks again and again).
+`plan` works out what admitting a waiting request would take under a policy (its hits,
+base, first chunk, held blocks, charge, and `need`: what the pool must find); `refusal`
+says why it cannot be admitted now, or for good, or None. The formulas are budget.py's;
+the memos only remember their answers (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget.daemon.core.admission_config import AdmissionConfig
 from kvbudget.daemon.core.budget import blocks_held, request_naive, request_worst_case
 from kvbudget.daemon.core.ledger import BlockLedger
 from kvbudget.daemon.core.policies import Policy
@@ -56,71 +49,61 @@ class Refusal:
     detail: str = ""
 
 
-class FitTest:
+class Memo(dict):
+    """A dict that fills a missing entry with `compute(key)`, forgetting all past
+    _MEMO_LIMIT entries. A hit is the dict's own lookup, in C: no Python frame, which
+    matters on the paths every submit and admission attempt takes."""
+
+    __slots__ = ("_compute",)
+
+    def __init__(self, compute) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, key):
+        if len(self) > _MEMO_LIMIT:
+            self.clear()
+        value = self[key] = self._compute(key)
+        return value
+
+
+class FitCheck:
+    """Whether a request fits now (`plan`, then `refusal`), with the margins the config sets."""
+
     def __init__(
-        self,
-        layout: KVCacheLayout,
-        ledger: BlockLedger,
-        predictor: OutputLengthPredictor,
-        *,
-        max_model_len: int,
-        max_num_batched_tokens: int,
-        prefix_caching: bool,
-        lookahead_tokens: int,
-        watermark_blocks: int,
-        reject_over_quota: bool,
+        self, layout: KVCacheLayout, ledger: BlockLedger, predictor: OutputLengthPredictor, config: AdmissionConfig
     ) -> None:
         self.layout = layout
         self.ledger = ledger
         self.predictor = predictor
-        self.F = max_num_batched_tokens
-        self.prefix_caching = prefix_caching and layout_supports_prefix_cache(layout)
-        self.lookahead_tokens = lookahead_tokens
-        self.watermark_blocks = watermark_blocks
-        self.reject_over_quota = reject_over_quota
+        self.F = config.max_num_batched_tokens
+        self.prefix_caching = config.enable_prefix_caching and layout_supports_prefix_cache(layout)
         self.capacity = ledger.pool.capacity  # fixed for the pool's life; read on every test
-        self.naive_base = request_naive(layout, max_model_len).per_group
+        self.retune(config)
+        self.naive_base = request_naive(layout, config.max_model_len).per_group
         self._no_hit = no_hit(len(layout.groups))
         self._no_base = (0,) * len(layout.groups)  # == worst(0): a request of no tokens holds nothing
-        self._worst: dict[int, tuple[int, ...]] = {}
-        self._worst_total: dict[int, int] = {}
-        self._held: dict[tuple[int, int], tuple[int, ...]] = {}
+        # The budget formulas' answers, remembered: `worst[n]` per group and `worst_total[n]`
+        # for n tokens, `held[(n, computed)]` per group (shared tuples: do not mutate).
+        self.worst: Memo[int, tuple[int, ...]] = Memo(self._worst)
+        self.worst_total: Memo[int, int] = Memo(lambda n: sum(self.worst[n]))
+        self.held: Memo[tuple[int, int], tuple[int, ...]] = Memo(self._held)
         self._expected: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self.decode_ahead_tokens = layout.block_size  # learned: see observe_decode_growth
 
+    def retune(self, config: AdmissionConfig) -> None:
+        """The margins a config reload may change: each is read when a request is tried."""
+        self.lookahead_tokens = config.lookahead_tokens
+        self.watermark_blocks = int(config.watermark * self.capacity)
+        self.reject_over_quota = config.reject_over_quota
+
     # ------------------------------------------------------------------ memos
-    def worst(self, num_tokens: int) -> tuple[int, ...]:
-        """budget.request_worst_case(...).per_group, remembered."""
-        base = self._worst.get(num_tokens)
-        if base is None:
-            if len(self._worst) > _MEMO_LIMIT:
-                self._worst.clear()
-            base = self._worst[num_tokens] = request_worst_case(self.layout, num_tokens, self.F).per_group
-        return base
+    def _worst(self, num_tokens: int) -> tuple[int, ...]:
+        return request_worst_case(self.layout, num_tokens, self.F).per_group
 
-    def worst_total(self, num_tokens: int) -> int:
-        """sum(worst(num_tokens)), remembered (checked on every submit)."""
-        total = self._worst_total.get(num_tokens)
-        if total is None:
-            if len(self._worst_total) > _MEMO_LIMIT:
-                self._worst_total.clear()
-            total = self._worst_total[num_tokens] = sum(self.worst(num_tokens))
-        return total
-
-    def held(self, num_tokens: int, num_computed: int) -> list[int]:
-        """budget.blocks_held per group, remembered (a fresh list: the caller may keep it)."""
-        return list(self.held_tuple(num_tokens, num_computed))
-
-    def held_tuple(self, num_tokens: int, num_computed: int) -> tuple[int, ...]:
-        """budget.blocks_held per group, remembered (shared: do not mutate)."""
-        key = (num_tokens, num_computed)
-        held = self._held.get(key)
-        if held is None:
-            if len(self._held) > _MEMO_LIMIT:
-                self._held.clear()
-            held = tuple(blocks_held(s, num_tokens, num_computed) for s in self.ledger.specs)
-            self._held[key] = held
-        return held
+    def _held(self, key: tuple[int, int]) -> tuple[int, ...]:
+        num_tokens, num_computed = key
+        return tuple(blocks_held(s, num_tokens, num_computed) for s in self.ledger.specs)
 
     def observe_decode_growth(self, tokens_ahead: int) -> None:
         """A decoding request asked for slots `tokens_ahead` past what it computed: an
@@ -148,9 +131,9 @@ class FitTest:
         if base is None:
             if len(self._expected) > _MEMO_LIMIT:
                 self._expected.clear()
-            decoding = map(min, self.worst(n), self.held(n + self.decode_ahead_tokens, n - 1))
+            decoding = map(min, self.worst[n], self.held[n + self.decode_ahead_tokens, n - 1])
             if prefill:
-                decoding = map(max, decoding, self.worst(min(prefill, max_len)))
+                decoding = map(max, decoding, self.worst[min(prefill, max_len)])
             base = self._expected[key] = tuple(decoding)
         return base
 
@@ -163,8 +146,6 @@ class FitTest:
         else:
             hit = self._no_hit
         hit_tokens = hit.num_tokens
-        # Hot path (every admission attempt): the memos are read in place, their methods
-        # called only on a miss.
         if policy.uses_prediction:
             predicted = self.predictor.predict(spec.tenant, r.max_len - prompt)
             base = self.expected(prompt, predicted, r.resume_len, r.max_len)
@@ -174,13 +155,13 @@ class FitTest:
         else:  # length 0 (optimistic, not preempted): nothing reserved, no memo lookup
             predicted = 0
             length = policy.reserved_length(prompt, r.max_len, r.resume_len, 0)
-            base = (self._worst.get(length) or self.worst(length)) if length else self._no_base
+            base = self.worst[length] if length else self._no_base
         target = r.resume_len or prompt
         if policy.uses_lookahead:
             target = min(target + self.lookahead_tokens, r.max_len)
         first_chunk = hit_tokens + self.F
         num_tokens = target if target < first_chunk else first_chunk
-        held = self._held.get((num_tokens, hit_tokens)) or self.held_tuple(num_tokens, hit_tokens)
+        held = self.held[num_tokens, hit_tokens]
         # Built once here: the charge and, if admitted, the ADMIT decision use it. With no
         # base (optimistic) it is `held` itself: the map of max costs a third of a plan;
         # with one group (most models) it is whichever of the two tuples is larger.

@@ -1,45 +1,17 @@
 """The block ledger: the pool plus running totals of who holds and who is owed what.
 
-Every change to a running request's blocks goes through here, so the totals the snapshot
-reads (held per group, reserved-not-held per group and in all, per-tenant charge) are
-kept as counters and a snapshot never walks the pool. `check_integrity` recounts them all
-from scratch and checks them against the pool and the budget formulas.
-
-Shared blocks in sliding-window / chunked groups. A prefix hit on a block another request
-holds costs nothing *now*, but in a window group the hit leaves the window later; whichever
-holder drops its reference first gets no block back (the other still holds it) yet owes
-one more block to its window. So each extra reference on a window-group block keeps one
-block in `window_share_reserve`, and what may be promised anew is
-`free - owed - window_share_reserve` (`spare`). Full-attention hits stay in the table
-until the request ends, so they need no such reserve.
-
-Tenants. A tenant holds a block once however many of its requests hold it (a system
-prompt shared by a tenant's N requests is not N times its quota), and a block requests of
-two tenants share counts for each of them, once: a tenant's figures depend on its own
-requests only, never jump when another tenant's request ends, and its `held` is at most
-the pool's. Its charge (what the quota and fair share read) is its distinct blocks plus
-what its requests are owed plus, as for the pool, one block per extra reference of its own
-on a window-group block (the share reserve above, per tenant): so `charged - held` is the
-tenant's part of the pool's `owed + window_share_reserve`, a window release never raises
-its charge, and under a policy that never grows past its reservation the charge never
-rises after admission. Two tables can only share a prefix block (a hit, or a block the
-request published), and those sit in the slots below `cached_upto`; so the account keeps
-the set of those blocks and the extra references on them (TenantAccount), updated with C
-set operations on a hit, a publication, a window release of a prefix slot and a release.
-A request's other blocks (private by construction) cost nothing more. Pool-level
-admission (`need`, `spare`) does not use these figures.
+Every change to a running request's blocks goes through here, so the totals a snapshot
+reads are counters and a snapshot never walks the pool (integrity.py recounts them). Why
+shared window-group blocks keep a `window_share_reserve`, and how a tenant is charged for
+blocks its requests share: docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter
-from operator import attrgetter
-
-from kvbudget.daemon.core.budget import block_slots, blocks_held, blocks_out_of_window
+from kvbudget.daemon.core.admission_config import AdmissionError
+from kvbudget.daemon.core.budget import blocks_held, blocks_out_of_window
 from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
-from kvbudget.daemon.core.prefix_hits import PrefixHit, cache_keys, hit_ids
-from kvbudget.daemon.core.records import MAX_SNAPSHOT_TENANTS, OTHER_TENANTS, GroupSnapshot, TenantSnapshot
+from kvbudget.daemon.core.prefix_hits import PrefixHit, hit_ids
 from kvbudget.daemon.core.requests import (
     RequestState,
     Status,
@@ -53,7 +25,6 @@ from kvbudget.daemon.core.waiting_queue import TenantAccount
 
 _WINDOW_KINDS = (LayerKind.SLIDING, LayerKind.CHUNKED)
 RUNNING, WAITING = Status.RUNNING, Status.WAITING  # enum member lookups are slow on 3.11
-_HELD, _CHARGED, _RUNNING, _WAITING = map(attrgetter, ("held", "charged", "running", "waiting"))
 
 
 def _prefix_ids(tables, upto: int) -> list[int]:
@@ -105,11 +76,6 @@ def _unrefer(account: TenantAccount, ids) -> int:
         blocks.difference_update(ids)
         blocks.update(kept)
     return len(kept)
-
-
-def _rank(a: TenantAccount) -> tuple[int, int, str]:
-    """Smallest first: most blocks held and reserved, then most requests, then by name."""
-    return -a.charged, -(a.running + a.waiting), a.name
 
 
 class BlockLedger:
@@ -166,6 +132,22 @@ class BlockLedger:
         if account and not (account.running or account.waiting or account.max_share) and account.weight == 1.0:
             del self.tenants[name]
             self._retired = account
+
+    def set_quota(self, name: str, max_share: float | None, weight: float) -> None:
+        """A tenant's maximum share of the pool (None or 0: no quota) and fair-share weight;
+        AdmissionError, changing nothing, for a share or weight out of range."""
+        if max_share is not None and not 0.0 <= max_share <= 1.0:
+            raise AdmissionError("max_share", f"must be in [0, 1] (0: no quota), got {max_share}")
+        capacity = self.pool.capacity
+        if max_share and int(max_share * capacity) == 0:  # (a quota of 0 blocks refuses everything)
+            raise AdmissionError("max_share", f"{max_share:g} of the {capacity} blocks is less than one block")
+        if not weight > 0.0:
+            raise AdmissionError("weight", f"must be positive, got {weight}")
+        account = self.tenant(name)
+        account.max_share = max_share or None
+        account.weight = weight
+        if account.waiting:  # a new weight is a new place in the queue
+            self.usage_changed.add(name)
 
     # ------------------------------------------------------------ totals
     def _tally(self, r: RequestState, sign: int) -> TenantAccount:
@@ -378,142 +360,3 @@ class BlockLedger:
         r.num_tokens = r.num_computed = r.cached_upto = 0
         r.status = WAITING
         return freed
-
-    # ------------------------------------------------------------ reading
-    def group_snapshots(self) -> tuple[GroupSnapshot, ...]:
-        return tuple(
-            GroupSnapshot(
-                kind=g.kind.value,
-                description=g.spec.describe(),
-                num_layers=len(g.layer_ids),
-                blocks_held=self.held_per_group[i],
-                blocks_reserved=self.owed_per_group[i] + self.share_reserve_per_group[i],
-                blocks_reclaimed=self.reclaimed_per_group[i],
-            )
-            for i, g in enumerate(self.layout.groups)
-        )
-
-    def tenant_snapshots(self, limit: int = MAX_SNAPSHOT_TENANTS) -> tuple[TenantSnapshot, ...]:
-        """Every tenant the config names, and at most `limit` entries for the others: all of
-        them when that many or fewer (as they came), else the named ones, then the `limit - 1`
-        largest others (each largest first) and one OTHER_TENANTS entry summing the rest.
-        See records.MAX_SNAPSHOT_TENANTS."""
-        accounts = self.tenants.values()
-        if len(accounts) <= limit:  # the common case: no cut, no extra pass
-            return tuple(map(self._tenant_snapshot, accounts))
-        configured, others = [], []
-        for a in accounts:
-            if a.name == OTHER_TENANTS:  # a tenant of that name joins the sum (as in /metrics)
-                continue
-            (configured if a.max_share is not None or a.weight != 1.0 else others).append(a)
-        if len(others) <= limit:
-            return tuple(map(self._tenant_snapshot, accounts))
-        # O(n log limit); the same order as metrics._tenant_rank, ties by name.
-        kept = sorted(configured, key=_rank) + heapq.nsmallest(limit - 1, others, key=_rank)
-        # The rest's figures: the totals (summed in C) less what the kept ones have.
-        held = sum(map(_HELD, accounts)) - sum(map(_HELD, kept))
-        charged = sum(map(_CHARGED, accounts)) - sum(map(_CHARGED, kept))
-        running = sum(map(_RUNNING, accounts)) - sum(map(_RUNNING, kept))
-        waiting = sum(map(_WAITING, accounts)) - sum(map(_WAITING, kept))
-        rest = TenantSnapshot(
-            tenant=OTHER_TENANTS, blocks_held=held, blocks_reserved=charged - held, quota_blocks=None,
-            weight=1.0, running=running, waiting=waiting,
-        )
-        return (*map(self._tenant_snapshot, kept), rest)
-
-    def _tenant_snapshot(self, a: TenantAccount) -> TenantSnapshot:
-        return TenantSnapshot(
-            tenant=a.name,
-            blocks_held=a.held,
-            blocks_reserved=a.charged - a.held,
-            quota_blocks=a.quota_blocks(self.pool.capacity),
-            weight=a.weight,
-            running=a.running,
-            waiting=a.waiting,
-        )
-
-    # ------------------------------------------------------------ integrity
-    def check_integrity(self, running: dict[str, RequestState]) -> None:
-        pool = self.pool
-        pool.check_integrity()
-        refs: Counter[int] = Counter()
-        held_per_group = [set() for _ in self.specs]  # type: list[set[int]]
-        owed = 0
-        owed_per_group = [0] * self.num_groups
-        charged: Counter[str] = Counter()
-        tenant_held: Counter[str] = Counter()
-        tenant_running: Counter[str] = Counter()
-        tenant_blocks: dict[str, set[int]] = {}  # distinct blocks its requests hold
-        prefix_refs: dict[str, Counter[int]] = {}  # its references in prefix slots
-        for r in running.values():
-            assert r.status is Status.RUNNING, f"{r.request_id} listed running but {r.status}"
-            assert 0 <= r.num_computed <= r.num_tokens <= r.max_len, f"{r.request_id}: token numbers"
-            for g, spec in enumerate(self.specs):
-                table = r.tables[g]
-                expect = blocks_held(spec, r.num_tokens, r.num_computed)
-                real = sum(1 for b in table if b != NULL_BLOCK)
-                assert len(table) == block_slots(spec, r.num_tokens), f"{r.request_id} g{g}: slots"
-                assert real == r.held[g] == expect, (
-                    f"{r.request_id} g{g}: holds {real}, says {r.held[g]}, budget says {expect}"
-                )
-                nulls = len(table) - real
-                assert all(b == NULL_BLOCK for b in table[:nulls]), f"{r.request_id} g{g}: null not leading"
-                for slot, b in enumerate(table):
-                    if b != NULL_BLOCK:
-                        refs[b] += 1
-                        held_per_group[g].add(b)
-                if r.base[g] > r.held[g]:
-                    owed += r.base[g] - r.held[g]
-                    owed_per_group[g] += r.base[g] - r.held[g]
-            reserved = r.reserved()
-            assert all(res >= h for res, h in zip(reserved, r.held)), "reservation below held"
-            charged[r.tenant] += sum(reserved)
-            tenant_held[r.tenant] += sum(r.held)
-            tenant_running[r.tenant] += 1
-            tenant_blocks.setdefault(r.tenant, set()).update(b for t in r.tables for b in t if b != NULL_BLOCK)
-            prefix_refs.setdefault(r.tenant, Counter()).update(
-                b for t in r.tables for b in t[: r.cached_upto] if b != NULL_BLOCK
-            )
-        for b, count in refs.items():
-            assert pool.ref_count(b) == count, f"block {b}: ref {pool.ref_count(b)}, tables {count}"
-        assert len(refs) == pool.num_held_blocks, f"tables hold {len(refs)}, pool {pool.num_held_blocks}"
-        assert [len(s) for s in held_per_group] == self.held_per_group, "held per group counter"
-        assert sum(len(s) for s in held_per_group) == pool.num_held_blocks, "a block in two groups"
-        assert owed == self.owed and owed_per_group == self.owed_per_group, "owed counters"
-        extra_refs = [0] * self.num_groups
-        for g in self.window_groups:
-            extra_refs[g] = sum(refs[b] - 1 for b in held_per_group[g])
-        assert extra_refs == self.share_reserve_per_group, "window share reserve per group"
-        assert sum(extra_refs) == self.window_share_reserve, "window share reserve"
-        assert pool.num_free_blocks >= self.owed + self.window_share_reserve, (
-            f"promised {self.owed} + {self.window_share_reserve} blocks,"
-            f" only {pool.num_free_blocks} free"
-        )
-        window_blocks = set().union(*(held_per_group[g] for g in self.window_groups))
-        for name, account in self.tenants.items():
-            # Each block once per tenant: Σ over its requests, less its extra references.
-            distinct = len(tenant_blocks.get(name, ()))
-            extra = tenant_held[name] - distinct
-            assert account.held == distinct, f"tenant {name!r} holds {distinct} distinct blocks, says {account.held}"
-            assert account.held <= pool.num_held_blocks, f"tenant {name!r} holds more than the pool"
-            assert account.running == tenant_running[name], f"tenant {name!r} running"
-            refs = prefix_refs.get(name, Counter())
-            assert account.prefix_blocks == refs.keys(), f"tenant {name!r} prefix blocks"
-            assert account.extra_refs == {b: n - 1 for b, n in refs.items() if n > 1}, f"tenant {name!r} extra refs"
-            assert sum(account.extra_refs.values()) == extra, f"tenant {name!r}: a block shared outside prefix slots"
-            # Charged: Σ reserved, less its extra references in full-attention groups.
-            extra_full = sum(n for b, n in account.extra_refs.items() if b not in window_blocks)
-            assert account.charged == charged[name] - extra_full, f"tenant {name!r} charge"
-        self._check_sharing(running, refs)
-
-    def _check_sharing(self, running: dict[str, RequestState], refs: Counter[int]) -> None:
-        """A block in more than one table must be the cached block of that prompt position."""
-        for r in running.values():
-            hashes = r.spec.prefix_hashes
-            for g, table in enumerate(r.tables):
-                keys = cache_keys(self.num_groups, g, hashes)
-                for slot, b in enumerate(table):
-                    if b != NULL_BLOCK and refs[b] > 1:
-                        assert slot < len(keys) and self.pool.lookup(keys[slot]) == b, (
-                            f"block {b} shared by {refs[b]} tables but not a cached prefix block"
-                        )

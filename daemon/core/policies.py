@@ -1,25 +1,8 @@
-"""Admission policies: what a request reserves when it is admitted, and what happens when
-it wants to grow past that and the pool is dry.
-
-Each policy names a *base* reservation per KV-cache group, fixed at admission: the budget
-worst case (`budget.request_worst_case`) of a token length it picks, or for naive the
-layer-unaware `budget.request_naive` at max_model_len. The
-request is promised `max(held, base)` blocks per group; admission needs the blocks it does
-not get from other requests' shared prefix blocks to be free and unpromised.
-
-  optimistic  base 0: hold the prompt (+ lookahead), grow on demand, preempt when dry
-              (vLLM, TensorRT-LLM MAX_UTILIZATION). A request coming back from a
-              preemption reserves the worst case of the length it had reached, so it cannot
-              be preempted again by its own recompute.
-  guaranteed  base = worst case at L (prompt + max new tokens, capped by window / chunk /
-              cap per group): never denied, never preempted (GUARANTEED_NO_EVICT).
-  predictive  base = what the request holds while decoding at prompt + predicted output
-              (predictor.py says how long; fit.FitTest.expected what that holds: the worst
-              case in full-attention groups, the window — not the prefill transient — in
-              window groups); preempts only when a request outgrows that and nothing is
-              spare.
-  naive       base = every group charged for max_model_len (the anti-pattern, as a
-              what-if baseline); never preempts.
+"""Admission policies: what a request reserves when it is admitted (its *base* per group),
+and whether it may be preempted when it grows past that and the pool is dry:
+optimistic (base 0, preempts), guaranteed (worst case at L, never preempted), predictive
+(what it holds decoding at a predicted length) and naive (max_model_len in every group,
+a what-if baseline). Each policy in detail: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -63,7 +46,7 @@ class Predictive(Policy):
     uses_prediction = True
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
-        # The length its reservation is sized for; fit.FitTest.expected sizes it.
+        # The length its reservation is sized for; fit.FitCheck.expected sizes it.
         return min(max_len, max(prompt + predicted, resume_len))
 
 

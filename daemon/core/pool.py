@@ -1,23 +1,9 @@
 """The block pool: fixed block ids, reference counts, a prefix-cache map and LRU eviction.
 
-Block 0 is the null block: it is never handed out, so a block table can use it for
-slots that left a sliding window. A block is in exactly one state:
-  free       on the free stack, no hash;
-  held       ref count > 0 (it may carry a hash and be shared);
-  evictable  ref count 0 but cached under a hash, kept in LRU order; it counts as free
-             for admission and is charged exactly once, when a request takes it
-             (by a cache hit, `touch`) or when an allocation evicts it.
-
-Every block of a long prompt is allocated (usually by evicting a cached one), published
-and released: millions of blocks in a trace replay. So the per-block work is a few list
-and dict operations, in C loops where it can be:
-- the LRU is a list of the evictable blocks' *hashes*, read from a moving head: an
-  eviction is one slice and one `map(block_of.pop, ...)`, which hands back the blocks;
-- each block's hash is in a list indexed by block id, not a second dict: no dict churn,
-  and "is it cached" is a list index;
-- a cache hit on an evictable block cannot take its entry out of the middle of the LRU
-  (unless it is the last one), so the entry stays behind as stale and `_stale` counts
-  it; eviction skips it when it gets there, and `_drop_stale_entries` bounds them.
+Block 0 is the null block (never handed out: a table's slots out of a sliding window).
+A block is free (no hash), held (ref count > 0) or evictable (ref count 0, cached, in
+LRU order; free for admission). The per-block work is a few list and dict operations in
+C loops: a replay moves millions of blocks (how: docs/architecture.md).
 """
 
 from __future__ import annotations

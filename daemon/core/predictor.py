@@ -1,22 +1,9 @@
 """Predicted output length for the predictive policy, learned online from finished requests.
 
-Choice: a high quantile (default p90) of the output lengths of recently finished requests,
-per tenant once the tenant has `min_samples` of them, else over all tenants, else (cold
-start) the request's own max new tokens — i.e. guaranteed until there is evidence.
-
-Why a quantile rather than SGLang's single `new_token_ratio` × max_new_tokens: the share of
-requests that outgrow their reservation — the ones that may cause a preemption — is about
-1 − q by construction, whatever max_new_tokens clients send (often a loose 4k or 32k cap,
-which makes a ratio of it meaningless). From SGLang we keep the feedback loop: each
-preemption moves the quantile halfway to 1 (p90 → p95 → p97.5 ...), and every finish
-without one decays it back toward the base by `decay`, so the reservation follows the load.
-
-Why p90 and not a lower quantile or the mean: measured on the Azure trace (4,000 requests,
-3,000 blocks), lowering the base quantile to p75 or p50 bought at most 3% more output
-tokens/s while preemptions went up 1.4-1.7x (llama-3.1-8b) and 2-10x (gpt-oss-120b).
-Predictive's gap to optimistic with gpt-oss-120b (-42%) came from what was reserved for a
-length, not from the length: a sliding-window group was promised the whole prompt (its
-prefill transient) for the request's life. See fit.FitTest.expected.
+A high quantile (default p90) of recent output lengths, per tenant once it has
+`min_samples`, else over all tenants, else the request's own max new tokens; each
+preemption moves the quantile toward 1 and each finish decays it back. Why a quantile,
+and why p90 (measured): docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Victims: whom a growth that does not fit preempts, and the length a victim comes back at.
 
-Victims (optimistic and predictive requests only; guaranteed and naive ones are never
-preempted): the running request with the numerically largest priority value, then the
-latest arrival, first; the request that grows stops the search — if it is itself the worst,
-it is preempted (vLLM's behaviour). A preempted request frees all its blocks, waits at the
-front of its priority class, and is readmitted only when the worst case of the length it
-had reached fits (that is also what it then reserves), so its recompute cannot be
-preempted by its own growth and it cannot bounce straight back in.
-
-This module picks the victims (`preempt_for`) and the length each resumes at
-(`resume_length`); what a preemption does to the controller's books (release the blocks,
-requeue at the front, the PREEMPT decision) is the controller's `_preempt` (admission.py),
-and what a returning request reserves is its policy's `reserved_length` of that length
-(policies.py).
+Optimistic and predictive requests only, the worst first (largest priority value, then
+latest arrival); the growing request stops the search and may preempt itself. A victim
+comes back at the length it had reached and reserves its worst case (docs/architecture.md).
 """
 
 from __future__ import annotations

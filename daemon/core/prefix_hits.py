@@ -1,19 +1,9 @@
 """How much of a prompt the prefix cache already holds, per KV-cache group.
 
-The engine sends chained hashes of the prompt's full blocks; the pool caches a computed
-block under `(group_index, hash)` (`cache_keys`). A hit of k blocks lets the request skip k·B tokens, so
-every group must be able to serve position k:
-  full / MLA       all of the first k blocks are cached;
-  sliding / chunk  only the blocks still in view after k·B computed tokens
-                   (`budget.blocks_out_of_window` decides which); earlier ones may be gone.
-Layouts with state (Mamba), cross-attention or capped groups get no hits: their pages are
-not a function of the prompt's blocks alone.
-
-A hit on a block another request holds costs nothing; a hit on an evictable block costs
-one block of the free count (it leaves the LRU when touched) and is charged that once.
-The same holds for the request's tenant (ledger.py): a hit on a block another of its own
-requests holds is not charged to its quota again; one on a block only other tenants hold
-is charged to it, once.
+A hit of k blocks lets a request skip k·B tokens, so every group must serve position k:
+full / MLA groups need all k blocks cached, sliding / chunked ones only those still in
+view. Layouts with state (Mamba), cross-attention or capped groups get no hits. What a
+hit costs the pool and the tenant: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ from itertools import islice, repeat
 
 from kvbudget.daemon.core.budget import blocks_out_of_window, cache_hit_tokens
 from kvbudget.daemon.core.pool import NULL_BLOCK, BlockPool
-from kvbudget.daemon.core.spec import KVCacheLayout, LayerKind
+from kvbudget.daemon.core.spec import KVCacheGroup, KVCacheLayout, LayerKind
 
 _PREFIX_KINDS = frozenset({LayerKind.FULL, LayerKind.MLA})
 _WINDOW_KINDS = frozenset({LayerKind.SLIDING, LayerKind.CHUNKED})
@@ -101,6 +91,32 @@ def _cached_ids(pool: BlockPool, num_groups: int, group_index: int, hashes: Sequ
     return ids
 
 
+def _window_hit(
+    pool: BlockPool, groups: Sequence[KVCacheGroup], B: int, hashes: Sequence[int], k: int,
+    ids_per_group: list[list[int | None]],
+) -> int:
+    """The largest hit (at most `k` blocks) whose in-view blocks [out(k·B), k) are all
+    cached in every window group; fills in those groups' `ids_per_group`. A smaller k
+    brings earlier blocks into view, so one group's cut can undo another's: repeat until
+    no group cuts k further."""
+    window = [g for g, group in enumerate(groups) if group.kind in _WINDOW_KINDS]
+    last_miss_per_group: dict[int, list[int]] = {}
+    for g in window:
+        ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k])
+        last_miss = last_miss_per_group[g] = [-1] * (k + 1)  # last uncached index below j
+        for j, block_id in enumerate(ids):
+            last_miss[j + 1] = j if block_id is None else last_miss[j]
+    settled = False
+    while not settled and k > 0:
+        settled = True
+        for g in window:
+            last_miss, spec = last_miss_per_group[g], groups[g].spec
+            while k > 0 and last_miss[k] >= blocks_out_of_window(spec, k * B):
+                k -= 1
+                settled = False
+    return k
+
+
 def find_prefix_hit(
     pool: BlockPool, layout: KVCacheLayout, hashes: Sequence[int], prompt_tokens: int
 ) -> PrefixHit:
@@ -132,24 +148,7 @@ def find_prefix_hit(
     if k == 0:
         return no_hit(len(groups), k_max)
 
-    # Window groups: the largest k whose in-view blocks [out(k·B), k) are all cached in
-    # every one of them. A smaller k brings earlier blocks into view, so one group's cut can
-    # undo another's: repeat until no group cuts k further.
-    window = [g for g, group in enumerate(groups) if group.kind in _WINDOW_KINDS]
-    last_miss_per_group: dict[int, list[int]] = {}
-    for g in window:
-        ids_per_group[g] = ids = _cached_ids(pool, len(groups), g, hashes[:k])
-        last_miss = last_miss_per_group[g] = [-1] * (k + 1)  # last uncached index below j
-        for j, block_id in enumerate(ids):
-            last_miss[j + 1] = j if block_id is None else last_miss[j]
-    settled = False
-    while not settled and k > 0:
-        settled = True
-        for g in window:
-            last_miss, spec = last_miss_per_group[g], groups[g].spec
-            while k > 0 and last_miss[k] >= blocks_out_of_window(spec, k * B):
-                k -= 1
-                settled = False
+    k = _window_hit(pool, groups, B, hashes, k, ids_per_group)
     if k == 0:
         return no_hit(len(groups), k_max)
 

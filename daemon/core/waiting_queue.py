@@ -1,18 +1,8 @@
 """The waiting queue: priorities, tenants with quotas and weights, and deadlines.
 
-Order. Within a tenant, requests wait sorted by `(priority, class, arrival)`: lower
-priority values first (vLLM's convention); class 0 is a preempted request coming back
-(it goes to the front of its priority), class 1 a new one; then arrival order — so with
-equal priorities and one tenant the queue is plain FCFS.
-
-Fair share. Across tenants the queue is merged by `(priority, class, charged / weight,
-arrival)`: among equally important requests the tenant using least of the pool per unit
-of weight goes first (weighted fair sharing of what quotas leave). With `fair_share`
-off, tenants are merged by arrival alone. `charged` is the figure the quota is held to
-(TenantAccount): a prefix block several of a tenant's requests share counts once.
-
-Which candidates the controller may try (bounded backfill, aging) is `backfill`'s
-business; this module only keeps the order and the tenants' accounts.
+Within a tenant: `(priority, class, arrival)`, a preempted request (class 0) before new
+ones. Across tenants, with fair share: `(priority, class, charged / weight, arrival)`,
+else arrival alone. Which candidates are tried is backfill.py's (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -115,6 +105,20 @@ class WaitingQueue:
         deadline = request.spec.deadline_s
         if deadline is not None and not preempted:
             heapq.heappush(self._deadlines, (deadline, request.order, request))
+
+    def enter(self, request: RequestState, account: TenantAccount, preempted: bool, now: float) -> None:
+        """`request` starts waiting, counted in its tenant's `account`."""
+        self.push(request, preempted, account.usage())
+        request.failed_epoch = -1
+        request.queued = True
+        request.queued_at = now
+        account.waiting += 1
+
+    def leave(self, request: RequestState, account: TenantAccount) -> None:
+        """`request` stops waiting (admitted, rejected or gone)."""
+        self.remove(request)
+        request.queued = False
+        account.waiting -= 1
 
     def remove(self, request: RequestState) -> None:
         tenant = request.tenant
