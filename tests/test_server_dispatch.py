@@ -83,7 +83,7 @@ async def test_a_cancelled_caller_does_not_stop_the_dispatcher(core: CoreService
     # "a" was committed all the same, so watchers see it; and later batches flow too.
     await core.record(submit(core, "b"), origin_engine="e")
     assert await received(watcher, 2) == ["a", "b"]
-    assert not core._tasks[0].done()  # the dispatcher is alive
+    assert core.dispatcher.running  # the dispatcher is alive
 
 
 async def test_a_failing_publish_does_not_stop_the_dispatcher(core: CoreService) -> None:
@@ -191,10 +191,10 @@ async def test_the_core_tick_expires_silent_replays_in_the_snapshot(core: CoreSe
 async def test_a_batch_nobody_hears_of_skips_the_dispatcher(core: CoreService) -> None:
     # No watcher, no metrics, only the caller's own decisions: nothing to dispatch.
     committed = core.record(submit(core, "quiet"), origin_engine="e")
-    assert committed.done() and core._dispatch.qsize() == 0
+    assert committed.done() and core.dispatcher.num_queued == 0
     # Another engine's decision must reach that engine's Events stream: dispatched.
     core.record(submit(core, "other"), origin_engine="someone-else")
-    assert core._dispatch.qsize() == 1
+    assert core.dispatcher.num_queued == 1
     # A watcher makes every batch worth dispatching, the caller's own included. It also
     # hears "other", which was still queued when it joined; never "quiet".
     watcher = core.watch_hub.add(100)
@@ -256,12 +256,13 @@ async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it
 async def test_a_reply_past_the_message_limit_goes_out_on_the_events_stream(core: CoreService, monkeypatch) -> None:
     # gRPC failed the send after the step was applied and logged: the engine heard nothing
     # and its retry got ALREADY_EXISTS. (The limit is 64 MiB; here it is made 10 kB.)
-    from kvbudget.daemon.server import servicers
+    from kvbudget.daemon.server import steps
     from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
     from kvbudget.v1 import engine_pb2
 
-    monkeypatch.setattr(servicers, "MAX_MESSAGE_BYTES", 10_000)
-    servicer = servicers.EngineServicer(core, Authorizer(None, trust_tcp=True))
+    monkeypatch.setattr(steps, "MAX_MESSAGE_BYTES", 10_000)
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
     session = core.sessions.open("e", 60.0, time.monotonic())
     submits = [engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=8, max_new_tokens=8) for i in range(1001)]
     with pytest.raises(_Aborted) as aborted:

@@ -72,7 +72,7 @@ class KeptStep:
     # waits for it, as the first call does: nothing is answered before it is in the log.
     committed: asyncio.Future | None
     reply: object | None = None  # the StepResponse, or
-    error: tuple[object, str] | None = None  # (grpc.StatusCode, message) the step ended with
+    error: tuple[object, str] | None = None  # (refusal.Status, message) the step ended with
     # While `committed` runs: the step's decisions, for `unanswered` should the write fail
     # after the first call has gone (its deadline), the resend being the one to find out.
     decisions: list[Decision] | None = None
