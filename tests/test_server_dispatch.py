@@ -336,3 +336,38 @@ async def test_a_decision_taken_as_a_newer_stream_takes_over_goes_to_the_newer(c
     assert new.written == ["r1"]
     session.end_events()
     await reading_new
+
+
+async def test_an_op_the_controller_refuses_after_validation_is_internal_logged_and_its_step_recorded(
+    core: CoreService, monkeypatch, caplog
+) -> None:
+    # A broken invariant (validation passed an op the controller refuses) is the daemon's
+    # bug: INTERNAL, in the journal naming the op; what the ops before it did stands, so
+    # their decisions are logged (pool and log agree) and a resend gets the same answer.
+    from kvbudget.daemon.core.admission import AdmissionError
+    from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
+    from kvbudget.v1 import engine_pb2
+
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
+    session = core.sessions.open("e", 60.0, time.monotonic())
+    await core.record(submit(core, "done") + submit(core, "grown"), "e")
+
+    def refused_grow(request_id, num_tokens, now):
+        raise AdmissionError("num_tokens", "refused (injected)")
+
+    monkeypatch.setattr(core.controller, "grow", refused_grow)
+    request = engine_pb2.StepRequest(
+        session_id=session.session_id, step_seq=1,
+        finishes=[engine_pb2.Finish(request_id="done")], grows=[engine_pb2.Grow(request_id="grown", num_tokens=20)],
+    )
+    for _ in range(2):  # the step, then the same step sent again
+        with pytest.raises(_Aborted) as aborted:
+            await servicer.Step(request, _Context())
+        code, message = aborted.value.args
+        assert code == grpc.StatusCode.INTERNAL
+        assert message.startswith("grows[0].num_tokens: num_tokens: refused (injected)")
+    assert "step broke an invariant at grows[0].num_tokens" in caplog.text
+    assert core.controller.find("done") is None  # the finish before it stands...
+    rows = sqlite3.connect(core.log.path).execute("SELECT kind, request_id FROM decisions ORDER BY id").fetchall()
+    assert rows[-1] == ("release", "done")  # ...and is in the log
