@@ -66,43 +66,50 @@ class Steps:
             decisions = apply_step(core.controller, ops, now)
         except BrokenStep as broken:
             await self._broken(session, request, broken)
-        return await self._answer(session, request, decisions, started)
-
-    async def _answer(
-        self, session: Session, request: engine_pb2.StepRequest, decisions: list[Decision], started: float
-    ) -> engine_pb2.StepResponse:
-        core, engine_id, step_seq = self.core, session.engine_id, request.step_seq
         committed = core.record(decisions, engine_id, started)
         # Usually committed inline already; if it was queued behind others, the reply is built
         # while the writer commits (SQLite releases the GIL). It is sent only after.
-        # num_free_blocks: the pool as this step left it.
-        reply = engine_pb2.StepResponse(num_free_blocks=core.num_free_blocks)
-        convert.add_decisions(reply.decisions, decisions, engine_id)
-        settled = committed.done() and committed.exception() is None
-        kept = None
-        if step_seq:
-            session.last_step = kept = (
-                KeptStep(step_seq, request, None, reply) if settled
-                else KeptStep(step_seq, request, committed, reply, decisions=decisions)
-            )
-        if not settled:
-            try:
-                # Shielded: a caller gone mid-commit (its deadline) must leave the commit's
-                # future to the resend that may follow.
-                await asyncio.shield(committed)
-            except UnwrittenError as exc:
-                # Applied, kept to be written first: the same step sent again gets this reply.
-                session.unanswered = _unanswered(request, reply, decisions, engine_id)
-                raise Refused(
-                    _UNAVAILABLE,
-                    f"decision log: {exc}; this step was applied and its decisions wait to be written: "
-                    "send the same step again to get them once they are",
-                ) from None
-            except Exception as exc:  # the log could not commit: promise nothing
-                raise Refused(_UNAVAILABLE, f"decision log: {exc}") from None
+        reply, kept = self._reply(session, request, decisions, committed)
+        if not (committed.done() and committed.exception() is None):
+            await self._settle(session, request, reply, decisions, committed)
         if len(decisions) > 1000 and (size := reply.ByteSize()) > MAX_MESSAGE_BYTES:
             _too_large(session, kept, decisions, size)
         return reply
+
+    def _reply(
+        self, session: Session, request: engine_pb2.StepRequest, decisions: list[Decision], committed: asyncio.Future
+    ) -> tuple[engine_pb2.StepResponse, KeptStep | None]:
+        """The step's reply (num_free_blocks: the pool as this step left it), and the step
+        as kept for a resend if it is numbered."""
+        reply = engine_pb2.StepResponse(num_free_blocks=self.core.num_free_blocks)
+        convert.add_decisions(reply.decisions, decisions, session.engine_id)
+        kept = None
+        if step_seq := request.step_seq:
+            session.last_step = kept = (
+                KeptStep(step_seq, request, None, reply) if committed.done() and committed.exception() is None
+                else KeptStep(step_seq, request, committed, reply, decisions=decisions)
+            )
+        return reply, kept
+
+    async def _settle(
+        self, session: Session, request: engine_pb2.StepRequest, reply: engine_pb2.StepResponse,
+        decisions: list[Decision], committed: asyncio.Future,
+    ) -> None:
+        """Returns once the step's decisions are in the log; Refused if they are not."""
+        try:
+            # Shielded: a caller gone mid-commit (its deadline) must leave the commit's
+            # future to the resend that may follow.
+            await asyncio.shield(committed)
+        except UnwrittenError as exc:
+            # Applied, kept to be written first: the same step sent again gets this reply.
+            session.unanswered = _unanswered(request, reply, decisions, session.engine_id)
+            raise Refused(
+                _UNAVAILABLE,
+                f"decision log: {exc}; this step was applied and its decisions wait to be written: "
+                "send the same step again to get them once they are",
+            ) from None
+        except Exception as exc:  # the log could not commit: promise nothing
+            raise Refused(_UNAVAILABLE, f"decision log: {exc}") from None
 
     async def _broken(self, session: Session, request: engine_pb2.StepRequest, broken: BrokenStep) -> None:
         """The controller refused an op validation passed: a broken invariant (a bug). What
