@@ -57,7 +57,6 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.auth = auth
         self._steps = core.steps
         self._check_callers = not auth.trusts_everyone  # Step skips the await when it would pass
-        self._lease_now = core.sessions.clock.now  # (the table's clock for its life; bound once for Step)
 
     @answers
     async def OpenSession(self, request, context):
@@ -76,12 +75,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if self._check_callers:
             await self.auth.require(context, _ENGINE)
         try:
-            session = self.core.sessions.get(request.session_id)
-            lease_now = self._lease_now()
-            if session is None or session.expires_at <= lease_now:
-                session = self.core.live_session(request.session_id)  # refused, naming the field
-            session.renew(lease_now)
-            return await self._steps.step(session, request, started)
+            return await self._steps.step(request, started)
         except Refused as refused:
             await context.abort(STATUS_CODES[refused.status], refused.message)
 

@@ -32,15 +32,23 @@ _UNAVAILABLE = Status.UNAVAILABLE
 
 
 class Steps:
-    """Serves the Steps of live sessions (the servicer found the session and renewed it)."""
+    """Serves the engines' Steps."""
 
     def __init__(self, core: CoreService) -> None:
         self.core = core
         self._find = core.controller.find  # (the controller is the service's for its life)
         self._block_size = core.plan.block_size_tokens
+        self._session = core.sessions.get
+        self._lease_now = core.sessions.clock.now  # (the table's clock for its life)
 
-    async def step(self, session: Session, request: engine_pb2.StepRequest, started: float) -> engine_pb2.StepResponse:
-        """The step's reply, once its decisions are in the log; Refused otherwise."""
+    async def step(self, request: engine_pb2.StepRequest, started: float) -> engine_pb2.StepResponse:
+        """The step's reply, once its decisions are in the log; Refused otherwise.
+        `started`: perf_counter at the call's arrival."""
+        session = self._session(request.session_id)
+        lease_now = self._lease_now()
+        if session is None or session.expires_at <= lease_now:
+            session = self.core.live_session(request.session_id)  # refused, naming the field
+        session.renew(lease_now)
         if session.unanswered is not None:  # the last step was applied but not logged
             reply = self._answer_again(session, request)
             if reply is not None:
