@@ -40,7 +40,7 @@ from typing import Any
 
 from kvbudget.cli.main import main
 from kvbudget.daemon.wire import convert
-from kvbudget.daemon.server import servicers
+from kvbudget.daemon.server import servicers, steps
 from kvbudget.daemon.server.service import CoreService
 from kvbudget.daemon.log.decision_log import DecisionLog
 
@@ -68,8 +68,9 @@ def _stage_timers(stages_path: str) -> None:
                 current[name] = current.get(name, 0) + clock() - t0
         return wrapper
 
-    servicers.validate_step = timed("validate", servicers.validate_step)
-    CoreService.apply_step = timed("apply", CoreService.apply_step)  # type: ignore[method-assign]
+    steps.read_step = timed("validate", steps.read_step)  # (reading the ops is part of validating them)
+    steps.validate_step = timed("validate", steps.validate_step)
+    steps.apply_step = timed("apply", steps.apply_step)
     CoreService.record = timed("commit", CoreService.record)  # type: ignore[method-assign]
     convert.add_decisions = timed("reply", convert.add_decisions)
     step = servicers.EngineServicer.Step

@@ -206,7 +206,7 @@ async def test_events_hear_the_expiry_then_follow_the_new_session_each_decision_
         # Its stream hears both expired (the latest request first), then ends.
         await until(lambda: len(heard) == 2)
         assert kinds(heard) == [("expire", "lease_expired", "q"), ("expire", "lease_expired", "a1")]
-        assert daemon.core._expiring == []
+        assert daemon.core.dispatcher.num_expiring == 0
         assert daemon.held() == 16  # big's 16 prompt blocks
 
         with pytest.raises(SessionLost, match="unknown session"):
@@ -246,7 +246,7 @@ async def test_a_replaced_engine_hears_its_expiry_and_its_replacement_never_does
         new_reader = asyncio.create_task(read_events(new, heard_new))
         await until(lambda: len(heard_old) == 1)
         assert kinds(heard_old) == [("expire", "lease_expired", "a")]
-        assert daemon.core._expiring == []
+        assert daemon.core.dispatcher.num_expiring == 0
         # The new session's own: b cdiv(48, 16) = 3 fits (16 + 3 = 19), c 3 more does not.
         assert kinds(await new.step(submits=[spec("b", 32, 16)])) == [("admit", "fits", "b")]
         [queued] = await new.step(submits=[spec("c", 32, 16)])
@@ -289,7 +289,7 @@ async def test_twenty_engines_expiring_in_one_tick_each_hear_their_own_and_nothi
         for i, h in enumerate(heard):
             assert kinds(h) == [("expire", "lease_expired", f"r{i}")]
         assert all(s.closed for s in sessions)  # every old stream was ended
-        assert daemon.core._expiring == []
+        assert daemon.core.dispatcher.num_expiring == 0
         assert len(daemon.core.sessions) == 0
         assert daemon.held() == 0 and daemon.controller.pool.num_free_blocks == 20
     finally:

@@ -83,7 +83,7 @@ async def test_a_cancelled_caller_does_not_stop_the_dispatcher(core: CoreService
     # "a" was committed all the same, so watchers see it; and later batches flow too.
     await core.record(submit(core, "b"), origin_engine="e")
     assert await received(watcher, 2) == ["a", "b"]
-    assert not core._tasks[0].done()  # the dispatcher is alive
+    assert core.dispatcher.running  # the dispatcher is alive
 
 
 async def test_a_failing_publish_does_not_stop_the_dispatcher(core: CoreService) -> None:
@@ -191,10 +191,10 @@ async def test_the_core_tick_expires_silent_replays_in_the_snapshot(core: CoreSe
 async def test_a_batch_nobody_hears_of_skips_the_dispatcher(core: CoreService) -> None:
     # No watcher, no metrics, only the caller's own decisions: nothing to dispatch.
     committed = core.record(submit(core, "quiet"), origin_engine="e")
-    assert committed.done() and core._dispatch.qsize() == 0
+    assert committed.done() and core.dispatcher.num_queued == 0
     # Another engine's decision must reach that engine's Events stream: dispatched.
     core.record(submit(core, "other"), origin_engine="someone-else")
-    assert core._dispatch.qsize() == 1
+    assert core.dispatcher.num_queued == 1
     # A watcher makes every batch worth dispatching, the caller's own included. It also
     # hears "other", which was still queued when it joined; never "quiet".
     watcher = core.watch_hub.add(100)
@@ -256,12 +256,13 @@ async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it
 async def test_a_reply_past_the_message_limit_goes_out_on_the_events_stream(core: CoreService, monkeypatch) -> None:
     # gRPC failed the send after the step was applied and logged: the engine heard nothing
     # and its retry got ALREADY_EXISTS. (The limit is 64 MiB; here it is made 10 kB.)
-    from kvbudget.daemon.server import servicers
+    from kvbudget.daemon.server import steps
     from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
     from kvbudget.v1 import engine_pb2
 
-    monkeypatch.setattr(servicers, "MAX_MESSAGE_BYTES", 10_000)
-    servicer = servicers.EngineServicer(core, Authorizer(None, trust_tcp=True))
+    monkeypatch.setattr(steps, "MAX_MESSAGE_BYTES", 10_000)
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
     session = core.sessions.open("e", 60.0, time.monotonic())
     submits = [engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=8, max_new_tokens=8) for i in range(1001)]
     with pytest.raises(_Aborted) as aborted:
@@ -335,3 +336,38 @@ async def test_a_decision_taken_as_a_newer_stream_takes_over_goes_to_the_newer(c
     assert new.written == ["r1"]
     session.end_events()
     await reading_new
+
+
+async def test_an_op_the_controller_refuses_after_validation_is_internal_logged_and_its_step_recorded(
+    core: CoreService, monkeypatch, caplog
+) -> None:
+    # A broken invariant (validation passed an op the controller refuses) is the daemon's
+    # bug: INTERNAL, in the journal naming the op; what the ops before it did stands, so
+    # their decisions are logged (pool and log agree) and a resend gets the same answer.
+    from kvbudget.daemon.core.admission import AdmissionError
+    from kvbudget.daemon.server.auth import Authorizer
+    from kvbudget.daemon.server.servicers import EngineServicer
+    from kvbudget.v1 import engine_pb2
+
+    servicer = EngineServicer(core, Authorizer(None, trust_tcp=True))
+    session = core.sessions.open("e", 60.0, time.monotonic())
+    await core.record(submit(core, "done") + submit(core, "grown"), "e")
+
+    def refused_grow(request_id, num_tokens, now):
+        raise AdmissionError("num_tokens", "refused (injected)")
+
+    monkeypatch.setattr(core.controller, "grow", refused_grow)
+    request = engine_pb2.StepRequest(
+        session_id=session.session_id, step_seq=1,
+        finishes=[engine_pb2.Finish(request_id="done")], grows=[engine_pb2.Grow(request_id="grown", num_tokens=20)],
+    )
+    for _ in range(2):  # the step, then the same step sent again
+        with pytest.raises(_Aborted) as aborted:
+            await servicer.Step(request, _Context())
+        code, message = aborted.value.args
+        assert code == grpc.StatusCode.INTERNAL
+        assert message.startswith("grows[0].num_tokens: num_tokens: refused (injected)")
+    assert "step broke an invariant at grows[0].num_tokens" in caplog.text
+    assert core.controller.find("done") is None  # the finish before it stands...
+    rows = sqlite3.connect(core.log.path).execute("SELECT kind, request_id FROM decisions ORDER BY id").fetchall()
+    assert rows[-1] == ("release", "done")  # ...and is in the log

@@ -1,11 +1,10 @@
-"""Step validation: the fast screen (`_all_clear`) and the rules (`_first_problem`) agree.
-
-`validate_step` trusts `_all_clear` to let a step through without running the rules, so
-`_all_clear` must never pass a step the rules refuse; and it should pass every step the
-rules accept, or the daemon pays for both passes. What it passes, it also reads out (the
-ops `apply_step` applies): they must be what the plain reading (`read_ops`) gives. Hypothesis builds random steps from ids
-and numbers chosen to sit on every edge of every rule; the gRPC statuses and field names
-themselves are pinned in test_server_bad_input.py.
+"""Step validation (`core.validation`, on the ops `server.step_request.read_step` reads)
+against the rules stated plainly here (`reference_problem`, on the message, as the old
+two-pass validator's slow half had them): on every step it refuses what they refuse, with
+the same kind and message, in field order, and accepts what they accept; the ops it reads
+are the plain reading (`plain_ops`). Hypothesis builds random steps from ids and numbers
+chosen to sit on every edge of every rule; the gRPC statuses and field names themselves
+are pinned in test_server_bad_input.py.
 
 Standing state (guaranteed: each request reserves cdiv(min(prompt + max_new, 256), 16)
 blocks of a 64-block pool):
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,7 +26,11 @@ from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.daemon.core.requests import Status
 from kvbudget.daemon.core.spec import KV_DTYPES, AttentionSpec, group_layers
-from kvbudget.daemon.server.step_validation import StepRejected, _all_clear, _first_problem, read_ops, validate_step
+from kvbudget.daemon.core.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
+from kvbudget.daemon.core.step import StepOps
+from kvbudget.daemon.core.validation import MAX_ID_CHARS, MAX_OPS_PER_STEP, Problem, StepRejected, validate_step
+from kvbudget.daemon.server.step_request import read_step
+from kvbudget.daemon.wire.convert import submit_to_spec
 from kvbudget.v1 import engine_pb2
 
 B = 16
@@ -149,58 +151,150 @@ def near_valid_steps(draw, fault: tuple) -> engine_pb2.StepRequest:
     return step
 
 
-def rules_accept(step: engine_pb2.StepRequest, engine_id: str) -> bool:
+class Refusal(Exception):
+    def __init__(self, kind: Problem, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.kind = kind
+
+
+def _bad(field: str, message: str) -> Refusal:
+    return Refusal(Problem.INVALID, field, message)
+
+
+def _check_id(field: str, request_id: str) -> None:
+    if not request_id:
+        raise _bad(field, "required")
+    if len(request_id) > MAX_ID_CHARS:
+        raise _bad(field, f"at most {MAX_ID_CHARS} characters, got {len(request_id)}")
+    if not request_id.isprintable():
+        raise _bad(field, "must be printable text")
+
+
+def _owned(field: str, request_id: str, engine_id: str):
+    _check_id(field, request_id)
+    live = CTRL.find(request_id)
+    if live is None or live.spec.engine_id != engine_id:
+        raise Refusal(Problem.NOT_OWNED, field, f"no live request {request_id!r} of this engine")
+    return live
+
+
+def _reference_ops(step: engine_pb2.StepRequest, engine_id: str) -> None:
+    """The rules of the finishes, aborts, progress and grows, in field order."""
+    ended: set[str] = set()  # finished or aborted in this step
+    for name, ops in (("finishes", step.finishes), ("aborts", step.aborts)):
+        for i, op in enumerate(ops):
+            field = f"{name}[{i}].request_id"
+            _owned(field, op.request_id, engine_id)
+            if op.request_id in ended:
+                raise _bad(field, f"{op.request_id!r} is finished or aborted twice in this step")
+            ended.add(op.request_id)
+    for name, ops, count in (("progress", step.progress, "num_computed_tokens"), ("grows", step.grows, "num_tokens")):
+        seen: set[str] = set()
+        for i, op in enumerate(ops):
+            field = f"{name}[{i}]"
+            live = _owned(f"{field}.request_id", op.request_id, engine_id)
+            if op.request_id in ended or op.request_id in seen:
+                raise _bad(f"{field}.request_id", f"{op.request_id!r} appears twice in this step")
+            seen.add(op.request_id)
+            n = getattr(op, count)
+            if name == "grows" and n > live.max_len:
+                raise _bad(f"{field}.{count}", f"{n} is past the request's maximum length {live.max_len} "
+                                               "(prompt + max_new_tokens, capped at max_model_len)")
+            if live.status is not Status.RUNNING:
+                continue
+            if name == "progress" and n > live.num_tokens:
+                raise _bad(f"{field}.{count}", f"{n} exceeds the {live.num_tokens} slots the request holds")
+            if name == "progress" and n < live.num_computed:
+                raise _bad(f"{field}.{count}", f"{n} is below the {live.num_computed} already reported")
+            if name == "grows" and n < live.num_tokens:
+                raise _bad(f"{field}.{count}", f"{n} is below the {live.num_tokens} slots the request holds")
+
+
+def _reference_submits(step: engine_pb2.StepRequest) -> None:
+    seen: set[str] = set()
+    for i, op in enumerate(step.submits):
+        field = f"submits[{i}]"
+        _check_id(f"{field}.request_id", op.request_id)
+        if op.request_id in seen or CTRL.find(op.request_id) is not None:
+            raise Refusal(Problem.DUPLICATE, f"{field}.request_id", f"request {op.request_id!r} already exists")
+        seen.add(op.request_id)
+        if op.prompt_tokens < 1:
+            raise _bad(f"{field}.prompt_tokens", "must be at least 1")
+        if op.HasField("max_new_tokens") and op.max_new_tokens < 1:
+            raise _bad(f"{field}.max_new_tokens", "must be at least 1 when set")
+        full_blocks = op.prompt_tokens // B
+        if len(op.prefix_hashes) > full_blocks:
+            raise _bad(f"{field}.prefix_hashes",
+                       f"{len(op.prefix_hashes)} hashes but the prompt has only {full_blocks} full blocks")
+        if op.tenant and (len(op.tenant) > MAX_TENANT_CHARS or not op.tenant.isprintable()):
+            raise _bad(f"{field}.tenant", f"printable, at most {MAX_TENANT_CHARS} characters")
+        if op.tenant == OTHER_TENANTS:
+            raise _bad(f"{field}.tenant", RESERVED_TENANT)
+        if not math.isfinite(op.deadline_unix_s) or op.deadline_unix_s < 0:
+            raise _bad(f"{field}.deadline_unix_s", "must be a finite time >= 0 (0: none)")
+
+
+def reference_problem(step: engine_pb2.StepRequest, engine_id: str) -> tuple[Problem, str] | None:
+    """The rules, stated plainly on the message (each field read where a rule needs it):
+    the first problem's (kind, message), or None."""
+    total = len(step.submits) + len(step.grows) + len(step.progress) + len(step.finishes) + len(step.aborts)
     try:
-        _first_problem(step, engine_id, CTRL.find, B)
-    except StepRejected:
-        return False
-    return True
+        if total > MAX_OPS_PER_STEP:
+            raise _bad("submits", f"at most {MAX_OPS_PER_STEP} operations per step, got {total}")
+        _reference_ops(step, engine_id)
+        _reference_submits(step)
+    except Refusal as refusal:
+        return refusal.kind, str(refusal)
+    return None
+
+
+def plain_ops(step: engine_pb2.StepRequest, engine_id: str, now: float) -> StepOps:
+    """The ops of a step, read the plain way (what `read_step` returns)."""
+    return StepOps(
+        [op.request_id for op in step.finishes],
+        [op.request_id for op in step.aborts],
+        [(op.request_id, op.num_computed_tokens) for op in step.progress],
+        [(op.request_id, op.num_tokens) for op in step.grows],
+        [submit_to_spec(op, engine_id, now) for op in step.submits],
+    )
+
+
+def validate(step: engine_pb2.StepRequest, engine_id: str, now: float = 0.0) -> StepOps:
+    """What the daemon does with a step: read it once, then validate the plain ops."""
+    ops = read_step(step, engine_id, now)
+    validate_step(ops, engine_id, CTRL.find, B)
+    return ops
+
+
+def problem_of(step: engine_pb2.StepRequest, engine_id: str) -> tuple[Problem, str] | None:
+    try:
+        ops = validate(step, engine_id, 3.5)
+    except StepRejected as exc:
+        return exc.kind, str(exc)
+    assert ops == plain_ops(step, engine_id, 3.5)
+    return None
 
 
 @given(step=STEPS, engine_id=st.sampled_from(["e1", "e2"]))
-def test_the_fast_screen_passes_exactly_what_the_rules_accept(step, engine_id) -> None:
-    ops = _all_clear(step, engine_id, CTRL.find, B, 3.5)
-    assert (ops is not None) == rules_accept(step, engine_id)
-    if ops is not None:
-        assert ops == read_ops(step, engine_id, 3.5)
-        assert validate_step(step, engine_id, CTRL.find, B, 3.5) == ops
+def test_validation_refuses_what_the_rules_refuse_and_reads_the_plain_ops(step, engine_id) -> None:
+    assert problem_of(step, engine_id) == reference_problem(step, engine_id)
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f"{t}.{f}={v!r:.12}" for t, f, v in FAULTS])
 @settings(max_examples=15)
 @given(data=st.data())
-def test_the_fast_screen_agrees_on_steps_one_fault_away(fault, data) -> None:
+def test_validation_agrees_with_the_rules_on_steps_one_fault_away(fault, data) -> None:
     step = data.draw(near_valid_steps(fault))
-    ops = _all_clear(step, "e1", CTRL.find, B, 3.5)
-    assert (ops is not None) == rules_accept(step, "e1")
-    if ops is not None:
-        assert ops == read_ops(step, "e1", 3.5)
+    assert problem_of(step, "e1") == reference_problem(step, "e1")
 
 
-@given(step=st.sampled_from(FAULTS).flatmap(near_valid_steps))
-def test_validate_step_raises_what_the_rules_raise(step) -> None:
-    try:
-        _first_problem(step, "e1", CTRL.find, B)
-        expected = None
-    except StepRejected as exc:
-        expected = (exc.code, str(exc))
-    try:
-        validate_step(step, "e1", CTRL.find, B)
-        got = None
-    except StepRejected as exc:
-        got = (exc.code, str(exc))
-    assert got == expected
-
-
-def test_a_typical_step_is_all_clear_and_each_rule_names_its_field() -> None:
+def test_a_typical_step_passes_and_each_rule_names_its_field() -> None:
     step = engine_pb2.StepRequest(
         finishes=[engine_pb2.Finish(request_id="run-1")],
         grows=[engine_pb2.Grow(request_id="wait", num_tokens=200)],  # waiting: no slot check
         submits=[engine_pb2.Submit(request_id="new-1", prompt_tokens=32, max_new_tokens=8, prefix_hashes=[1, 2])],
     )
-    ops = _all_clear(step, "e1", CTRL.find, B, 7.0)
-    assert ops is not None
-    assert validate_step(step, "e1", CTRL.find, B, 7.0) == ops
+    ops = validate(step, "e1", 7.0)
     assert ops.finishes == ["run-1"] and ops.aborts == [] and ops.progress == []
     assert ops.grows == [("wait", 200)]
     assert ops.submits == [
@@ -208,30 +302,34 @@ def test_a_typical_step_is_all_clear_and_each_rule_names_its_field() -> None:
     ]
     # prompt 32 = 2 full blocks of 16: a third hash cannot be right.
     step.submits[0].prefix_hashes.append(3)
-    assert _all_clear(step, "e1", CTRL.find, B) is None
     with pytest.raises(StepRejected) as info:
-        validate_step(step, "e1", CTRL.find, B)
-    assert (info.value.code, info.value.field) == (grpc.StatusCode.INVALID_ARGUMENT, "submits[0].prefix_hashes")
+        validate(step, "e1")
+    assert (info.value.kind, info.value.field) == (Problem.INVALID, "submits[0].prefix_hashes")
     # "run-3" holds 40 slots: progress to 41 is past them.
     bad = engine_pb2.StepRequest(progress=[engine_pb2.Progress(request_id="run-3", num_computed_tokens=41)])
     with pytest.raises(StepRejected) as info:
-        validate_step(bad, "e1", CTRL.find, B)
+        validate(bad, "e1")
     assert str(info.value) == "progress[0].num_computed_tokens: 41 exceeds the 40 slots the request holds"
     # Another engine's request is not found, whatever the list.
     for field in ("finishes", "aborts"):
         op = engine_pb2.Finish(request_id="other") if field == "finishes" else engine_pb2.Abort(request_id="other")
         with pytest.raises(StepRejected) as info:
-            validate_step(engine_pb2.StepRequest(**{field: [op]}), "e1", CTRL.find, B)
-        assert (info.value.code, info.value.field) == (grpc.StatusCode.NOT_FOUND, f"{field}[0].request_id")
+            validate(engine_pb2.StepRequest(**{field: [op]}), "e1")
+        assert (info.value.kind, info.value.field) == (Problem.NOT_OWNED, f"{field}[0].request_id")
+
+
+def test_too_many_ops_are_refused_before_any_is_read() -> None:
+    step = engine_pb2.StepRequest(finishes=[engine_pb2.Finish(request_id="")] * (MAX_OPS_PER_STEP + 1))
+    with pytest.raises(StepRejected) as info:
+        read_step(step, "e1", 0.0)  # (were they read, the first would be refused: "required")
+    assert str(info.value) == f"submits: at most {MAX_OPS_PER_STEP} operations per step, got {MAX_OPS_PER_STEP + 1}"
 
 
 def test_the_tenant_name_the_snapshot_sums_the_rest_under_is_refused() -> None:
     # "(other)" stands for the tenants past the snapshot's list (and /metrics'): a tenant of
     # that name would be summed in with them, and its quota read as theirs.
-    from kvbudget.v1 import engine_pb2
-
     step = engine_pb2.StepRequest(submits=[engine_pb2.Submit(request_id="r", prompt_tokens=8, tenant="(other)")])
     with pytest.raises(StepRejected) as info:
-        validate_step(step, "e1", CTRL.find, B)
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        validate(step, "e1")
+    assert info.value.kind == Problem.INVALID
     assert str(info.value).startswith("submits[0].tenant: '(other)' is reserved")

@@ -1,27 +1,8 @@
 """The calls the daemon is serving, counted, so that a stop ends once none is left.
 
-grpc.aio's `server.stop(grace)` returns when every call is done AND every connection has
-closed. A client that is frozen (SIGSTOP, a hung host, a debugger) never answers the
-server's GOAWAY, so its connection stays open, and SIGTERM waited the whole
-`drain_timeout_s` (10 s as shipped) with nothing in flight. So `stop_server` cuts the stop
-short (`server.stop(0)`) once no call has been in flight for `settle_s`: the connections it
-closes then carry no call.
-
-A call is in flight from the moment gRPC takes it (its headers arrived: a Step whose 2 MB
-of request are still coming over a slow link counts) to its end, reply and status handed
-to the transport. grpc.aio runs each call in a task of its own (`_schedule_rpc_coro`), and
-those tasks are what is counted; that is grpc's internal name, so the handlers are counted
-too, through public API (`started`, from the handler's start to the RPC's end:
-`context.add_done_callback`), and the larger count wins: were grpc to rename its task, only
-a call whose request is still arriving could be cut.
-
-`settle_s` covers calls taken a moment before grpc stopped accepting, whose task has not
-started yet (it starts within an iteration or two of the event loop).
-
-And a stop must end even when gRPC cannot: a peer that stopped reading with data queued to
-it (a frozen dashboard whose Watch filled the connection's window) keeps grpc's stop from
-ever returning, cancelled calls and all. Past the grace and `GIVE_UP_S` more, `stop_server`
-stops waiting for it; the daemon flushes its log and exits, and the kernel closes the socket.
+grpc's own stop also waits for every connection to close, and a frozen client's never
+does: `stop_server` cuts the stop short once no call has been in flight for `settle_s`, and
+stops waiting for a grpc stop stuck on a peer that does not read past `GIVE_UP_S`.
 """
 
 from __future__ import annotations

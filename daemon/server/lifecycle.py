@@ -52,7 +52,8 @@ from kvbudget.daemon.server.in_flight import GIVE_UP_S, InFlightCalls, Stopped, 
 from kvbudget.daemon.server.malformed import add_checked
 from kvbudget.daemon.config.pool_setup import PoolSetup, setup_pool
 from kvbudget.daemon.server.reflection import reflection_pool
-from kvbudget.daemon.server.servicers import MAX_MESSAGE_BYTES, AdminServicer, EngineServicer, ObserverServicer
+from kvbudget.daemon.server.servicers import AdminServicer, EngineServicer, ObserverServicer
+from kvbudget.daemon.server.steps import MAX_MESSAGE_BYTES
 from kvbudget.daemon.server.sessions import SessionTable
 from kvbudget.daemon.server.tls import (
     CertificatePair,

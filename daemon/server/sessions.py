@@ -1,31 +1,7 @@
-"""Engine sessions and their leases.
+"""Engine sessions and their leases, and what a session keeps of its last step for a resend.
 
-A session is one engine's connection to the daemon. It holds a lease: every call of the
-session (Step, Heartbeat, an open Events stream's creation) renews it, and a session
-silent past its TTL is expired by the core (all its requests' blocks come back).
-
-An engine id has at most one live session. A second OpenSession for the same engine id
-gets ALREADY_EXISTS: two processes believing they are one engine would free each other's
-requests. An engine that restarted before its old lease ran out may pass
-`replace_existing` to end the old session first (its requests are expired).
-
-A step whose decisions could not be written (a full disk) was applied all the same: the
-session keeps its request and reply (`unanswered`), so that the engine's retry of that
-same step gets that reply once the decisions are in the log, rather than ALREADY_EXISTS
-for the submits it made. A different step means the engine moved on: the reply is
-dropped, and its decisions go out on the session's Events stream instead, so that an
-engine that gave up on the step still hears which of its requests hold blocks.
-
-A step the engine numbers (`step_seq` > 0) is kept with its outcome (`last_step`) once
-applied: a reply lost on the way (a deadline, a dropped connection) leaves the engine not
-knowing whether the step happened, and sending it again, same number and same ops, gets
-that outcome again instead of ALREADY_EXISTS for its submits and NOT_FOUND for its
-finishes. Only the last numbered step is kept: numbers go up, one step at a time.
-
-Leases run on the monotonic clock, less the spells the daemon itself did not run
-(`lease_clock.LeaseClock`: a daemon stopped for longer than a lease expired every engine
-when it ran again), so a wall-clock jump neither expires nor keeps alive anybody;
-decisions still carry unix time.
+A session's lease is renewed by its every call; one silent past its TTL is expired. An
+engine id has at most one live session. (The resend protocol: `steps.py`.)
 """
 
 from __future__ import annotations
@@ -72,7 +48,7 @@ class KeptStep:
     # waits for it, as the first call does: nothing is answered before it is in the log.
     committed: asyncio.Future | None
     reply: object | None = None  # the StepResponse, or
-    error: tuple[object, str] | None = None  # (grpc.StatusCode, message) the step ended with
+    error: tuple[object, str] | None = None  # (refusal.Status, message) the step ended with
     # While `committed` runs: the step's decisions, for `unanswered` should the write fail
     # after the first call has gone (its deadline), the resend being the one to find out.
     decisions: list[Decision] | None = None
