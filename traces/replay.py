@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import KVCacheLayout
+from kvbudget.daemon.core.step import apply_step
 from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
@@ -45,13 +46,8 @@ class ReplaySetup:
 
 
 class ControllerBackend:
-    """The admission controller in this process, applying ops as the daemon's Step does
-    (core_service.apply_step), so offline and live count the same decisions: a grow of a
-    request that is no longer running (an earlier op preempted it) is answered DENY
-    not_running, its progress is ignored, and a finish of it ends it in the queue — the
-    controller's own answers, as the daemon passes the ops on. (Skipping such grows here
-    left one DENY per same-step preemption out of the offline counts.)
-    """
+    """The admission controller in this process. A step goes through the core's
+    `apply_step`, as the daemon's Step does, so offline and live count the same decisions."""
 
     def __init__(self, controller: AdmissionController) -> None:
         self.controller = controller
@@ -62,21 +58,7 @@ class ControllerBackend:
         pass
 
     def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
-        c = self.controller
-        out: list[Decision] = []
-        c.hold_queue()  # the queue gets what the running requests leave, as the daemon's Step
-        for request_id in ops.finishes:
-            out += c.finish(request_id, now)
-        for request_id in ops.aborts:
-            out += c.abort(request_id, now)
-        for request_id, computed in ops.progress:
-            out += c.progress(request_id, computed, now)  # waiting: ignored
-        for request_id, num_tokens in ops.grows:
-            out += c.grow(request_id, num_tokens, now)  # waiting: DENY not_running
-        out += c.release_queue(now)
-        for spec in ops.submits:
-            out += c.submit(spec, now)
-        return out
+        return apply_step(self.controller, ops, now)
 
     def poll(self, engine_id: str, now: float) -> list[Decision]:
         return []
