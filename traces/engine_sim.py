@@ -45,7 +45,8 @@ The code lives in one module per idea; this one keeps every name importable from
 
 from __future__ import annotations
 
-from kvbudget.traces.sim_backend import AsyncBackend, Backend, StepOps
+from kvbudget.daemon.core.step import StepOps
+from kvbudget.traces.sim_backend import AsyncBackend, Backend
 from kvbudget.traces.sim_engine import EngineConfig, SimEngine
 from kvbudget.traces.sim_request import (
     FINISHED,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import KVCacheLayout
-from kvbudget.daemon.core.step import apply_step
-from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
+from kvbudget.daemon.core.step import StepOps, apply_step
+from kvbudget.traces.engine_sim import EngineConfig, Simulation
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
 
@@ -266,11 +266,11 @@ class DaemonBackend:
                 # progress of every request the news stopped or restarted.
                 drop = {culprit} | {d.request_id for d in news if d.kind in _STOPS}
                 ops = StepOps(
-                    submits=ops.submits,
-                    grows=[g for g in ops.grows if g[0] not in drop],
-                    progress=[p for p in ops.progress if p[0] not in drop],
                     finishes=ops.finishes,
                     aborts=ops.aborts,
+                    progress=[p for p in ops.progress if p[0] not in drop],
+                    grows=[g for g in ops.grows if g[0] not in drop],
+                    submits=ops.submits,
                 )
         self._free = response.num_free_blocks
         kinds, reasons, policies = self._kinds, self._reasons, self._policies

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kvbudget.daemon.core.budget import cache_hit_tokens
 from kvbudget.daemon.core.records import Decision, DecisionKind, RequestSpec
 from kvbudget.daemon.core.spec import KVCacheLayout
-from kvbudget.traces.sim_backend import StepOps
+from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.sim_request import FINISHED, LOST, QUEUED, REJECTED, RUNNING, SimRequest
 
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.core.spec import KVCacheLayout
+from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.loaders import TraceRequest, pool_prefix_hashes
-from kvbudget.traces.sim_backend import AsyncBackend, Backend, StepOps
+from kvbudget.traces.sim_backend import AsyncBackend, Backend
 from kvbudget.traces.sim_engine import EngineConfig, SimEngine
 from kvbudget.traces.sim_request import (
     FINISHED,
