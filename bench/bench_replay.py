@@ -86,10 +86,11 @@ from pathlib import Path
 
 from kvbudget.daemon.core.admission import AdmissionController
 from kvbudget.daemon.config.hf_config import load_model
-from kvbudget.traces.engine_sim import EngineConfig, Simulation
 from kvbudget.traces.loaders import load_trace
 from kvbudget.traces.replay import ControllerBackend, ReplaySetup, admission_config, run_live
 from kvbudget.traces.results import summarize
+from kvbudget.traces.sim_engine import EngineConfig
+from kvbudget.traces.simulation import Simulation
 
 
 def _setup(args: argparse.Namespace, trace) -> ReplaySetup:

@@ -9,9 +9,12 @@ import pytest
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import AttentionSpec, SlidingWindowSpec, group_layers, kv_dtype
-from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps, spread_arrivals
+from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.replay import ControllerBackend
+from kvbudget.traces.sim_engine import EngineConfig
+from kvbudget.traces.sim_request import spread_arrivals
+from kvbudget.traces.simulation import Simulation
 
 BF16 = kv_dtype("bf16")
 FULL = group_layers([AttentionSpec(16, 8, 128, BF16)] * 4, model_name="toy-full")
@@ -232,7 +235,7 @@ def test_decisions_arriving_out_of_order_are_applied_by_seq():
     # Live, with several engines, engine B's request can be preempted and re-admitted by
     # engine A's call; B may read its own Step reply before those events. The engine
     # applies a request's decisions by seq: older ones are stale.
-    from kvbudget.traces.engine_sim import QUEUED, RUNNING
+    from kvbudget.traces.sim_request import QUEUED, RUNNING
 
     sim = Simulation([TraceRequest(0.0, 100, 5)], FULL, EngineConfig())
     r, engine = sim.requests["0"], sim.engines[0]

@@ -9,7 +9,7 @@ import pytest
 
 from kvbudget.cli.main import main
 from kvbudget.daemon.config.hf_config import load_model
-from kvbudget.traces.engine_sim import EngineConfig
+from kvbudget.traces.sim_engine import EngineConfig
 from kvbudget.traces.loaders import load_trace
 from kvbudget.traces.replay import ReplaySetup, run_compare, run_offline
 from kvbudget.traces.report import write_report

@@ -19,9 +19,10 @@ from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import KVCacheLayout
 from kvbudget.daemon.core.step import StepOps, apply_step
-from kvbudget.traces.engine_sim import EngineConfig, Simulation
+from kvbudget.traces.sim_engine import EngineConfig
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
+from kvbudget.traces.simulation import Simulation
 
 if TYPE_CHECKING:
     import grpc

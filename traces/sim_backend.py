@@ -1,8 +1,7 @@
-"""What one simulated engine step asks of admission, and the backends that answer it.
+"""The backends a simulation asks for admission, one call per engine step.
 
 `Backend` is admission in-process (offline replay); `AsyncBackend` is its awaitable twin
 (the daemon over gRPC). Both take a whole step's asks in one call, as the core's `StepOps`.
-See `engine_sim` for the simulation as a whole.
 """
 
 from __future__ import annotations

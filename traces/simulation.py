@@ -1,7 +1,10 @@
 """The driver: K simulated engines sharing one backend, stepped in virtual-time order.
 
-One generator of backend calls (`Simulation._calls`) serves both the in-process backend
-(`run`) and the gRPC one (`run_async`). See `engine_sim` for the simulation as a whole.
+A simulated engine batches like vLLM (chunked prefill, in virtual time, no model): each step
+submits arrivals, schedules its batch, asks admission once (a `StepOps`), applies the
+decisions, then advances its clock by the step-time model. Same trace, backend and seed:
+same run. One generator of backend calls serves the in-process backend (`run`) and the
+gRPC one (`run_async`). The whole story: docs/architecture.md, the trace simulator.
 """
 
 from __future__ import annotations
