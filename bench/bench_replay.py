@@ -87,7 +87,8 @@ from pathlib import Path
 from kvbudget.daemon.core.admission import AdmissionController
 from kvbudget.daemon.config.hf_config import load_model
 from kvbudget.traces.loaders import load_trace
-from kvbudget.traces.replay import ControllerBackend, ReplaySetup, admission_config, run_live
+from kvbudget.traces.replay import ControllerBackend, ReplaySetup, admission_config
+from kvbudget.traces.replay_live import run_live
 from kvbudget.traces.results import summarize
 from kvbudget.traces.sim_engine import EngineConfig
 from kvbudget.traces.simulation import Simulation

@@ -190,7 +190,7 @@ def test_policies_in_seq_order_whatever_order_decisions_arrive_in():
     from kvbudget.daemon.wire import convert
     from kvbudget.daemon.core.records import DecisionKind, Reason
     from kvbudget.daemon.core.spec import AttentionSpec, group_layers, kv_dtype
-    from kvbudget.traces.replay import DaemonBackend, LiveDecision, _light_decision
+    from kvbudget.traces.replay_live import DaemonBackend, LiveDecision, _light_decision
     from kvbudget.v1 import common_pb2
 
     layout = group_layers([AttentionSpec(16, 1, 1, kv_dtype("bf16"))], model_name="toy")

@@ -403,7 +403,8 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
 
     from kvbudget.client import ObserverClient, SessionLost
     from kvbudget.daemon.wire import convert
-    from kvbudget.traces.replay import ReplaySetup, run_live
+    from kvbudget.traces.replay import ReplaySetup
+    from kvbudget.traces.replay_live import run_live
 
     target = args.target  # checked and resolved in run()
     _stop_on_signals([] if stopped_by is None else stopped_by)
