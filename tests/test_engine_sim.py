@@ -245,15 +245,15 @@ def test_decisions_arriving_out_of_order_are_applied_by_seq():
     def d(seq: int, kind: DecisionKind, num_tokens: int = 0, reason: Reason = Reason.FITS) -> Decision:
         return Decision(seq, 0.0, kind, reason, "0", num_tokens=num_tokens)
 
-    sim._apply([d(1, DecisionKind.ADMIT, 100)], 0.0)
+    sim.apply([d(1, DecisionKind.ADMIT, 100)], 0.0)
     assert (r.state, r.granted, engine.num_running) == (RUNNING, 100, 1)
     # seq 2 PREEMPT and seq 3 ADMIT: the re-admission arrives first, then the preemption
-    sim._apply([d(3, DecisionKind.ADMIT, 64)], 0.0)
-    sim._apply([d(2, DecisionKind.PREEMPT)], 0.0)
+    sim.apply([d(3, DecisionKind.ADMIT, 64)], 0.0)
+    sim.apply([d(2, DecisionKind.PREEMPT)], 0.0)
     assert (r.state, r.granted, r.preemptions) == (RUNNING, 64, 1)
     assert (engine.num_running, engine.num_queued) == (1, 0)
     # a growth denied as "not running" (seq 5) says a PREEMPT (seq 4) is on its way
-    sim._apply([d(5, DecisionKind.DENY, reason=Reason.NOT_RUNNING)], 0.0)
-    sim._apply([d(4, DecisionKind.PREEMPT)], 0.0)
+    sim.apply([d(5, DecisionKind.DENY, reason=Reason.NOT_RUNNING)], 0.0)
+    sim.apply([d(4, DecisionKind.PREEMPT)], 0.0)
     assert (r.state, r.preemptions, engine.num_running, engine.num_queued) == (QUEUED, 2, 0, 1)
     assert sim.decisions == 5  # every decision is counted once, stale or not

@@ -76,12 +76,7 @@ class DaemonBackend:
         # than a set of seqs: the same keys, and the policies in order come for free).
         self._seen: dict[int, str] = {}
         self._wall_origin: float | None = None
-        from kvbudget.daemon.wire import convert  # the protos: live mode only
-        from kvbudget.daemon.core.policies import POLICIES
-
-        self._kinds = {value: kind for kind in DecisionKind if (value := convert.kind_to_proto(kind))}
-        self._reasons = {reason.value: reason for reason in Reason}
-        self._policies = {convert.policy_to_proto(name): name for name in POLICIES}
+        self._replies = ReplyReader()
 
     async def open_engine(self, engine_id: str) -> None:
         from kvbudget.client import EngineClient
@@ -103,7 +98,8 @@ class DaemonBackend:
         except Exception:  # the stream died with the daemon; steps will report it
             return
 
-    def _note(self, decisions: list[Decision | LiveDecision]) -> list[Decision | LiveDecision]:
+    def note(self, decisions: list[Decision | LiveDecision]) -> list[Decision | LiveDecision]:
+        """Those of `decisions` not counted before (by seq), now counted."""
         fresh = []
         seen = self._seen
         for d in decisions:
@@ -141,7 +137,7 @@ class DaemonBackend:
             if delay > 0:
                 await asyncio.sleep(delay)
         await asyncio.sleep(0)  # let the event readers and heartbeats run
-        return self._note(self._drain())
+        return self.note(self._drain())
 
     async def idle(self, engine_id: str, now: float) -> list[Decision]:
         """Nothing runs here: give the daemon's own queue pass (every 0.1 s) time to admit."""
@@ -189,16 +185,15 @@ class DaemonBackend:
                     submits=ops.submits,
                 )
         self._free = response.num_free_blocks
-        kinds, reasons, policies = self._kinds, self._reasons, self._policies
-        return early + self._note([_light_decision(m, kinds, reasons, policies) for m in response.decisions])
+        return early + self.note(self._replies.read(response.decisions))
 
     async def _wait_for_news(self, request_id: str) -> list[Decision]:
         """Events that arrived, waiting (briefly) for one about `request_id`."""
         deadline = time.monotonic() + STALE_WAIT_S
-        news = self._note(self._drain())
+        news = self.note(self._drain())
         while not any(d.request_id == request_id for d in news) and time.monotonic() < deadline:
             await asyncio.sleep(0.002)
-            news += self._note(self._drain())
+            news += self.note(self._drain())
         return news
 
     def num_free_blocks(self) -> int:
@@ -233,20 +228,35 @@ class LiveDecision(NamedTuple):
     policy: str  # the policy that took it ("" if this client does not know its number)
 
 
-def _light_decision(
-    m, kinds: dict[int, DecisionKind], reasons: dict[str, Reason], policies: dict[int, str]
-) -> LiveDecision:
-    return LiveDecision(
-        m.seq,
-        kinds.get(m.kind, DecisionKind.ADMIT),
-        reasons.get(m.reason, Reason.NONE),
-        m.request_id,
-        m.num_tokens,
-        m.num_computed_tokens,
-        m.cached_hit_blocks,
-        m.num_free_blocks,
-        policies.get(m.policy, ""),
-    )
+class ReplyReader:
+    """Reads a Step reply's decisions into `LiveDecision`s, the protos' enum numbers
+    looked up in tables built once."""
+
+    def __init__(self) -> None:
+        from kvbudget.daemon.core.policies import POLICIES
+        from kvbudget.daemon.wire import convert  # the protos: live mode only
+
+        self.kinds = {value: kind for kind in DecisionKind if (value := convert.kind_to_proto(kind))}
+        self.reasons = {reason.value: reason for reason in Reason}
+        self.policies = {convert.policy_to_proto(name): name for name in POLICIES}
+
+    def read(self, messages) -> list[LiveDecision]:
+        kinds, reasons, policies = self.kinds, self.reasons, self.policies
+        admit, none = DecisionKind.ADMIT, Reason.NONE
+        return [
+            LiveDecision(
+                m.seq,
+                kinds.get(m.kind, admit),
+                reasons.get(m.reason, none),
+                m.request_id,
+                m.num_tokens,
+                m.num_computed_tokens,
+                m.cached_hit_blocks,
+                m.num_free_blocks,
+                policies.get(m.policy, ""),
+            )
+            for m in messages
+        ]
 
 
 POLICY_CHANGE = " -> "  # how a summary shows a policy switched mid-replay

@@ -166,7 +166,9 @@ class Simulation:
         self.decisions = 0
         self._seen_seqs: set[int] = set()
 
-    def _apply(self, decisions: list[Decision], now: float) -> None:
+    def apply(self, decisions: list[Decision], now: float) -> None:
+        """Counts each decision not seen before (by seq) and hands it to the engine of its
+        request, unless a newer one reached the request first."""
         if not decisions:  # most polls in-process
             return
         requests = self.requests
@@ -202,7 +204,7 @@ class Simulation:
             engine.pending_finishes = []
             if ops:
                 engine.calls += 1
-                self._apply((yield ("step", engine.engine_id, ops, engine.clock)), engine.clock)
+                self.apply((yield ("step", engine.engine_id, ops, engine.clock)), engine.clock)
         end = max((e.clock for e in engines), default=0.0)
         meter.close(end, num_free_blocks(), sum(e.num_running for e in engines), engines)
         if self.on_progress is not None:
@@ -236,12 +238,12 @@ class Simulation:
             kind = "poll"
             if engine.stalled and engine.num_queued and all(e.stalled or e.idle for e in engines):
                 kind = "idle"
-            self._apply((yield (kind, engine.engine_id, None, now)), now)
+            self.apply((yield (kind, engine.engine_id, None, now)), now)
 
             ops, scheduled, decode_grows = engine.build_step()
             if ops:
                 engine.calls += 1
-                self._apply((yield ("step", engine.engine_id, ops, now)), now)
+                self.apply((yield ("step", engine.engine_id, ops, now)), now)
             duration = engine.run_step(scheduled, decode_grows)
             engine.stalled = duration == 0.0
             running = only.num_running if only is not None else sum(e.num_running for e in engines)
