@@ -4,7 +4,9 @@ a request an earlier grow of the same step preempted is answered DENY not_runnin
 
 from __future__ import annotations
 
-from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+import pytest
+
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController, AdmissionError
 from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.daemon.core.step import StepOps, apply_step
 from kvbudget.traces.replay import ControllerBackend
@@ -29,3 +31,12 @@ def test_offline_step_answers_a_grow_of_a_request_preempted_in_the_same_step_as_
     assert live == [("preempt", "growth", "b"), ("grow", "fits", "a"), ("deny", "not_running", "b")]
     offline = kinds(ControllerBackend(_two_running()).step("e", ops, 1.0))
     assert offline == live
+
+
+def test_an_op_the_controller_refuses_is_its_own_error_offline():
+    # Offline nothing validates a step first: the controller's refusal reaches the caller
+    # as the AdmissionError that names the field (the CLI prints it in one line).
+    ctrl = _two_running()
+    with pytest.raises(AdmissionError) as refused:
+        ControllerBackend(ctrl).step("e", StepOps(finishes=["a"], grows=[("nope", 17)]), 1.0)
+    assert refused.value.field == "request_id"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.core.spec import KVCacheLayout
-from kvbudget.daemon.core.step import StepOps, apply_step
+from kvbudget.daemon.core.step import BrokenStep, StepOps, apply_step
 from kvbudget.traces.loaders import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
 from kvbudget.traces.sim_engine import EngineConfig
@@ -48,7 +48,12 @@ class ControllerBackend:
         pass
 
     def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
-        return apply_step(self.controller, ops, now)
+        try:
+            return apply_step(self.controller, ops, now)
+        except BrokenStep as broken:
+            # Nothing validated the ops before (the daemon's Step does): the controller's
+            # refusal is the answer, as its own AdmissionError (the CLI names the field).
+            raise broken.__cause__ from None  # type: ignore[misc]
 
     def poll(self, engine_id: str, now: float) -> list[Decision]:
         return []
