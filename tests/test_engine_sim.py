@@ -9,9 +9,12 @@ import pytest
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 from kvbudget.daemon.core.spec import AttentionSpec, SlidingWindowSpec, group_layers, kv_dtype
-from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps, spread_arrivals
+from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.trace_request import TraceRequest
 from kvbudget.traces.replay import ControllerBackend
+from kvbudget.traces.sim_engine import EngineConfig
+from kvbudget.traces.sim_request import spread_arrivals
+from kvbudget.traces.simulation import Simulation
 
 BF16 = kv_dtype("bf16")
 FULL = group_layers([AttentionSpec(16, 8, 128, BF16)] * 4, model_name="toy-full")
@@ -232,7 +235,7 @@ def test_decisions_arriving_out_of_order_are_applied_by_seq():
     # Live, with several engines, engine B's request can be preempted and re-admitted by
     # engine A's call; B may read its own Step reply before those events. The engine
     # applies a request's decisions by seq: older ones are stale.
-    from kvbudget.traces.engine_sim import QUEUED, RUNNING
+    from kvbudget.traces.sim_request import QUEUED, RUNNING
 
     sim = Simulation([TraceRequest(0.0, 100, 5)], FULL, EngineConfig())
     r, engine = sim.requests["0"], sim.engines[0]
@@ -242,15 +245,15 @@ def test_decisions_arriving_out_of_order_are_applied_by_seq():
     def d(seq: int, kind: DecisionKind, num_tokens: int = 0, reason: Reason = Reason.FITS) -> Decision:
         return Decision(seq, 0.0, kind, reason, "0", num_tokens=num_tokens)
 
-    sim._apply([d(1, DecisionKind.ADMIT, 100)], 0.0)
+    sim.apply([d(1, DecisionKind.ADMIT, 100)], 0.0)
     assert (r.state, r.granted, engine.num_running) == (RUNNING, 100, 1)
     # seq 2 PREEMPT and seq 3 ADMIT: the re-admission arrives first, then the preemption
-    sim._apply([d(3, DecisionKind.ADMIT, 64)], 0.0)
-    sim._apply([d(2, DecisionKind.PREEMPT)], 0.0)
+    sim.apply([d(3, DecisionKind.ADMIT, 64)], 0.0)
+    sim.apply([d(2, DecisionKind.PREEMPT)], 0.0)
     assert (r.state, r.granted, r.preemptions) == (RUNNING, 64, 1)
     assert (engine.num_running, engine.num_queued) == (1, 0)
     # a growth denied as "not running" (seq 5) says a PREEMPT (seq 4) is on its way
-    sim._apply([d(5, DecisionKind.DENY, reason=Reason.NOT_RUNNING)], 0.0)
-    sim._apply([d(4, DecisionKind.PREEMPT)], 0.0)
+    sim.apply([d(5, DecisionKind.DENY, reason=Reason.NOT_RUNNING)], 0.0)
+    sim.apply([d(4, DecisionKind.PREEMPT)], 0.0)
     assert (r.state, r.preemptions, engine.num_running, engine.num_queued) == (QUEUED, 2, 0, 1)
     assert sim.decisions == 5  # every decision is counted once, stale or not

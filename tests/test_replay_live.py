@@ -190,7 +190,7 @@ def test_policies_in_seq_order_whatever_order_decisions_arrive_in():
     from kvbudget.daemon.wire import convert
     from kvbudget.daemon.core.records import DecisionKind, Reason
     from kvbudget.daemon.core.spec import AttentionSpec, group_layers, kv_dtype
-    from kvbudget.traces.replay import DaemonBackend, LiveDecision, _light_decision
+    from kvbudget.traces.replay_live import DaemonBackend, LiveDecision, ReplyReader
     from kvbudget.v1 import common_pb2
 
     layout = group_layers([AttentionSpec(16, 1, 1, kv_dtype("bf16"))], model_name="toy")
@@ -199,14 +199,14 @@ def test_policies_in_seq_order_whatever_order_decisions_arrive_in():
     def d(seq: int, policy: str) -> LiveDecision:
         return LiveDecision(seq, DecisionKind.ADMIT, Reason.FITS, f"r{seq}", 0, 0, 0, 0, policy)
 
-    backend._note([d(1, "optimistic"), d(2, "optimistic")])
+    backend.note([d(1, "optimistic"), d(2, "optimistic")])
     assert backend.policies() == ["optimistic"]
-    backend._note([d(5, "predictive"), d(3, "optimistic"), d(4, "guaranteed")])
-    backend._note([d(4, "optimistic"), d(6, "predictive")])  # seq 4 again: already counted
+    backend.note([d(5, "predictive"), d(3, "optimistic"), d(4, "guaranteed")])
+    backend.note([d(4, "optimistic"), d(6, "predictive")])  # seq 4 again: already counted
     assert backend.policies() == ["optimistic", "guaranteed", "predictive"]
     # a Step reply's decision carries its policy
     message = common_pb2.Decision(seq=7, policy=convert.policy_to_proto("guaranteed"))
-    light = _light_decision(message, backend._kinds, backend._reasons, backend._policies)
+    (light,) = ReplyReader().read([message])
     assert light.policy == "guaranteed"
 
 

@@ -9,11 +9,11 @@ import pytest
 
 from kvbudget.cli.main import main
 from kvbudget.daemon.config.hf_config import load_model
-from kvbudget.traces.engine_sim import EngineConfig
 from kvbudget.traces.loaders import load_trace
-from kvbudget.traces.replay import ReplaySetup, run_compare, run_offline
+from kvbudget.traces.replay import ReplaySetup, run_offline
 from kvbudget.traces.report import write_report
 from kvbudget.traces.results import SUMMARY_FIELDS, percentile
+from kvbudget.traces.sim_engine import EngineConfig
 
 GEMMA = load_model("gemma-3-27b")  # 5 sliding (W=1024) : 1 full, 7 KV-cache groups
 LLAMA = load_model("llama-3.1-8b")  # full attention only
@@ -22,6 +22,11 @@ LLAMA = load_model("llama-3.1-8b")  # full attention only
 def _setup(model, num_blocks: int, max_model_len: int, **kw) -> ReplaySetup:
     engine = EngineConfig(max_model_len=max_model_len, max_num_batched_tokens=2048)
     return ReplaySetup(layout=model.layout, num_blocks=num_blocks, engine=engine, model=model.name, **kw)
+
+
+def _compare(requests, setup: ReplaySetup, policies: list[str]):
+    """Each policy on the same trace and setup, as `kvbudget replay --compare` runs them."""
+    return [run_offline(requests, setup, policy) for policy in policies]
 
 
 def test_percentile_interpolates_like_numpy():
@@ -53,7 +58,7 @@ def test_compare_on_a_sliding_window_preset():
     # layer-aware policies charge a ~1k-token request about 64 blocks per sliding group.
     trace = load_trace("azure", limit=120)
     setup = _setup(GEMMA, 4_000, 4_096)
-    results = {r.policy: r.summary for r in run_compare(trace.requests, setup, ["naive", "optimistic", "guaranteed", "predictive"])}
+    results = {r.policy: r.summary for r in _compare(trace.requests, setup, ["naive", "optimistic", "guaranteed", "predictive"])}
     assert results["naive"]["peak_running"] <= 2
     for policy in ("optimistic", "guaranteed", "predictive"):
         assert results[policy]["peak_running"] > results["naive"]["peak_running"]
@@ -67,7 +72,7 @@ def test_compare_on_a_sliding_window_preset():
 def test_report_writes_png_and_json(tmp_path):
     trace = load_trace("azure", limit=30)
     setup = _setup(LLAMA, 2_000, 8_192)
-    results = run_compare(trace.requests, setup, ["optimistic", "guaranteed"])
+    results = _compare(trace.requests, setup, ["optimistic", "guaranteed"])
     png, data = write_report(results, tmp_path / "out")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     payload = json.loads(data.read_text())
@@ -172,7 +177,7 @@ def test_predictive_preempts_less_than_optimistic_at_comparable_throughput_on_a_
     trace = load_trace("azure", limit=1000)
     setup = ReplaySetup(layout=gpt_oss.layout, num_blocks=3000, engine=EngineConfig(max_model_len=16_384),
                         model=gpt_oss.name)  # fmt: skip
-    results = {r.policy: r.summary for r in run_compare(trace.requests, setup, ["optimistic", "predictive"])}
+    results = {r.policy: r.summary for r in _compare(trace.requests, setup, ["optimistic", "predictive"])}
     optimistic, predictive = results["optimistic"], results["predictive"]
     assert optimistic["finished"] == predictive["finished"] == 1000
     assert predictive["preemptions"] < optimistic["preemptions"]

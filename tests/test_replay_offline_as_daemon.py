@@ -1,12 +1,14 @@
-"""Offline replay applies an engine step as the daemon's Step does (core_service.apply_step),
+"""Offline replay applies an engine step as the daemon's Step does (the core's apply_step),
 so offline and live replays of one trace count the same decisions of each kind: a grow of
 a request an earlier grow of the same step preempted is answered DENY not_running there."""
 
 from __future__ import annotations
 
-from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+import pytest
+
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController, AdmissionError
 from kvbudget.daemon.core.records import RequestSpec
-from kvbudget.traces.engine_sim import StepOps
+from kvbudget.daemon.core.step import StepOps, apply_step
 from kvbudget.traces.replay import ControllerBackend
 
 from test_admission_support import SMALL_LAYOUTS, kinds
@@ -23,27 +25,18 @@ def _two_running() -> AdmissionController:
     return ctrl
 
 
-def _daemon_step(ctrl: AdmissionController, ops: StepOps, now: float):
-    """core_service.apply_step's order, without the gRPC around it."""
-    out = []
-    ctrl.hold_queue()
-    for rid in ops.finishes:
-        out += ctrl.finish(rid, now)
-    for rid in ops.aborts:
-        out += ctrl.abort(rid, now)
-    for rid, computed in ops.progress:
-        out += ctrl.progress(rid, computed, now)
-    for rid, num_tokens in ops.grows:
-        out += ctrl.grow(rid, num_tokens, now)
-    out += ctrl.release_queue(now)
-    for spec in ops.submits:
-        out += ctrl.submit(spec, now)
-    return out
-
-
 def test_offline_step_answers_a_grow_of_a_request_preempted_in_the_same_step_as_the_daemon():
     ops = StepOps(grows=[("a", 17), ("b", 17)])  # a's grow preempts b (the latest arrival)
-    live = kinds(_daemon_step(_two_running(), ops, 1.0))
+    live = kinds(apply_step(_two_running(), ops, 1.0))
     assert live == [("preempt", "growth", "b"), ("grow", "fits", "a"), ("deny", "not_running", "b")]
     offline = kinds(ControllerBackend(_two_running()).step("e", ops, 1.0))
     assert offline == live
+
+
+def test_an_op_the_controller_refuses_is_its_own_error_offline():
+    # Offline nothing validates a step first: the controller's refusal reaches the caller
+    # as the AdmissionError that names the field (the CLI prints it in one line).
+    ctrl = _two_running()
+    with pytest.raises(AdmissionError) as refused:
+        ControllerBackend(ctrl).step("e", StepOps(finishes=["a"], grows=[("nope", 17)]), 1.0)
+    assert refused.value.field == "request_id"

@@ -1,29 +1,23 @@
-"""Run a trace through the simulated engine: offline against the core, or live via a daemon.
+"""Replay a trace offline: the admission controller runs in this process (no gRPC, no clock).
 
-Offline, the admission controller runs in this process (no gRPC, no clock): fast what-ifs,
-and `compare` runs each policy on the same trace, model and pool. Live, each simulated
-engine holds a session with a running daemon and sends one `Step` per simulated step that
-has something to ask; the daemon decides, logs and shows it on its dashboard.
+Fast what-ifs: each policy can run on the same trace, model and pool. `replay_live` plays
+the same simulation against a running daemon; `ReplaySetup` serves both.
 """
 
 from __future__ import annotations
 
-import asyncio
-import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
-from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
+from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.core.spec import KVCacheLayout
-from kvbudget.traces.engine_sim import EngineConfig, Simulation, StepOps
+from kvbudget.daemon.core.step import BrokenStep, StepOps, apply_step
 from kvbudget.traces.trace_request import TraceRequest
 from kvbudget.traces.results import ReplayResult, summarize
-
-if TYPE_CHECKING:
-    import grpc
+from kvbudget.traces.sim_engine import EngineConfig
+from kvbudget.traces.simulation import ProgressHook, Simulation
 
 
 @dataclass(frozen=True)
@@ -41,17 +35,9 @@ class ReplaySetup:
     spread_s: float = 0.0  # spread requests sharing a timestamp over this many seconds
 
 
-# ------------------------------------------------------------------------- offline
-
-
 class ControllerBackend:
-    """The admission controller in this process, applying ops as the daemon's Step does
-    (core_service.apply_step), so offline and live count the same decisions: a grow of a
-    request that is no longer running (an earlier op preempted it) is answered DENY
-    not_running, its progress is ignored, and a finish of it ends it in the queue — the
-    controller's own answers, as the daemon passes the ops on. (Skipping such grows here
-    left one DENY per same-step preemption out of the offline counts.)
-    """
+    """The admission controller in this process. A step goes through the core's
+    `apply_step`, as the daemon's Step does, so offline and live count the same decisions."""
 
     def __init__(self, controller: AdmissionController) -> None:
         self.controller = controller
@@ -62,21 +48,12 @@ class ControllerBackend:
         pass
 
     def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision]:
-        c = self.controller
-        out: list[Decision] = []
-        c.hold_queue()  # the queue gets what the running requests leave, as the daemon's Step
-        for request_id in ops.finishes:
-            out += c.finish(request_id, now)
-        for request_id in ops.aborts:
-            out += c.abort(request_id, now)
-        for request_id, computed in ops.progress:
-            out += c.progress(request_id, computed, now)  # waiting: ignored
-        for request_id, num_tokens in ops.grows:
-            out += c.grow(request_id, num_tokens, now)  # waiting: DENY not_running
-        out += c.release_queue(now)
-        for spec in ops.submits:
-            out += c.submit(spec, now)
-        return out
+        try:
+            return apply_step(self.controller, ops, now)
+        except BrokenStep as broken:
+            # Nothing validated the ops before (the daemon's Step does): the controller's
+            # refusal is the answer, as its own AdmissionError (the CLI names the field).
+            raise broken.__cause__ from None  # type: ignore[misc]
 
     def poll(self, engine_id: str, now: float) -> list[Decision]:
         return []
@@ -103,7 +80,7 @@ def run_offline(
     policy: str,
     *,
     trace_name: str = "",
-    on_progress: Callable[[int, int, float], None] | None = None,
+    on_progress: ProgressHook | None = None,
 ) -> ReplayResult:
     controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, policy))
     backend = ControllerBackend(controller)
@@ -116,290 +93,3 @@ def run_offline(
     wall = time.perf_counter() - started
     controller.check_integrity()
     return summarize(run, policy=policy, trace=trace_name, mode="offline", setup=setup, wall_s=wall)
-
-
-def run_compare(
-    trace: Sequence[TraceRequest], setup: ReplaySetup, policies: Sequence[str], *, trace_name: str = ""
-) -> list[ReplayResult]:
-    return [run_offline(trace, setup, policy, trace_name=trace_name) for policy in policies]
-
-
-# ---------------------------------------------------------------------------- live
-
-
-_STOPS = (DecisionKind.PREEMPT, DecisionKind.EXPIRE, DecisionKind.REJECT, DecisionKind.ADMIT)
-IDLE_WAIT_S = 0.15
-STALE_WAIT_S = 0.5
-MAX_STEP_ATTEMPTS = 8
-_OP_FIELD = re.compile(r"^(grows|progress)\[(\d+)\]")
-
-
-def _culprit(ops: StepOps, details: str) -> str | None:
-    """The request of the grow / progress op a refused step names (`grows[1].num_tokens: ...`)."""
-    match = _OP_FIELD.match(details)
-    if not match:
-        return None
-    items = ops.grows if match.group(1) == "grows" else ops.progress
-    index = int(match.group(2))
-    return items[index][0] if index < len(items) else None
-
-
-def _stale_codes():
-    import grpc
-
-    return (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)  # the daemon looks at its queue every 0.1 s
-LIVE_MAX_IDLE_ROUNDS = 400  # ~60 s of nothing admitted, nothing running: give up
-
-
-class DaemonBackend:
-    """Simulated engines as gRPC sessions of a running daemon (one EngineClient each).
-
-    Pacing: `poll` waits until wall time catches up with virtual time / speed.
-    Decisions taken for one engine inside another engine's call arrive on the first
-    engine's event stream; `poll` hands over whatever has arrived, and `step` copes with
-    news that is still on its way (see there). Decisions are counted once by `seq`.
-    """
-
-    def __init__(self, target: str, token: str | None, layout: KVCacheLayout, num_blocks: int,
-                 *, speed: float | None, replace_existing: bool = True,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:  # fmt: skip
-        self.target = target
-        self.token = token
-        self.credentials = credentials  # TLS for a TCP daemon; None: plaintext
-        self.layout = layout
-        self.num_blocks = num_blocks
-        self.speed = speed
-        self.replace_existing = replace_existing
-        self.clients: dict[str, object] = {}
-        self._events: dict[str, asyncio.Queue[Decision]] = {}
-        self._readers: list[asyncio.Task] = []
-        self._free = num_blocks
-        # Every decision counted, by seq, with the policy that took it (a dict rather
-        # than a set of seqs: the same keys, and the policies in order come for free).
-        self._seen: dict[int, str] = {}
-        self._wall_origin: float | None = None
-        from kvbudget.daemon.wire import convert  # the protos: live mode only
-        from kvbudget.daemon.core.policies import POLICIES
-
-        self._kinds = {value: kind for kind in DecisionKind if (value := convert.kind_to_proto(kind))}
-        self._reasons = {reason.value: reason for reason in Reason}
-        self._policies = {convert.policy_to_proto(name): name for name in POLICIES}
-
-    async def open_engine(self, engine_id: str) -> None:
-        from kvbudget.client import EngineClient
-
-        client = EngineClient(self.target, engine_id, self.token, credentials=self.credentials,
-                              replace_existing=self.replace_existing)  # fmt: skip
-        await client.open()
-        self.clients[engine_id] = client
-        queue: asyncio.Queue[Decision] = asyncio.Queue()
-        self._events[engine_id] = queue
-        self._readers.append(asyncio.create_task(self._read_events(client, queue)))
-
-    async def _read_events(self, client, queue: asyncio.Queue[Decision]) -> None:
-        try:
-            async for decision in client.events():
-                queue.put_nowait(decision)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the stream died with the daemon; steps will report it
-            return
-
-    def _note(self, decisions: list[Decision | LiveDecision]) -> list[Decision | LiveDecision]:
-        fresh = []
-        seen = self._seen
-        for d in decisions:
-            if d.seq in seen:
-                continue
-            seen[d.seq] = d.policy
-            fresh.append(d)
-        return fresh
-
-    def policies(self) -> list[str]:
-        """The policies that decided this replay's requests, in decision (seq) order, a
-        run of one policy named once: `["optimistic", "guaranteed"]` if it was switched
-        mid-replay. By seq, not by arrival: an event stream may deliver late."""
-        names = set(self._seen.values()) - {""}
-        if len(names) <= 1:  # the usual case: no need to sort every seq
-            return sorted(names)
-        out: list[str] = []
-        for _, name in sorted(self._seen.items()):
-            if name and (not out or out[-1] != name):
-                out.append(name)
-        return out
-
-    def _drain(self) -> list[Decision]:
-        out: list[Decision] = []
-        for queue in self._events.values():
-            while not queue.empty():
-                out.append(queue.get_nowait())
-        return out
-
-    async def poll(self, engine_id: str, now: float) -> list[Decision]:
-        if self.speed:
-            if self._wall_origin is None:
-                self._wall_origin = time.monotonic() - now / self.speed
-            delay = self._wall_origin + now / self.speed - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        await asyncio.sleep(0)  # let the event readers and heartbeats run
-        return self._note(self._drain())
-
-    async def idle(self, engine_id: str, now: float) -> list[Decision]:
-        """Nothing runs here: give the daemon's own queue pass (every 0.1 s) time to admit."""
-        out = await self.poll(engine_id, now)
-        if out:
-            return out
-        deadline = time.monotonic() + IDLE_WAIT_S
-        while time.monotonic() < deadline and not any(not q.empty() for q in self._events.values()):
-            await asyncio.sleep(0.002)
-        return await self.poll(engine_id, now)
-
-    async def step(self, engine_id: str, ops: StepOps, now: float) -> list[Decision | LiveDecision]:
-        """One Step. Another engine's call may have preempted (and maybe re-admitted) one
-        of ours a moment ago, with the news still on its way on our event stream: the
-        daemon then refuses the step (waiting request, unknown request, fewer slots than it
-        now holds, ...) and changes nothing. We wait for the news, drop the grows and
-        progress of the requests it concerns, and send the step again."""
-        import grpc
-
-        from kvbudget.client import step_message
-
-        client = self.clients[engine_id]
-        early: list[Decision] = []
-        for attempt in range(MAX_STEP_ATTEMPTS):
-            message = step_message("", ops.submits, ops.grows, ops.progress, ops.finishes, ops.aborts)
-            try:
-                response = await client.step_raw(message)  # type: ignore[attr-defined]
-                break
-            except grpc.aio.AioRpcError as error:
-                details = error.details() or ""
-                culprit = _culprit(ops, details)
-                stale = error.code() in _stale_codes() and culprit is not None
-                if not stale or attempt == MAX_STEP_ATTEMPTS - 1:
-                    raise
-                news = await self._wait_for_news(culprit)
-                early += news
-                # The refused op is stale whatever the news says; so are the grows and
-                # progress of every request the news stopped or restarted.
-                drop = {culprit} | {d.request_id for d in news if d.kind in _STOPS}
-                ops = StepOps(
-                    submits=ops.submits,
-                    grows=[g for g in ops.grows if g[0] not in drop],
-                    progress=[p for p in ops.progress if p[0] not in drop],
-                    finishes=ops.finishes,
-                    aborts=ops.aborts,
-                )
-        self._free = response.num_free_blocks
-        kinds, reasons, policies = self._kinds, self._reasons, self._policies
-        return early + self._note([_light_decision(m, kinds, reasons, policies) for m in response.decisions])
-
-    async def _wait_for_news(self, request_id: str) -> list[Decision]:
-        """Events that arrived, waiting (briefly) for one about `request_id`."""
-        deadline = time.monotonic() + STALE_WAIT_S
-        news = self._note(self._drain())
-        while not any(d.request_id == request_id for d in news) and time.monotonic() < deadline:
-            await asyncio.sleep(0.002)
-            news += self._note(self._drain())
-        return news
-
-    def num_free_blocks(self) -> int:
-        return self._free
-
-    async def close(self) -> None:
-        for task in self._readers:
-            task.cancel()
-        for task in self._readers:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        for client in self.clients.values():
-            await client.close()  # type: ignore[attr-defined]
-
-
-class LiveDecision(NamedTuple):
-    """The fields of a Step reply's decision that the simulated engine reads.
-
-    A tuple built from the message in one go: a full `Decision` (frozen dataclass, block
-    id lists converted) costs about six times as much, once per decision of a replay."""
-
-    seq: int
-    kind: DecisionKind
-    reason: Reason
-    request_id: str
-    num_tokens: int
-    num_computed: int
-    cached_hit_blocks: int
-    num_free_blocks: int
-    policy: str  # the policy that took it ("" if this client does not know its number)
-
-
-def _light_decision(
-    m, kinds: dict[int, DecisionKind], reasons: dict[str, Reason], policies: dict[int, str]
-) -> LiveDecision:
-    return LiveDecision(
-        m.seq,
-        kinds.get(m.kind, DecisionKind.ADMIT),
-        reasons.get(m.reason, Reason.NONE),
-        m.request_id,
-        m.num_tokens,
-        m.num_computed_tokens,
-        m.cached_hit_blocks,
-        m.num_free_blocks,
-        policies.get(m.policy, ""),
-    )
-
-
-POLICY_CHANGE = " -> "  # how a summary shows a policy switched mid-replay
-
-
-async def run_live(
-    trace: Sequence[TraceRequest],
-    setup: ReplaySetup,
-    *,
-    target: str,
-    token: str | None = None,
-    credentials: grpc.ChannelCredentials | None = None,
-    speed: float | None = None,
-    trace_name: str = "",
-    replay_id: str = "",
-    on_progress: Callable[[int, int, float], None] | None = None,
-    report: Callable[[int, int, bool], object] | None = None,
-) -> ReplayResult:
-    """Replay against the daemon at `target` (over TLS with `credentials`, as
-    `kvbudget.client.tls.channel_credentials` builds them). The pool and layout come from its plan."""
-    # The plan tells the real pool; the simulated engine's block size must match it.
-    backend = DaemonBackend(target, token, setup.layout, setup.num_blocks, speed=speed, credentials=credentials)
-    simulation = Simulation(
-        trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,
-        id_prefix=f"{replay_id}-" if replay_id else "", sample_interval_s=setup.sample_interval_s,
-        spread_s=setup.spread_s, on_progress=on_progress, max_idle_rounds=LIVE_MAX_IDLE_ROUNDS,
-    )  # fmt: skip
-    started = time.perf_counter()
-    try:
-        run = await simulation.run_async(backend)
-    finally:
-        await backend.close()
-    wall = time.perf_counter() - started
-    # What decided this replay's requests, as their decisions say: the daemon's policy at
-    # the end is not it if someone switched policies during the replay.
-    policy = POLICY_CHANGE.join(backend.policies()) or await _daemon_policy(target, token, credentials)
-    return summarize(run, policy=policy, trace=trace_name, mode="live", setup=setup, wall_s=wall)
-
-
-async def _daemon_policy(target: str, token: str | None, credentials: grpc.ChannelCredentials | None) -> str:
-    """The daemon's policy now ("" if it cannot say): for a replay that saw no decision."""
-    from kvbudget.client import ObserverClient
-    from kvbudget.daemon.wire import convert
-
-    async with ObserverClient(target, token, credentials=credentials) as observer:
-        try:
-            snapshot = await observer.snapshot(timeout=5.0)
-        except Exception:
-            return ""
-    return convert.policy_from_proto(snapshot.policy) or ""
-
-
-def with_block_size(setup: ReplaySetup, layout: KVCacheLayout, num_blocks: int) -> ReplaySetup:
-    return replace(setup, layout=layout, num_blocks=num_blocks)

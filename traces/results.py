@@ -16,7 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from kvbudget.traces.engine_sim import FINISHED, LOST, REJECTED, Sample, SimRun
+from kvbudget.traces.sim_request import FINISHED, LOST, REJECTED
+from kvbudget.traces.simulation import Sample, SimRun
 
 if TYPE_CHECKING:
     from kvbudget.traces.replay import ReplaySetup

@@ -1,36 +1,16 @@
-"""What one simulated engine step asks of admission, and the backends that answer it.
+"""The backends a simulation asks for admission, one call per engine step.
 
 `Backend` is admission in-process (offline replay); `AsyncBackend` is its awaitable twin
-(the daemon over gRPC). Both take a whole step's asks in one call, as `StepOps`.
-See `engine_sim` for the simulation as a whole.
+(the daemon over gRPC). Both take a whole step's asks in one call, as the core's `StepOps`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvbudget.daemon.core.records import Decision, RequestSpec
+from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.core.spec import KVCacheLayout
-
-
-@dataclass
-class StepOps:
-    """One engine step's asks, as one `Step` call carries them."""
-
-    submits: list[RequestSpec] = field(default_factory=list)
-    grows: list[tuple[str, int]] = field(default_factory=list)  # (request id, total slots)
-    progress: list[tuple[str, int]] = field(default_factory=list)  # (request id, computed)
-    finishes: list[str] = field(default_factory=list)
-    aborts: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.submits or self.grows or self.progress or self.finishes or self.aborts)
-
-    def __len__(self) -> int:
-        return (
-            len(self.submits) + len(self.grows) + len(self.progress) + len(self.finishes) + len(self.aborts)
-        )
+from kvbudget.daemon.core.step import StepOps
 
 
 class Backend(Protocol):

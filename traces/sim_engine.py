@@ -2,8 +2,8 @@
 
 A step is `build_step` (the asks for one backend call), `apply` (each decision that call
 returned), then `run_step` (run the batch, advance the clock); `skip_quiet_steps` takes
-runs of decode-only steps in one go. See `engine_sim` for the step-time model and the
-order of a step.
+runs of decode-only steps in one go. The step-time model and the order of a step:
+docs/architecture.md, the trace simulator.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kvbudget.daemon.core.budget import cache_hit_tokens
 from kvbudget.daemon.core.records import Decision, DecisionKind, RequestSpec
 from kvbudget.daemon.core.spec import KVCacheLayout
-from kvbudget.traces.sim_backend import StepOps
+from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.sim_request import FINISHED, LOST, QUEUED, REJECTED, RUNNING, SimRequest
 
 
@@ -176,24 +176,31 @@ class SimEngine:
     def build_step(self) -> tuple[StepOps, list[tuple[SimRequest, int, int]], list[tuple[SimRequest, int]]]:
         """Ops for this step, the scheduled (request, tokens, version) and the decode grows
         (request, need)."""
-        cfg = self.config
-        B = self.block_size
-        ahead = cfg.grow_ahead_blocks * B
         ops = StepOps()
         progress = self.pending_progress
         self.pending_progress = {}
+        self._submit_arrivals(ops.submits)
+        decode_grows = self._due_decodes(ops.grows, progress)
+        ops.finishes = self.pending_finishes  # with those the due decodes just finished
+        self.pending_finishes = []
+        ops.progress = list(progress.items())
+        scheduled = self._schedule_prefills(ops.grows)
+        return ops, scheduled, decode_grows
 
-        # 1. arrivals
-        now = self.clock
+    def _submit_arrivals(self, submits: list[RequestSpec]) -> None:
+        """Arrivals up to the clock wait in the engine; as many as `max_num_seqs` allows
+        in flight are submitted."""
         arrivals = self.arrivals
+        now = self.clock
         while arrivals and arrivals[0].arrival_s <= now:
             self.local_waiting.append(arrivals.popleft())
-        while self.local_waiting and self.in_flight < cfg.max_num_seqs:
+        max_num_seqs = self.config.max_num_seqs
+        while self.local_waiting and self.in_flight < max_num_seqs:
             r = self.local_waiting.popleft()
             r.state = QUEUED
             self.in_flight += 1
             self.num_queued += 1
-            ops.submits.append(
+            submits.append(
                 RequestSpec(
                     request_id=r.request_id,
                     prompt_tokens=r.prompt,
@@ -206,7 +213,11 @@ class SimEngine:
                 )
             )
 
-        # 2. decoding requests that are due: finish, or grow
+    def _due_decodes(self, grows: list[tuple[str, int]], progress: dict[str, int]) -> list[tuple[SimRequest, int]]:
+        """Decoding requests that are due finish, or ask to grow; returns (request, need)
+        of each grow."""
+        cfg = self.config
+        ahead = cfg.grow_ahead_blocks * self.block_size
         n = self.step_index
         due = self.due
         decode_grows: list[tuple[SimRequest, int]] = []
@@ -220,14 +231,16 @@ class SimEngine:
                 progress.pop(r.request_id, None)
                 continue
             need = r.prompt + generated
-            ops.grows.append((r.request_id, min(r.cap, need + ahead, need - 1 + cfg.max_num_batched_tokens)))
+            grows.append((r.request_id, min(r.cap, need + ahead, need - 1 + cfg.max_num_batched_tokens)))
             progress[r.request_id] = need - 1  # lets window blocks go back
             decode_grows.append((r, need))
-        ops.finishes = self.pending_finishes
-        self.pending_finishes = []
-        ops.progress = list(progress.items())
+        return decode_grows
 
-        # 3. prefills / recomputes / stalled decodes, in admission order
+    def _schedule_prefills(self, grows: list[tuple[str, int]]) -> list[tuple[SimRequest, int, int]]:
+        """Prefills, recomputes and stalled decodes, in admission order, within the step's
+        token and sequence budget left by the decodes; asks the growth each needs."""
+        cfg = self.config
+        ahead = cfg.grow_ahead_blocks * self.block_size
         budget = cfg.max_num_batched_tokens - len(self.decoding)
         seqs = len(self.decoding)
         scheduled: list[tuple[SimRequest, int, int]] = []
@@ -240,11 +253,11 @@ class SimEngine:
             if need > r.granted:
                 # Ahead, but within F of what is computed: the reservation contract.
                 target = min(need + ahead, r.prompt + r.generated, r.computed + cfg.max_num_batched_tokens)
-                ops.grows.append((r.request_id, min(r.cap, max(need, target))))
+                grows.append((r.request_id, min(r.cap, max(need, target))))
             scheduled.append((r, tokens, r.version))
             budget -= tokens
             seqs += 1
-        return ops, scheduled, decode_grows
+        return scheduled
 
     def _finish(self, r: SimRequest) -> None:
         """Generated everything: release at the next call."""

@@ -1,7 +1,4 @@
-"""One trace request as a simulated engine sees it, and when requests arrive.
-
-See `engine_sim` for the simulation as a whole.
-"""
+"""One trace request as a simulated engine sees it, and when requests arrive."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """The driver: K simulated engines sharing one backend, stepped in virtual-time order.
 
-One generator of backend calls (`Simulation._calls`) serves both the in-process backend
-(`run`) and the gRPC one (`run_async`). See `engine_sim` for the simulation as a whole.
+A simulated engine batches like vLLM (chunked prefill, in virtual time, no model): each step
+submits arrivals, schedules its batch, asks admission once (a `StepOps`), applies the
+decisions, then advances its clock by the step-time model. Same trace, backend and seed:
+same run. One generator of backend calls serves the in-process backend (`run`) and the
+gRPC one (`run_async`). The whole story: docs/architecture.md, the trace simulator.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from dataclasses import dataclass
 
 from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.core.spec import KVCacheLayout
+from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.prefix_hashes import pool_prefix_hashes
 from kvbudget.traces.trace_request import TraceRequest
-from kvbudget.traces.sim_backend import AsyncBackend, Backend, StepOps
+from kvbudget.traces.sim_backend import AsyncBackend, Backend
 from kvbudget.traces.sim_engine import EngineConfig, SimEngine
 from kvbudget.traces.sim_request import (
     FINISHED,
@@ -55,6 +59,39 @@ class SimRun:
     peak_running: int
     stalled: int  # requests left unfinished because nothing could move
     max_new_tokens: int = 0  # the max_tokens requests asked for (or their output, if longer)
+
+
+class _Meter:
+    """A run's time series and time-weighted areas, read before each step."""
+
+    __slots__ = ("capacity", "interval", "samples", "last_t", "next_sample", "running_area",
+                 "usage_area", "peak_running")  # fmt: skip
+
+    def __init__(self, capacity: int, interval: float) -> None:
+        self.capacity = capacity
+        self.interval = interval
+        self.samples: list[Sample] = []
+        self.last_t = self.next_sample = 0.0
+        self.running_area = self.usage_area = 0.0  # integrals of running and kv usage over time
+        self.peak_running = 0
+
+    def observe(self, now: float, free: int, running: int, engines: list[SimEngine]) -> None:
+        usage = 1.0 - free / self.capacity
+        if now > self.last_t:
+            self.running_area += running * (now - self.last_t)
+            self.usage_area += usage * (now - self.last_t)
+            self.last_t = now
+        if now >= self.next_sample:
+            self.samples.append(Sample(now, free, running, sum(e.waiting() for e in engines), usage))
+            self.next_sample = now + self.interval
+
+    def close(self, end: float, free: int, running: int, engines: list[SimEngine]) -> None:
+        """The last stretch, up to `end`, and a last sample there."""
+        usage = 1.0 - free / self.capacity
+        if end > self.last_t:
+            self.running_area += running * (end - self.last_t)
+            self.usage_area += usage * (end - self.last_t)
+        self.samples.append(Sample(end, free, running, sum(e.waiting() for e in engines), usage))
 
 
 ProgressHook = Callable[[int, int, float], None]  # (done, total, virtual now)
@@ -130,7 +167,9 @@ class Simulation:
         self.decisions = 0
         self._seen_seqs: set[int] = set()
 
-    def _apply(self, decisions: list[Decision], now: float) -> None:
+    def apply(self, decisions: list[Decision], now: float) -> None:
+        """Counts each decision not seen before (by seq) and hands it to the engine of its
+        request, unless a newer one reached the request first."""
         if not decisions:  # most polls in-process
             return
         requests = self.requests
@@ -155,106 +194,100 @@ class Simulation:
     def _calls(self, num_free_blocks: Callable[[], int], capacity: int):
         """Yields ("open", engine, None, 0) / ("poll" or "idle", engine, None, now) /
         ("step", engine, ops, now); receives the decisions of each; returns the SimRun."""
-        for engine in self.engines:
-            yield ("open", engine.engine_id, None, 0.0)
-        samples: list[Sample] = []
-        capacity = max(1, capacity)
-        last_t = 0.0
-        running_area = usage_area = 0.0
-        peak_running = 0
-        next_sample = 0.0
-        total = len(self.requests)
-        steps = 0
-        idle_rounds = 0
         engines = self.engines
-        # One engine (the usual offline run): skip the per-step scans over engines.
-        only = engines[0] if len(engines) == 1 else None
-        while True:
-            if only is not None:
-                if only.idle:
-                    break
-                engine = only
-                running = only.num_running
-            else:
-                active = [e for e in engines if not e.idle]
-                if not active:
-                    break
-                engine = min(active, key=lambda e: (e.clock, e.index))
-                running = sum(e.num_running for e in engines)
-            now = engine.clock
-            free = num_free_blocks()
-            usage = 1.0 - free / capacity
-            if now > last_t:
-                running_area += running * (now - last_t)
-                usage_area += usage * (now - last_t)
-                last_t = now
-            if now >= next_sample:
-                samples.append(Sample(now, free, running, sum(e.waiting() for e in engines), usage))
-                next_sample = now + self.sample_interval_s
-            # When no engine ran anything and requests wait at the daemon, ask for the
-            # queue to be looked at again ("idle"); otherwise only collect events.
-            kind = "poll"
-            if engine.stalled and engine.num_queued and all(e.stalled or e.idle for e in engines):
-                kind = "idle"
-            self._apply((yield (kind, engine.engine_id, None, now)), now)
-
-            ops, scheduled, decode_grows = engine.build_step()
-            if ops:
-                engine.calls += 1
-                self._apply((yield ("step", engine.engine_id, ops, now)), now)
-            duration = engine.run_step(scheduled, decode_grows)
-            engine.stalled = duration == 0.0
-            if duration:
-                horizon = math.inf if only is not None else min(
-                    (e.clock for e in engines if e is not engine and not e.idle), default=math.inf
-                )
-                engine.skip_quiet_steps(horizon)
-            running = only.num_running if only is not None else sum(e.num_running for e in engines)
-            if running > peak_running:
-                peak_running = running
-            if duration == 0.0:
-                # Nothing ran: sleep until the next arrival, or a step's worth while others work.
-                if engine.in_flight == 0 and not engine.local_waiting:
-                    if engine.arrivals:
-                        engine.clock = max(engine.clock, engine.arrivals[0].arrival_s)
-                else:
-                    idle_rounds += 1
-                    engine.clock += self.config.step_base_s or 0.001
-                if idle_rounds > self.max_idle_rounds:
-                    break  # nothing has run for that long: report what is stuck
-            else:
-                idle_rounds = 0
-            steps += 1
-            if self.on_progress is not None and steps % self.progress_every_steps == 0:
-                self.on_progress(self._done(), total, now)
+        for engine in engines:
+            yield ("open", engine.engine_id, None, 0.0)
+        meter = _Meter(max(1, capacity), self.sample_interval_s)
+        yield from self._steps(num_free_blocks, meter)
         # Release the requests that finished in the very last steps.
         for engine in engines:
             ops = StepOps(finishes=engine.pending_finishes)
             engine.pending_finishes = []
             if ops:
                 engine.calls += 1
-                self._apply((yield ("step", engine.engine_id, ops, engine.clock)), engine.clock)
+                self.apply((yield ("step", engine.engine_id, ops, engine.clock)), engine.clock)
         end = max((e.clock for e in engines), default=0.0)
-        free = num_free_blocks()
-        running = sum(e.num_running for e in engines)
-        if end > last_t:
-            running_area += running * (end - last_t)
-            usage_area += (1.0 - free / capacity) * (end - last_t)
-        samples.append(Sample(end, free, running, sum(e.waiting() for e in engines), 1.0 - free / capacity))
+        meter.close(end, num_free_blocks(), sum(e.num_running for e in engines), engines)
         if self.on_progress is not None:
-            self.on_progress(self._done(), total, end)
+            self.on_progress(self._done(), len(self.requests), end)
+        return self._result(meter, end)
+
+    def _steps(self, num_free_blocks: Callable[[], int], meter: _Meter):
+        """Steps the engine with the earliest clock until every engine is idle, or nothing
+        has run for `max_idle_rounds` (the rest is reported stuck)."""
+        engines = self.engines
+        # One engine (the usual offline run): skip the per-step scans over engines.
+        only = engines[0] if len(engines) == 1 else None
+        total = len(self.requests)
+        steps = idle_rounds = 0
+        while True:
+            if only is not None:
+                if only.idle:
+                    return
+                engine = only
+                running = only.num_running
+            else:
+                active = [e for e in engines if not e.idle]
+                if not active:
+                    return
+                engine = min(active, key=lambda e: (e.clock, e.index))
+                running = sum(e.num_running for e in engines)
+            now = engine.clock
+            meter.observe(now, num_free_blocks(), running, engines)
+            # When no engine ran anything and requests wait at the daemon, ask for the
+            # queue to be looked at again ("idle"); otherwise only collect events.
+            kind = "poll"
+            if engine.stalled and engine.num_queued and all(e.stalled or e.idle for e in engines):
+                kind = "idle"
+            self.apply((yield (kind, engine.engine_id, None, now)), now)
+
+            ops, scheduled, decode_grows = engine.build_step()
+            if ops:
+                engine.calls += 1
+                self.apply((yield ("step", engine.engine_id, ops, now)), now)
+            duration = engine.run_step(scheduled, decode_grows)
+            engine.stalled = duration == 0.0
+            running = only.num_running if only is not None else sum(e.num_running for e in engines)
+            if running > meter.peak_running:
+                meter.peak_running = running
+            if duration:
+                idle_rounds = 0
+                horizon = math.inf if only is not None else min(
+                    (e.clock for e in engines if e is not engine and not e.idle), default=math.inf
+                )
+                engine.skip_quiet_steps(horizon)
+            elif self._wait(engine):
+                idle_rounds += 1
+                if idle_rounds > self.max_idle_rounds:
+                    return  # nothing has run for that long: report what is stuck
+            steps += 1
+            if self.on_progress is not None and steps % self.progress_every_steps == 0:
+                self.on_progress(self._done(), total, now)
+
+    def _wait(self, engine: SimEngine) -> bool:
+        """Nothing ran: sleep until the next arrival, or a step's worth while others work
+        (then True: a round in which nothing could move)."""
+        if engine.in_flight == 0 and not engine.local_waiting:
+            if engine.arrivals:
+                engine.clock = max(engine.clock, engine.arrivals[0].arrival_s)
+            return False
+        engine.clock += self.config.step_base_s or 0.001
+        return True
+
+    def _result(self, meter: _Meter, end: float) -> SimRun:
+        requests = self.requests.values()
         return SimRun(
-            requests=list(self.requests.values()),
-            samples=samples,
+            requests=list(requests),
+            samples=meter.samples,
             decisions_by_kind=dict(self.decisions_by_kind),
             decisions=self.decisions,
-            calls=sum(e.calls for e in engines),
-            steps=sum(e.steps for e in engines),
+            calls=sum(e.calls for e in self.engines),
+            steps=sum(e.steps for e in self.engines),
             end_s=end,
-            running_area=running_area,
-            usage_area=usage_area,
-            peak_running=peak_running,
-            stalled=sum(1 for r in self.requests.values() if r.state in (PENDING, QUEUED, RUNNING)),
+            running_area=meter.running_area,
+            usage_area=meter.usage_area,
+            peak_running=meter.peak_running,
+            stalled=sum(1 for r in requests if r.state in (PENDING, QUEUED, RUNNING)),
             max_new_tokens=self.max_new_tokens,
         )
 

@@ -172,7 +172,8 @@ def _trace_path(args: argparse.Namespace) -> Path:
 
 
 def _load(args: argparse.Namespace):
-    from kvbudget.traces.loaders import TraceError, load_trace
+    from kvbudget.traces.loaders import load_trace
+    from kvbudget.traces.trace_request import TraceError
 
     path = _trace_path(args)
     start = int_flag(args.start, "--start", minimum=0) or 0

@@ -62,7 +62,7 @@ def grow_ahead_blocks(args: argparse.Namespace) -> int:
 
 
 def engine_config(args: argparse.Namespace, trace, *, max_model_len: int, max_num_batched_tokens: int):
-    from kvbudget.traces.engine_sim import EngineConfig
+    from kvbudget.traces.sim_engine import EngineConfig
 
     try:
         return EngineConfig(

@@ -107,7 +107,7 @@ async def _replay(args: argparse.Namespace, trace, setup, speed: float | None, r
     import grpc
 
     from kvbudget.client import SessionLost
-    from kvbudget.traces.replay import run_live
+    from kvbudget.traces.replay_live import run_live
 
     target = args.target  # checked and resolved in cmd_replay.run
     try:
