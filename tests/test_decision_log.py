@@ -1252,13 +1252,13 @@ def test_a_stop_folds_but_leaves_retention_to_the_next_start(db_path: Path) -> N
 def test_commits_wait_for_a_retention_that_owes_past_the_bound(db_path: Path) -> None:
     # One pass at start (nothing to purge), then none for an hour: only a stall purges.
     # (By age: a fold past a row bound would start a pass at once.)
-    with DecisionLog(db_path, retention_s=0.05, retention_interval_s=3600.0, retention_chunk_rows=4,
+    with DecisionLog(db_path, retention_s=3600.0, retention_interval_s=3600.0, retention_chunk_rows=4,
                      max_unfolded_rows=20, fold_interval_s=0.0, checkpoint_interval_s=None) as log:
         log.append([make_decision(seq) for seq in range(100)]).result()
         deadline = time.monotonic() + 30.0
         while log.rows_folded < 100 and time.monotonic() < deadline:  # folded right after
             time.sleep(0.001)
-        time.sleep(0.1)  # every row is past the age bound now
+        update_rows(db_path, "logged_at = ?", [(0.0,)])  # every row is past the age bound now
         assert (log.rows_folded, log.rows_deleted, log.stalls) == (100, 0, 0)
         log.upkeep.owe(50)  # as a retention that fell behind under load would owe
         assert log.commit_inline([make_decision(100)]) is False  # owed past the bound
