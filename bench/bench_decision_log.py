@@ -15,7 +15,7 @@
 4. One caller, closed loop: `append` (writer-thread hand-off) vs `commit_inline` (the
    daemon's path: commit in the caller's thread when nothing is queued ahead), p50 / p99
    per step of 1, 2 and `--step` decisions.
-5. Folding recent rows into the indexed table (`decision_upkeep.fold_below`, one
+5. Folding recent rows into the indexed table (`upkeep.fold_below`, one
    transaction a chunk): us per row and per chunk, by chunk size. A commit waits for at
    most one chunk, so the chunk size bounds that wait.
 """

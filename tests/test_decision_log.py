@@ -919,7 +919,7 @@ def test_rows_a_crash_left_unfolded_are_folded_at_start_and_ids_go_on(db_path: P
     log.start()
     log.append_inline([make_decision(1), make_decision(2)]).result()
     assert count_rows(db_path, table=RECENT) == 2
-    with log.store.lock:  # (held for good: the writer thread, idle, never writes again)
+    with log.store.lock:  # (the writer thread, an hour from its next fold, never uses it again)
         log.store.connection.close()  # no close(): as if the process died here (the WAL keeps the commit)
     with DecisionLog(db_path) as restarted:
         assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (0, 2)
