@@ -15,7 +15,7 @@
 4. One caller, closed loop: `append` (writer-thread hand-off) vs `commit_inline` (the
    daemon's path: commit in the caller's thread when nothing is queued ahead), p50 / p99
    per step of 1, 2 and `--step` decisions.
-5. Folding recent rows into the indexed table (`decision_upkeep.fold_below`, one
+5. Folding recent rows into the indexed table (`upkeep.fold_below`, one
    transaction a chunk): us per row and per chunk, by chunk size. A commit waits for at
    most one chunk, so the chunk size bounds that wait.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 import sqlite_utils
 
 from kvbudget.daemon.log import decision_log as dl
+from kvbudget.daemon.log.store import PAGE_SIZE
 from kvbudget.daemon.log import upkeep
 from kvbudget.daemon.log import schema
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
@@ -56,7 +57,7 @@ def sample_decisions(n: int, start: int = 0) -> list[Decision]:
 def fresh_db(directory: Path, name: str, *, indexes: bool, synchronous: str = "NORMAL") -> sqlite_utils.Database:
     path = directory / f"{name}.db"
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute(f"PRAGMA page_size={dl.PAGE_SIZE}")
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
     db = sqlite_utils.Database(conn)
     db.enable_wal()
     conn.execute(f"PRAGMA synchronous={synchronous}")

@@ -42,7 +42,7 @@ from kvbudget.cli.main import main
 from kvbudget.daemon.wire import convert
 from kvbudget.daemon.server import servicers, steps
 from kvbudget.daemon.server.service import CoreService
-from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.store import LogStore
 
 VARIANTS = ("full", "staged", "no-commit", "journal", "canned", "spin")
 SPIN_US = 100
@@ -98,32 +98,32 @@ def _stage_timers(stages_path: str) -> None:
 
 
 def _no_commit() -> None:
-    insert = DecisionLog._insert
+    insert = LogStore.insert
 
-    def insert_but_one_row(self: DecisionLog, rows: list[tuple]) -> bool:
+    def insert_but_one_row(self: LogStore, rows: list[tuple]) -> bool:
         if len(rows) == 1:  # a one-submit Step's decision: counted as written, not written
-            self._next_id += 1
+            self.next_id += 1
             self.rows_written += 1
             return False
         return insert(self, rows)
 
-    DecisionLog._insert = insert_but_one_row  # type: ignore[method-assign]
+    LogStore.insert = insert_but_one_row  # type: ignore[method-assign]
 
 
 def _journal(db_path: str) -> None:
-    insert = DecisionLog._insert
+    insert = LogStore.insert
     fd = os.open(db_path + ".journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     write, dumps = os.write, marshal.dumps
 
-    def append_one_row(self: DecisionLog, rows: list[tuple]) -> bool:
+    def append_one_row(self: LogStore, rows: list[tuple]) -> bool:
         if len(rows) == 1:  # a one-submit Step's decision: one write, as a journal would
             write(fd, dumps(rows[0]))
-            self._next_id += 1
+            self.next_id += 1
             self.rows_written += 1
             return False
         return insert(self, rows)
 
-    DecisionLog._insert = append_one_row  # type: ignore[method-assign]
+    LogStore.insert = append_one_row  # type: ignore[method-assign]
 
 
 def _canned(spin_s: float = 0.0) -> None:

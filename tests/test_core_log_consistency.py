@@ -63,8 +63,8 @@ class PoolAndLog(RuleBasedStateMachine):
 
     @contextlib.contextmanager
     def _cursor(self):
-        with self.log._conn_lock:
-            yield self.log._cursor
+        with self.log.store.lock:
+            yield self.log.store.connection
 
     def _record(self, decisions: list[Decision]) -> None:
         self.made += decisions
@@ -127,7 +127,7 @@ class PoolAndLog(RuleBasedStateMachine):
     @invariant()
     def the_log_is_every_decision_in_order(self) -> None:
         written = [r["seq"] for r in self._written()]
-        kept = [d.seq for d in self.log._unwritten.decisions]
+        kept = [d.seq for d in self.log.store.unwritten.decisions]
         assert written + kept == [d.seq for d in self.made]
         assert self.log.num_unwritten == len(kept)
 

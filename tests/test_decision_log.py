@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from kvbudget.daemon.log import query as decision_query
 from kvbudget.daemon.log import upkeep
 from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.log.pacing import Retention, Upkeep
 from kvbudget.daemon.log.query import open_read_only, query_decisions
 from kvbudget.daemon.log.schema import (
     COLUMNS,
@@ -79,6 +81,12 @@ def count_rows(path: Path, where: str = "1", table: str = "decisions") -> int:
         conn.close()
 
 
+def _writer_pragma(log: DecisionLog, name: str) -> object:
+    """A setting of the log's own (writing) connection, read while nothing else uses it."""
+    with log.store.lock:
+        return log.store.connection.execute(f"PRAGMA {name}").fetchone()[0]
+
+
 def update_rows(path: Path, sql_set: str, params: list[tuple]) -> None:
     """`UPDATE ... SET sql_set` on both tables in ONE transaction: the view cannot be
     updated, and a fold moving rows between the updates would dodge one of them."""
@@ -129,8 +137,7 @@ def test_schema_has_one_column_per_decision_field_meta_and_indexes(log: Decision
     # WAL is a property of the file: a second connection sees it.
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
-    assert log._db is not None
-    assert log._db.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # 1 = NORMAL
+    assert _writer_pragma(log, "synchronous") == 1  # 1 = NORMAL
 
 
 def test_reopening_an_existing_log_keeps_rows(db_path: Path) -> None:
@@ -432,20 +439,23 @@ def test_a_purge_behind_keeps_pace_with_the_folds(tmp_path: Path) -> None:
     # not delete is owed to the next one. One chunk a round let a log under sustained load
     # grow past its bound for as long as the load lasted.
     conn = _log_of(tmp_path / "pace.db", 100, old_rows=0)  # ids 1..100 folded, 101 unfolded
-    purger = DecisionLog(tmp_path / "pace.db", max_rows=11, retention_chunk_rows=8)  # keep 91..101
-    assert purger._purge_chunks(conn, folded=20) is True  # 20 + 8 owed: 4 chunks
+    log = DecisionLog(tmp_path / "pace.db")  # (not started: its store is the file's bookkeeping)
+    commits = types.SimpleNamespace(queued=0, closed=False)
+    purger = Upkeep(log.store, commits, Retention(max_rows=11), fold_chunk_rows=512,  # keep 91..101
+                    retention_chunk_rows=8, max_unfolded_rows=131_072, inline_wait_s=0.05)
+    assert purger.purge_chunks(conn, folded=20) is True  # 20 + 8 owed: 4 chunks
     assert purger.rows_deleted == 32
-    assert purger._purge_owed == 0  # the overshoot is not carried: the next round does its own
-    assert purger._purge_chunks(conn, folded=0) is True  # nothing folded: the extra chunk
+    assert purger.purge_owed == 0  # the overshoot is not carried: the next round does its own
+    assert purger.purge_chunks(conn, folded=0) is True  # nothing folded: the extra chunk
     assert purger.rows_deleted == 40
-    purger._queued = 1  # a commit waits: one chunk, the rest owed
-    assert purger._purge_chunks(conn, folded=16) is True
-    assert (purger.rows_deleted, purger._purge_owed) == (48, 16)
-    purger._queued = 0
-    assert purger._purge_chunks(conn, folded=100) is False  # owed 124: the 42 left, then done
+    commits.queued = 1  # a commit waits: one chunk, the rest owed
+    assert purger.purge_chunks(conn, folded=16) is True
+    assert (purger.rows_deleted, purger.purge_owed) == (48, 16)
+    commits.queued = 0
+    assert purger.purge_chunks(conn, folded=100) is False  # owed 124: the 42 left, then done
     assert purger.rows_deleted == 90
     assert [r[0] for r in conn.execute(f"SELECT id FROM {INDEXED} ORDER BY id LIMIT 1")] == [91]
-    assert purger._purge_owed == 0  # no debt carried once caught up
+    assert purger.purge_owed == 0  # no debt carried once caught up
     conn.close()
 
 
@@ -595,9 +605,8 @@ def test_readable_by_sqlite_utils_and_sqlite3_while_the_writer_runs(log: Decisio
 
 def test_checkpoints_run_off_the_commit_path(db_path: Path) -> None:
     with DecisionLog(db_path, checkpoint_interval_s=0.05) as log:
-        assert log._db is not None
         # The writer's connection never checkpoints inside a commit...
-        assert log._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert _writer_pragma(log, "wal_autocheckpoint") == 0
         log.append([make_decision(seq) for seq in range(2000)]).result()
         # ...the checkpoint thread copies the WAL into the main file. Wait (bounded) until
         # a fresh connection that ignores the WAL sees the rows in the file itself.
@@ -617,8 +626,7 @@ def test_checkpoints_run_off_the_commit_path(db_path: Path) -> None:
             time.sleep(0.05)
         assert in_file == 2000
     with DecisionLog(db_path, checkpoint_interval_s=None) as log:
-        assert log._db is not None
-        assert log._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's default
+        assert _writer_pragma(log, "wal_autocheckpoint") == 1000  # SQLite's default
 
 
 def _wal_bytes(db_path: Path) -> int:
@@ -911,9 +919,8 @@ def test_rows_a_crash_left_unfolded_are_folded_at_start_and_ids_go_on(db_path: P
     log.start()
     log.append_inline([make_decision(1), make_decision(2)]).result()
     assert count_rows(db_path, table=RECENT) == 2
-    assert log._db is not None
-    log._db.conn.close()  # no close(): as if the process died here (the WAL keeps the commit)
-    log._db = None
+    with log.store.lock:  # (the writer thread, an hour from its next fold, never uses it again)
+        log.store.connection.close()  # no close(): as if the process died here (the WAL keeps the commit)
     with DecisionLog(db_path) as restarted:
         assert (count_rows(db_path, table=RECENT), count_rows(db_path, table=INDEXED)) == (0, 2)
         restarted.append_inline([make_decision(3)]).result()
@@ -1031,13 +1038,12 @@ def test_a_fold_takes_the_rows_there_when_it_starts(db_path: Path, monkeypatch: 
             real_fold_below(conn, below_id)
             folded_below.append(below_id)
             if len(folded_below) <= 20:  # (bounded: a fold that chased them fails, not hangs)
-                log._insert([decision_row(log._next_id, make_decision(100 + below_id), 0.0)])  # lock held
+                log.store.insert([decision_row(log.store.next_id, make_decision(100 + below_id), 0.0)])  # lock held
 
         monkeypatch.setattr(upkeep, "fold_below", fold_then_commit)
-        assert log._db is not None
-        log._fold_chunks(log._db.conn, everything=False)
+        log.upkeep.fold_chunks(log.store.connection, everything=False)
         assert folded_below == [2, 3, 4]  # one row a chunk, the three there at the start
-        assert (log.rows_folded, log._unfolded) == (3, 3)  # the three committed meanwhile wait
+        assert (log.rows_folded, log.store.unfolded) == (3, 3)  # the three committed meanwhile wait
         monkeypatch.setattr(upkeep, "fold_below", real_fold_below)
     assert count_rows(db_path, table=INDEXED) == 6 and count_rows(db_path, table=RECENT) == 0
 
@@ -1046,28 +1052,28 @@ def test_an_inline_commit_waits_for_the_writer_rather_than_queue_behind_it(db_pa
     # The writer holds the connection (a fold chunk, say): commit_inline waits for it
     # (the GIL let go) and commits in the caller's thread; nothing goes through the queue.
     with DecisionLog(db_path, inline_wait_s=60.0) as log:
-        log._conn_lock.acquire()
+        log.store.lock.acquire()
         result: list[bool] = []
         caller = threading.Thread(target=lambda: result.append(log.commit_inline([make_decision(1)])))
         caller.start()
         deadline = time.monotonic() + 30
-        while not log._inline_waiting and time.monotonic() < deadline:
+        while not log.store.inline_waiting and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert log._inline_waiting == 1 and count_rows(db_path) == 0
-        log._conn_lock.release()
+        assert log.store.inline_waiting == 1 and count_rows(db_path) == 0
+        log.store.lock.release()
         caller.join()
-        assert result == [True] and log._queued == 0
+        assert result == [True] and log.gate.queued == 0
         assert count_rows(db_path) == 1
 
 
 def test_an_inline_commit_gives_up_after_inline_wait_s_and_writes_nothing(db_path: Path) -> None:
     with DecisionLog(db_path, inline_wait_s=0.01) as log:
-        log._conn_lock.acquire()
+        log.store.lock.acquire()
         try:
             assert log.commit_inline([make_decision(1)]) is False  # the caller appends instead
-            assert log._inline_waiting == 0
+            assert log.store.inline_waiting == 0
         finally:
-            log._conn_lock.release()
+            log.store.lock.release()
         assert count_rows(db_path) == 0
         log.append([make_decision(1)]).result()
     assert [r["seq"] for r in query_decisions(db_path, limit=None)] == [1]
@@ -1086,7 +1092,7 @@ def test_block_ids_per_group_are_stored_as_json_text(ids, text) -> None:
 
 
 def test_a_new_log_uses_small_pages_and_an_existing_one_keeps_its_own(tmp_path: Path) -> None:
-    from kvbudget.daemon.log.decision_log import PAGE_SIZE
+    from kvbudget.daemon.log.store import PAGE_SIZE
 
     fresh = tmp_path / "fresh.db"
     with DecisionLog(fresh):
@@ -1131,12 +1137,12 @@ def test_commit_inline_says_when_the_caller_must_queue_instead(log: DecisionLog,
 def test_a_large_commit_is_cut_into_bounded_statements_and_keeps_every_row_in_order(
     db_path: Path, num_rows: int
 ) -> None:
-    from kvbudget.daemon.log.decision_log import _CHUNK_ROWS, _INSERT_SQL, _SMALL_ROWS, _chunk_sizes
+    from kvbudget.daemon.log.rows import CHUNK_ROWS, INSERT_SQL, SMALL_ROWS, chunk_sizes
 
-    sizes = _chunk_sizes(num_rows)
-    assert sum(sizes) == num_rows and all(size in _INSERT_SQL for size in sizes)
-    assert all(size <= _CHUNK_ROWS for size in sizes)
-    if num_rows <= _SMALL_ROWS:
+    sizes = chunk_sizes(num_rows)
+    assert sum(sizes) == num_rows and all(size in INSERT_SQL for size in sizes)
+    assert all(size <= CHUNK_ROWS for size in sizes)
+    if num_rows <= SMALL_ROWS:
         assert sizes == [num_rows]  # one statement: no BEGIN / COMMIT needed
     with DecisionLog(db_path) as log:
         assert log.commit_inline([make_decision(seq) for seq in range(num_rows)], max_rows=num_rows)
@@ -1145,15 +1151,15 @@ def test_a_large_commit_is_cut_into_bounded_statements_and_keeps_every_row_in_or
     assert [(r["id"], r["seq"]) for r in rows] == [(seq + 1, seq) for seq in range(num_rows)]
 
 
-def test_chunk_sizes_by_hand() -> None:
-    from kvbudget.daemon.log.decision_log import _chunk_sizes
+def testchunk_sizes_by_hand() -> None:
+    from kvbudget.daemon.log.rows import chunk_sizes
 
-    assert _chunk_sizes(5) == [5]  # up to 8 rows: one statement of exactly that many
-    assert _chunk_sizes(9) == [8, 1]  # 9 = 8 + 1
-    assert _chunk_sizes(100) == [64, 32, 4]  # 100 = 64 + 32 + 4
-    assert _chunk_sizes(300) == [256, 32, 8, 4]  # 300 = 256 + 32 + 8 + 4
-    assert _chunk_sizes(512) == [512]  # a batched engine step (256 submits + 256 finishes): one statement
-    assert _chunk_sizes(2500) == [1024, 1024, 256, 128, 64, 4]  # 2 x 1024 + 452
+    assert chunk_sizes(5) == [5]  # up to 8 rows: one statement of exactly that many
+    assert chunk_sizes(9) == [8, 1]  # 9 = 8 + 1
+    assert chunk_sizes(100) == [64, 32, 4]  # 100 = 64 + 32 + 4
+    assert chunk_sizes(300) == [256, 32, 8, 4]  # 300 = 256 + 32 + 8 + 4
+    assert chunk_sizes(512) == [512]  # a batched engine step (256 submits + 256 finishes): one statement
+    assert chunk_sizes(2500) == [1024, 1024, 256, 128, 64, 4]  # 2 x 1024 + 452
 
 
 def _ids(path: Path, table: str) -> list[int]:
@@ -1222,17 +1228,17 @@ def test_a_stop_folds_but_leaves_retention_to_the_next_start(db_path: Path) -> N
     # the stop folds it (a cleanly closed log has every row indexed) but purges nothing.
     log = DecisionLog(db_path, max_rows=10, retention_interval_s=0.0, checkpoint_interval_s=None)
     log.start()
-    log._conn_lock.acquire()  # the writer takes the first batch, then waits for the connection
+    log.store.lock.acquire()  # the writer takes the first batch, then waits for the connection
     log.append([make_decision(0)])
     deadline = time.monotonic() + 30.0
-    while not log._queue.empty() and time.monotonic() < deadline:
+    while not log.gate.queue.empty() and time.monotonic() < deadline:
         time.sleep(0.001)
     log.append([make_decision(seq) for seq in range(1, 101)])
     closer = threading.Thread(target=log.close)
     closer.start()
-    while log._queue.qsize() < 2 and time.monotonic() < deadline:  # the batch, then the stop
+    while log.gate.queue.qsize() < 2 and time.monotonic() < deadline:  # the batch, then the stop
         time.sleep(0.001)
-    log._conn_lock.release()
+    log.store.lock.release()
     closer.join()
     assert _ids(db_path, INDEXED) == list(range(1, 102))
     with DecisionLog(db_path, max_rows=10, checkpoint_interval_s=None) as reopened:
@@ -1246,26 +1252,26 @@ def test_a_stop_folds_but_leaves_retention_to_the_next_start(db_path: Path) -> N
 def test_commits_wait_for_a_retention_that_owes_past_the_bound(db_path: Path) -> None:
     # One pass at start (nothing to purge), then none for an hour: only a stall purges.
     # (By age: a fold past a row bound would start a pass at once.)
-    with DecisionLog(db_path, retention_s=0.05, retention_interval_s=3600.0, retention_chunk_rows=4,
+    with DecisionLog(db_path, retention_s=3600.0, retention_interval_s=3600.0, retention_chunk_rows=4,
                      max_unfolded_rows=20, fold_interval_s=0.0, checkpoint_interval_s=None) as log:
         log.append([make_decision(seq) for seq in range(100)]).result()
         deadline = time.monotonic() + 30.0
         while log.rows_folded < 100 and time.monotonic() < deadline:  # folded right after
             time.sleep(0.001)
-        time.sleep(0.1)  # every row is past the age bound now
+        update_rows(db_path, "logged_at = ?", [(0.0,)])  # every row is past the age bound now
         assert (log.rows_folded, log.rows_deleted, log.stalls) == (100, 0, 0)
-        log._purge_owed = 50  # as a retention that fell behind under load would owe
+        log.upkeep.owe(50)  # as a retention that fell behind under load would owe
         assert log.commit_inline([make_decision(100)]) is False  # owed past the bound
         # Before committing it, the writer purges the batch's 1 row and a chunk (4), in chunks
         # of 4: 8 rows, 50 -> 42 owed. Each batch so pays off a little of what is owed, where
         # paying it all at once (down to the bound) would hold that one Step for long.
         log.append([make_decision(100)]).result()
-        assert (log.rows_deleted, log.stalls, log._purge_owed) == (8, 1, 42)
+        assert (log.rows_deleted, log.stalls, log.upkeep.purge_owed) == (8, 1, 42)
         assert _ids(db_path, INDEXED)[0] == 9
         for seq in range(101, 104):  # 42 -> 34 -> 26 -> 18
             assert log.commit_inline([make_decision(seq)]) is False
             log.append([make_decision(seq)]).result()
-        assert (log.rows_deleted, log.stalls, log._purge_owed) == (32, 4, 18)
+        assert (log.rows_deleted, log.stalls, log.upkeep.purge_owed) == (32, 4, 18)
         assert log.commit_inline([make_decision(104)])  # under the bound again: inline
     assert _ids(db_path, INDEXED) == list(range(33, 106))
 
@@ -1274,24 +1280,25 @@ def test_a_writer_that_stops_on_an_error_fails_every_commit_instead_of_hanging(
     db_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     told: list[str] = []
-    log = DecisionLog(db_path, checkpoint_interval_s=None, on_failure=told.append)
+    stopped = threading.Event()
+    log = DecisionLog(db_path, checkpoint_interval_s=None,
+                      on_failure=lambda why: (told.append(why), stopped.set()))
     log.start()
     log.append([make_decision(0)]).result()
 
-    def broken_commit(conn: sqlite3.Connection, batch: list) -> None:
-        raise RuntimeError("boom")  # a bug, not an SQLite error (those are handled)
+    class Broken:  # a decision whose row cannot be made: a bug, not an SQLite error (those are handled)
+        @property
+        def seq(self) -> int:
+            raise RuntimeError("boom")
 
-    log._commit = broken_commit  # type: ignore[method-assign]
-    log._conn_lock.acquire()  # the writer takes the next batch, then waits for the connection
-    in_flight = log.append([make_decision(1)])
+    log.store.lock.acquire()  # the writer takes the next batch, then waits for the connection
+    in_flight = log.append([Broken()])  # type: ignore[list-item]
     deadline = time.monotonic() + 30.0
-    while not log._queue.empty() and time.monotonic() < deadline:
+    while not log.gate.queue.empty() and time.monotonic() < deadline:
         time.sleep(0.001)
     queued = log.append([make_decision(2)])
-    log._conn_lock.release()
-    assert log._thread is not None
-    log._thread.join(30.0)
-    assert not log._thread.is_alive()
+    log.store.lock.release()
+    assert stopped.wait(30.0)  # the writer stopped, and said so last
     for future in (in_flight, queued):  # told at once, not left waiting
         with pytest.raises(DecisionLogError, match="writer stopped: RuntimeError"):
             future.result(timeout=0)
@@ -1324,7 +1331,7 @@ def test_a_clean_close_leaves_the_file_out_of_wal_mode_and_a_start_puts_it_back(
     assert not Path(f"{db_path}-wal").exists() and not Path(f"{db_path}-shm").exists()
     assert _journal_mode(db_path) == "delete"
     with DecisionLog(db_path) as log:
-        assert log._db is not None and log._db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert _writer_pragma(log, "journal_mode") == "wal"
         log.append([make_decision(2)]).result()
         assert _journal_mode(db_path) == "wal"  # (a reader while it runs sees WAL mode)
     assert _journal_mode(db_path) == "delete"

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvbudget.client import EngineClient
-from kvbudget.daemon.log import decision_log
+from kvbudget.daemon.log import files
 from kvbudget.daemon.log.decision_log import DecisionLog
 from kvbudget.daemon.log.query import query_decisions
 from kvbudget.daemon.log.unwritten import UnwrittenError
@@ -29,7 +29,7 @@ from test_decision_log import make_decision
 @pytest.fixture
 def check_every_write(monkeypatch: pytest.MonkeyPatch) -> None:
     """The file is checked on every write (the daemon checks at most every FILE_CHECK_S)."""
-    monkeypatch.setattr(decision_log, "FILE_CHECK_S", 0.0, raising=False)
+    monkeypatch.setattr(files, "FILE_CHECK_S", 0.0)
 
 
 def logged_seqs(path: Path) -> list[int]:

@@ -1,7 +1,7 @@
 """Retention by size: the decision log's file stops growing at about `max_bytes`.
 
 The row limit a byte bound sets is worked out on each pass from the file's pages in use
-and the rows it holds (decision_upkeep.rows_within_bytes), so it follows what rows
+and the rows it holds (upkeep.rows_within_bytes), so it follows what rows
 really cost: an ADMIT carries its request's whole block table, so rows range from ~300
 bytes to several KiB.
 """

@@ -35,8 +35,8 @@ class Disk:
 
     @contextlib.contextmanager
     def _cursor(self):
-        with self.log._conn_lock:  # (the connection has one user at a time)
-            yield self.log._cursor
+        with self.log.store.lock:  # (the connection has one user at a time)
+            yield self.log.store.connection
 
     def fill(self) -> None:
         with self._cursor() as cursor:
@@ -217,7 +217,7 @@ def test_the_file_and_the_kept_decisions_are_always_every_decision_in_order(tmp_
                         log.append(decisions).result(timeout=10)
                 except UnwrittenError:
                     assert full  # only a full disk refuses (a small write may still fit)
-            kept = [d.seq for d in log._unwritten.decisions]
+            kept = [d.seq for d in log.store.unwritten.decisions]
             assert seqs(db_path) + kept == list(range(made))
             assert log.num_unwritten == len(kept)
             if not full and step[0] in ("write", "retry"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.log import decision_log
+from kvbudget.daemon.log import files
 from kvbudget.daemon.log.decision_log import DecisionLog
 from kvbudget.daemon.log.unwritten import UnwrittenError
 
@@ -29,7 +29,7 @@ from test_decision_log import make_decision
 def check_every_write(monkeypatch: pytest.MonkeyPatch) -> None:
     """The files are checked on every write (the daemon checks at most every FILE_CHECK_S),
     and a heal that failed is tried again at the next write."""
-    monkeypatch.setattr(decision_log, "FILE_CHECK_S", 0.0, raising=False)
+    monkeypatch.setattr(files, "FILE_CHECK_S", 0.0)
 
 
 def outside_seqs(path: Path) -> list[int]:

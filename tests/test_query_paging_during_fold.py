@@ -35,7 +35,7 @@ def make_log(path: Path, seqs: range, *, indexed_below_id: int) -> None:
 
 class FoldingDaemon:
     """Opens the log as `open_read_only` does, and commits the daemon's fold (every recent
-    row into the indexed table, in one transaction, `decision_upkeep.fold`) as the query's
+    row into the indexed table, in one transaction, `upkeep.fold`) as the query's
     `fold_at`-th statement begins (before it reads: SQLite calls the trace first)."""
 
     def __init__(self) -> None:

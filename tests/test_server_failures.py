@@ -130,21 +130,22 @@ BROKEN_WRITER_DAEMON = textwrap.dedent(
     import sys
     from kvbudget.cli.main import main
     from kvbudget.daemon.log.decision_log import DecisionLog
+    from kvbudget.daemon.log.writer import Writer
 
-    commit, commit_inline = DecisionLog._commit, DecisionLog.commit_inline
+    commit, commit_inline = Writer._commit, DecisionLog.commit_inline
 
     def poisoned(decisions):
         return any(d.request_id == "poison" for d in decisions)
 
-    def broken_commit(self, conn, batch):
+    def broken_commit(self, batch):
         if any(poisoned(p.decisions) for p in batch):
             raise RuntimeError("injected fault")
-        return commit(self, conn, batch)
+        return commit(self, batch)
 
     def queue_poison(self, decisions, max_rows=1024):  # (so that the writer thread gets it)
         return False if poisoned(decisions) else commit_inline(self, decisions, max_rows)
 
-    DecisionLog._commit, DecisionLog.commit_inline = broken_commit, queue_poison
+    Writer._commit, DecisionLog.commit_inline = broken_commit, queue_poison
     sys.exit(main(sys.argv[1:]))
     """
 )

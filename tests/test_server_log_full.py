@@ -31,10 +31,10 @@ FULL_DISK_DAEMON = textwrap.dedent(
     """
     import os, sys
     from kvbudget.cli.main import main
-    from kvbudget.daemon.log.decision_log import DecisionLog
+    from kvbudget.daemon.log.store import LogStore
 
     FLAG = os.environ["KVBUDGET_TEST_DISK_FULL"]
-    insert = DecisionLog._insert
+    insert = LogStore.insert
     room = []
 
     def insert_on_a_disk_that_may_be_full(self, rows):
@@ -48,7 +48,7 @@ FULL_DISK_DAEMON = textwrap.dedent(
             cursor.execute(f"PRAGMA max_page_count={room[0]}")
         return insert(self, rows)
 
-    DecisionLog._insert = insert_on_a_disk_that_may_be_full
+    LogStore.insert = insert_on_a_disk_that_may_be_full
     sys.exit(main(sys.argv[1:]))
     """
 )
@@ -246,9 +246,10 @@ HELD_COMMIT_DAEMON = textwrap.dedent(
     import os, sqlite3, sys, time
     from kvbudget.cli.main import main
     from kvbudget.daemon.log.decision_log import DecisionLog
+    from kvbudget.daemon.log.store import LogStore
 
     HOLD, FULL = os.environ["KVBUDGET_TEST_HOLD"], os.environ["KVBUDGET_TEST_FULL"]
-    inline, insert = DecisionLog.commit_inline, DecisionLog._insert
+    inline, insert = DecisionLog.commit_inline, LogStore.insert
 
     def commit_inline(self, decisions, max_rows=1024):  # while held: the writer thread's path
         return False if os.path.exists(HOLD) else inline(self, decisions, max_rows)
@@ -261,7 +262,7 @@ HELD_COMMIT_DAEMON = textwrap.dedent(
         return insert(self, rows)
 
     DecisionLog.commit_inline = commit_inline
-    DecisionLog._insert = insert_held_then_full
+    LogStore.insert = insert_held_then_full
     sys.exit(main(sys.argv[1:]))
     """
 )

@@ -1,12 +1,7 @@
-"""One daemon per decision log: the writing daemon's lock on it.
+"""One daemon per decision log: the writing daemon's flock on `<db_path>.daemon.lock`.
 
-One writer. Each log keeps its next row id in memory, so two daemons writing one file
-would number their rows over each other. The daemon holds `WriterLock` (an flock on
-`<db_path>.daemon.lock`, never on the database) for its whole life, taken before it opens
-anything; a second daemon given the same file refuses to start. The OS drops the lock when
-the process dies, SIGKILL included. Readers (`kvbudget log`, sqlite3, sqlite-utils) never
-look at that file: SQLite's own locks on the database and its `-wal` / `-shm` are apart.
-(Not `<db_path>.lock`: SQLite's unix-dotfile VFS locks a database with a file of that name.)
+Each log numbers its rows from memory, so two daemons on one file would number over each
+other; the OS drops the lock when the process dies.
 """
 
 from __future__ import annotations

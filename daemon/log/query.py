@@ -1,13 +1,7 @@
 """Reading the decision log: a checked read-only connection and filtered queries.
 
-WAL lets `sqlite3`, `sqlite-utils` and Datasette read the file while the daemon writes it;
-`query_decisions` opens it read-only (`mode=ro`) and works with or without the daemon
-running. A reader needs read permission only, not write access to the `-shm` file
-(SQLite >= 3.22 maps the WAL index read-only), so an operator in the daemon's group can
-read a file the daemon owns; a stopped daemon's file is out of WAL mode, as SQLite cannot
-open a WAL-mode file whose index is gone where the reader may not create it
-(`decision_log._leave_wal`). Queries go to `decisions`: the view over folded and recent
-rows in a version-2 file, the one table in a version-1 file.
+WAL lets readers work while the daemon writes, with read permission only; queries go
+to the view `decisions` (or a version-1 file's one table).
 """
 
 from __future__ import annotations
@@ -72,27 +66,8 @@ def query_decisions(
     is), JSON columns decoded to lists. `limit=None` or 0: all."""
     if before_seq is not None and before_seq > _SQLITE_MAX_INT:
         before_seq = None  # every seq a log holds is below it (and it would not bind)
-    where: list[str] = []
-    params: list[Any] = []
-    if after_id is not None:
-        # (an index on engine, kind... is ordered by id within each value too: a range there)
-        where.append("id > ?")
-        params.append(after_id)
-    for column, value in (("request_id", request_id), ("engine_id", engine_id), ("tenant", tenant)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    if kind is not None:
-        where.append("kind = ?")
-        params.append(kind.value if isinstance(kind, DecisionKind) else kind)
-    window: list[str] = []
-    window_params: list[Any] = []
-    if since_s is not None:
-        window.append("logged_at >= ?")
-        window_params.append(since_s)
-    if until_s is not None:
-        window.append("logged_at < ?")
-        window_params.append(until_s)
+    where, params = _filters(after_id, request_id, engine_id, tenant, kind)
+    window = _Window.of(since_s, until_s)
     order = " ORDER BY id " + ("DESC" if newest_first else "ASC")
     tail: list[Any] = []
     if limit:
@@ -114,24 +89,73 @@ def query_decisions(
                 # keeps rows at or above the bound out); no seq bound pages such a log.
                 where += ["id < ?", "seq < ?"]
                 params += [_first_id_at_or_after_seq(conn, before_seq), before_seq]
-            if window and request_id is None and _window_is_sparse(conn, window, window_params):
-                rows = _query_by_time(conn, where + window, params + window_params, order, tail)
-            else:
-                sql = f"SELECT * FROM {VIEW}"
-                if where or window:
-                    sql += " WHERE " + " AND ".join(where + window)
-                rows = conn.execute(sql + order, params + window_params + tail).fetchall()
+            rows = _select(conn, where, params, window, order, tail, by_time_allowed=request_id is None)
         except sqlite3.DatabaseError as exc:
             raise DecisionLogError(f"{path}: {exc}") from None
     finally:
         conn.close()
-    result = []
-    for row in rows:
-        record = dict(row)
-        for name in JSON_FIELDS:
-            record[name] = json.loads(record[name])
-        result.append(record)
-    return result
+    return [_decoded(row) for row in rows]
+
+
+def _filters(
+    after_id: int | None, request_id: str | None, engine_id: str | None, tenant: str | None,
+    kind: str | DecisionKind | None,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE conditions (and their parameters) of the filters other than time."""
+    where: list[str] = []
+    params: list[Any] = []
+    if after_id is not None:
+        # (an index on engine, kind... is ordered by id within each value too: a range there)
+        where.append("id > ?")
+        params.append(after_id)
+    for column, value in (("request_id", request_id), ("engine_id", engine_id), ("tenant", tenant)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if kind is not None:
+        where.append("kind = ?")
+        params.append(kind.value if isinstance(kind, DecisionKind) else kind)
+    return where, params
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The time filters on `logged_at`: conditions and their parameters."""
+
+    conditions: list[str]
+    params: list[Any]
+
+    @classmethod
+    def of(cls, since_s: float | None, until_s: float | None) -> _Window:
+        conditions: list[str] = []
+        params: list[Any] = []
+        if since_s is not None:
+            conditions.append("logged_at >= ?")
+            params.append(since_s)
+        if until_s is not None:
+            conditions.append("logged_at < ?")
+            params.append(until_s)
+        return cls(conditions, params)
+
+
+def _select(
+    conn: sqlite3.Connection, where: list[str], params: list[Any], window: _Window, order: str,
+    tail: list[Any], *, by_time_allowed: bool,
+) -> list[sqlite3.Row]:
+    """The rows, through the time index when the window is sparse (see SPARSE_WINDOW_ROWS)."""
+    if window.conditions and by_time_allowed and _window_is_sparse(conn, window.conditions, window.params):
+        return _query_by_time(conn, where + window.conditions, params + window.params, order, tail)
+    sql = f"SELECT * FROM {VIEW}"
+    if where or window.conditions:
+        sql += " WHERE " + " AND ".join(where + window.conditions)
+    return conn.execute(sql + order, params + window.params + tail).fetchall()
+
+
+def _decoded(row: sqlite3.Row) -> dict[str, Any]:
+    record = dict(row)
+    for name in JSON_FIELDS:
+        record[name] = json.loads(record[name])
+    return record
 
 
 # A time window with few rows in it. The view's plan for a window reads newest first by id

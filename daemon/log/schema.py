@@ -1,22 +1,7 @@
 """The decision log's file format: tables, the row encoding of a Decision, and versioning.
 
-Schema (version 2). Readers query one name, `decisions`: a view over two tables with the
-same columns, one column per `records.Decision` field (tuples as JSON text, enums as their
-string values) plus `id` (the log's own sequence, insertion order) and `logged_at`
-(wall-clock unix seconds when the row was queued; time filters use it because the core's
-`time_s` may have any origin).
-
-  * `decisions_recent` has no index. Commits land here, so a commit made before an
-    engine's reply writes one or two pages instead of one per index (a third of the cost).
-  * `decisions_indexed` has the indexes (logged_at, request_id, kind, engine_id, tenant).
-    The writer moves recent rows into it in the background, a fraction of a second later
-    ("folding"), and on every open and close.
-
-SQLite pushes filters and `ORDER BY id ... LIMIT` through the view into each table (a
-merge of the two, indexes used), so queries on `decisions` cost what they cost on one
-table. A `meta` table carries `app = kvbudget` and `schema_version`; a version-1 file
-(one indexed table named `decisions`) is upgraded in place when the daemon opens it and is
-readable as it is; any other version is refused rather than silently mixed.
+Readers query the view `decisions` over `decisions_recent` (no index: cheap commits) and
+`decisions_indexed` (rows folded in later); version-1 files are upgraded in place.
 """
 
 from __future__ import annotations

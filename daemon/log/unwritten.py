@@ -1,17 +1,7 @@
 """Decisions a failed write left behind: kept in order, written first by the next write.
 
-A write fails when the disk is full or the file cannot be written. By then the pool has
-made those decisions (an admit took blocks, a release gave them back), so dropping them
-would leave the log with gaps: a release with no admit, blocks held with no decision to
-say why. They wait here instead, in the order made, and the next write that works puts
-them in front of its own rows, in the same transaction, so the log's order stays the
-pool's. Their callers were told "not committed" (UNAVAILABLE) and were promised nothing;
-`written` resolves once they are in the file, so that watchers, Events streams and the
-metrics hear of them then, in order.
-
-`KeepsUnwritten` is the decision log's half that does it, mixed into `DecisionLog` (as
-`UpkeepPacing` is); it works under the log's connection lock, and mirrors the count in
-`num_unwritten` for a lock-free check on every engine step.
+The pool made them already, so dropping them would leave gaps in the log; their callers
+were told "not committed" and promised nothing. `written` resolves once they are in the file.
 """
 
 from __future__ import annotations
@@ -20,12 +10,11 @@ import concurrent.futures
 import dataclasses
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvbudget.daemon.log.schema import DecisionLogError, decision_row
+from kvbudget.daemon.log.schema import DecisionLogError
 from kvbudget.daemon.core.records import Decision
 
 _log = logging.getLogger("kvbudget.daemon.log.decision_log")  # (the log's own messages)
@@ -76,83 +65,78 @@ class Unwritten:
         return count
 
 
-class KeepsUnwritten:
-    """Keeping a failed write's decisions and writing them first; mixed into `DecisionLog`,
-    whose state it shares (the attributes below are set up by its __init__)."""
+class UnwrittenKeeper:
+    """Keeps a failed write's decisions until a write works, says so (log, `on_write_trouble`)
+    and schedules the writer's retries. Used under the log's connection lock; `count`
+    mirrors how many are kept, for a lock-free check on every engine step."""
 
-    path: Path
-    inline_wait_s: float
-    unwritten_retry_s: float
-    num_unwritten: int
-    _unwritten: Unwritten
-    _unwritten_retry_at: float
-    _conn_lock: threading.Lock
-    _db: object | None
-    _next_id: int
-    _on_write_trouble: Callable[[str | None], None] | None
-    # and DecisionLog's `_insert(rows)` (one transaction) and `_wake_writer()`
+    def __init__(
+        self,
+        path: Path,
+        retry_s: float,
+        on_write_trouble: Callable[[str | None], None] | None = None,
+    ) -> None:
+        self._path = path
+        self.retry_s = retry_s
+        # Told the error when writes start failing, None when they work again; from
+        # whichever thread wrote (so: hand it over to a loop with call_soon_threadsafe).
+        self._on_write_trouble = on_write_trouble
+        self._kept = Unwritten()
+        self.count = 0
+        self.retry_at = 0.0  # (monotonic) the writer's next retry
 
-    def write_unwritten(self) -> bool:
-        """Writes now what failed writes left, if it can; True when nothing is left unwritten.
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        """The kept decisions, oldest first."""
+        return tuple(self._kept.decisions)
 
-        The writer retries every `unwritten_retry_s` by itself; a caller about to make
-        more decisions calls this first, so that the first call after the disk has room
-        again goes through."""
-        if not self.num_unwritten:
-            return True
-        if not self._conn_lock.acquire(timeout=self.inline_wait_s):
-            return False
-        try:
-            if self._db is None:
-                return False  # closed
-            if self.num_unwritten:  # (the writer may have written them meanwhile)
-                try:
-                    first_to_fold = self._write_behind_unwritten((), time.time())
-                except DecisionLogError:
-                    return False
-                if first_to_fold:
-                    self._wake_writer()
-        finally:
-            self._conn_lock.release()
-        return True
+    @property
+    def error(self) -> str:
+        return self._kept.error
 
-    def _write_behind_unwritten(self, decisions: Sequence[Decision], logged_at: float) -> bool:
-        """Writes the decisions failed writes left, then these, in one transaction. Caller
-        holds _conn_lock. Raises UnwrittenError (these kept too); returns `_insert`'s answer."""
-        everything = [*self._unwritten.decisions, *decisions]
-        first_id = self._next_id
-        rows = [decision_row(first_id + i, d, logged_at) for i, d in enumerate(everything)]
-        try:
-            first_to_fold = self._insert(rows)
-        except sqlite3.Error as exc:
-            raise self._keep_unwritten(decisions, exc) from exc
-        self._settle_unwritten()
-        return first_to_fold
+    @property
+    def since_unix_s(self) -> float:
+        return self._kept.since_unix_s
 
-    def _keep_unwritten(self, decisions: Sequence[Decision], exc: sqlite3.Error) -> UnwrittenError:
-        """A write failed: its decisions wait, after any already waiting. Caller holds _conn_lock."""
-        first = not self.num_unwritten
-        error = self._unwritten.keep(decisions, f"{self.path}: write failed: {exc}")
-        self.num_unwritten = len(self._unwritten)
+    def retry_due(self, now: float) -> bool:
+        return bool(self.count) and now >= self.retry_at
+
+    def retried(self, now: float) -> None:
+        self.retry_at = now + self.retry_s
+
+    def keep(self, decisions: Sequence[Decision], exc: sqlite3.Error) -> tuple[UnwrittenError, bool]:
+        """A write failed: its decisions wait, after any already waiting. The error to raise,
+        and whether these are the first (the writer must start retrying: wake it)."""
+        first = not self.count
+        error = self._kept.keep(decisions, f"{self._path}: write failed: {exc}")
+        self.count = len(self._kept)
         if first:
-            self._unwritten_retry_at = time.monotonic() + self.unwritten_retry_s
-            self._wake_writer()  # the writer may be blocked with no timeout: it retries from now on
+            self.retry_at = time.monotonic() + self.retry_s
             _log.error(
                 "decision log: %s; %d decisions kept to be written first once writes work again "
-                "(retrying every %g s)", self._unwritten.error, self.num_unwritten, self.unwritten_retry_s,
+                "(retrying every %g s)", self._kept.error, self.count, self.retry_s,
             )
             if self._on_write_trouble is not None:
-                self._on_write_trouble(self._unwritten.error)
-        return error
+                self._on_write_trouble(self._kept.error)
+        return error, first
 
-    def _settle_unwritten(self) -> None:
-        """What failed writes left has just been written. Caller holds _conn_lock."""
-        since = self._unwritten.since_unix_s
-        self.num_unwritten = 0
+    def settle(self) -> None:
+        """What failed writes left has just been written."""
+        since = self._kept.since_unix_s
+        self.count = 0
         _log.warning(
             "decision log: writes work again; the %d decisions kept since %s are written",
-            len(self._unwritten), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
+            len(self._kept), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
         )
         if self._on_write_trouble is not None:
             self._on_write_trouble(None)
-        self._unwritten.settle()  # last: whoever waits on `written` finds the log whole
+        self._kept.settle()  # last: whoever waits on `written` finds the log whole
+
+    def abandon(self) -> None:
+        """The log closes with some unwritten: they are lost, and it says so."""
+        if not self.count:
+            return
+        why = f"{self._kept.error}; the log closed before they could be written"
+        lost = self._kept.abandon(why)
+        self.count = 0
+        _log.error("decision log: %d decisions were never written (%s)", lost, why)

@@ -1,16 +1,7 @@
-"""The decision log's upkeep, done behind the commits: folding, retention, checkpoints.
+"""The decision log's upkeep SQL, run behind the commits: folding, retention, checkpoints.
 
-Each function takes the connection (or the file) and works in transactions of its own;
-`DecisionLog`'s writer thread decides when to call them. None of them is on the path of
-an engine's reply, but a fold or purge holds SQLite's one write lock while it runs, and a
-commit waits for it: so each is bounded (a chunk of rows per transaction) and the writer
-commits what queued up between chunks.
-
-Folding moves committed rows from `decisions_recent` (no index: cheap commits) into
-`decisions_indexed`. A chunk is one transaction (INSERT ... SELECT, then DELETE), so a
-reader of the `decisions` view sees each row exactly once throughout. On the 2-core
-machine a row costs ~6 us to fold into the five indexes: ~3 ms a chunk of 512 rows,
-against ~23 ms for 4,096 rows in one go (bench/bench_decision_log.py, section 5).
+Each function takes a connection and works in bounded transactions of its own (a commit
+waits for one chunk at most); `pacing.Upkeep` decides when to call them.
 """
 
 from __future__ import annotations
