@@ -137,7 +137,7 @@ class SocketServer:
 
 def socket_server(path: str) -> SocketServer | None:
     """Who serves on the unix socket at `path`, found by connecting as the start does
-    before it binds (daemon/server/lifecycle.py prepare_unix_socket); None when nobody answers (a
+    before it binds (daemon/server/listeners.py prepare_unix_socket); None when nobody answers (a
     stale socket, which the start removes)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(5.0)  # (a check never hangs on a server that does not accept)

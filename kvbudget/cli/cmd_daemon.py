@@ -139,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         level=config.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
     )
     from kvbudget.daemon.server import interpreter
-    from kvbudget.daemon.server.lifecycle import Daemon, StartupError
+    from kvbudget.daemon.server.lifecycle import Daemon
+    from kvbudget.daemon.server.startup import StartupError
 
     from kvbudget.daemon.config.settings import load_config
 
