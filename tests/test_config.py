@@ -8,17 +8,15 @@ from pathlib import Path
 import pytest
 
 from kvbudget.daemon.core.admission import POLICIES
+from kvbudget.daemon.config.listen import MAX_UNIX_ADDRESS_PATH_BYTES, listen_kind, parse_host_port
+from kvbudget.daemon.config.loading import load_config
 from kvbudget.daemon.config.settings import (
     DEFAULT_DB_PATH,
     DEFAULT_LISTEN,
-    MAX_UNIX_ADDRESS_PATH_BYTES,
     ConfigError,
     DaemonConfig,
     TenantQuota,
     config_keys,
-    listen_kind,
-    load_config,
-    parse_host_port,
 )
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS
 from kvbudget.daemon.server.tokens_file import load_roles, load_tokens

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config.settings import load_config
+from kvbudget.daemon.config.loading import load_config
 from kvbudget.daemon.server.lifecycle import Daemon
 
 from daemon_harness import await_until

@@ -144,7 +144,7 @@ def test_a_pool_sized_from_a_gpu_goes_to_that_gpu_or_start_up_says_why(tmp_path)
     """device = auto, NVML finds GPU 0, but this torch has no CUDA (a CPU-only wheel): the
     pool was sized from the GPU's memory, so it must not quietly land in /dev/shm at that
     size; start-up fails naming the device and the way out."""
-    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.loading import load_config
     from kvbudget.daemon.config.gpu import GPUProbe
     from kvbudget.daemon.config.pool_setup import setup_pool
     from kvbudget.daemon.server.startup import StartupError, allocate_memory

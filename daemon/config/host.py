@@ -1,6 +1,6 @@
 """What `kvbudget daemon --check-config` asks of the host, beyond the config's values:
 could this user create and write the decision log at db_path, would the start take the
-file already there, and is a listen socket's path free (daemon/config/settings.py `_check_paths`).
+file already there, and is a listen socket's path free (daemon/config/checks.py `_check_paths`).
 
 Each answers in the start's own words, found by looking only: nothing is created, changed,
 locked or bound (a socket is connected to, as the start does before it binds).

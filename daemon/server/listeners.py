@@ -14,7 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from kvbudget.daemon.config.settings import DaemonConfig, listen_kind, parse_host_port
+from kvbudget.daemon.config.listen import listen_kind, parse_host_port
+from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.server.startup import StartupError
 from kvbudget.daemon.server.tls import ServedCertificate
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvbudget.daemon.config.settings import parse_host_port
+from kvbudget.daemon.config.listen import parse_host_port
 from kvbudget.daemon.config.pool_setup import PoolSetup
 from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.core.admission import AdmissionController, AdmissionError

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbudget.daemon.config.settings import ConfigError, read_toml_file
+from kvbudget.daemon.config.loading import read_toml_file
+from kvbudget.daemon.config.settings import ConfigError
 
 ROLES = ("engine", "observer", "admin")
 MIN_TOKEN_LENGTH = 8

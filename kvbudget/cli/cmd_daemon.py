@@ -118,7 +118,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def load(args: argparse.Namespace):
-    from kvbudget.daemon.config.settings import ConfigError, load_config
+    from kvbudget.daemon.config.loading import load_config
+    from kvbudget.daemon.config.settings import ConfigError
 
     try:
         # --check-config also looks at what the start would use on this host: whether the
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.daemon.server.lifecycle import Daemon
     from kvbudget.daemon.server.startup import StartupError
 
-    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.loading import load_config
 
     # SIGHUP reads the file again, the flags still over it (they were given once, at start).
     daemon = Daemon(config, on_ready=_settle_heap,
@@ -211,7 +212,7 @@ def _sockets_in_use(config: DaemonConfig) -> list[str]:
 def tcp_access(config: DaemonConfig) -> str:
     """How TCP callers get in, for --check-config: `, TCP over mutual TLS, roles from
     PATH`; "" without a TCP listener."""
-    from kvbudget.daemon.config.settings import listen_kind
+    from kvbudget.daemon.config.listen import listen_kind
 
     if not any(listen_kind(address) == "tcp" for address in config.listen):
         return ""
