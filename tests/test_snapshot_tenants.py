@@ -130,7 +130,7 @@ def test_metrics_read_from_a_cut_snapshot_are_those_of_the_whole_list():
     cut = ctrl.snapshot(0.0).tenants
     whole = ctrl.ledger.tenant_snapshots(limit=10**9)
     assert len(whole) == 2 + 13 + 170 and len(cut) == 2 + MAX_SNAPSHOT_TENANTS
-    assert metrics._tenant_series(cut) == metrics._tenant_series(whole)
+    assert metrics.tenant_series(cut) == metrics.tenant_series(whole)
 
 
 def test_the_count_crosses_the_wire():
