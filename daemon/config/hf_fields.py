@@ -236,15 +236,18 @@ def served_dtype(cfg: Mapping[str, Any]) -> KVDtype:
 
 
 def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
-    """Per-layer kind (full, sliding, chunked, mla, mamba) and the rule that decided it."""
+    """Per-layer kind (full, sliding, chunked, mla, mamba) and the rule that decided it: the
+    first of the rules below whose fields the config has."""
     n = num_layers(cfg)
-
     if cfg.get("layer_types"):
         return name_list(cfg, "layer_types", n, _LAYER_TYPE_NAMES), "layer_types"
-
     if cfg.get("kv_lora_rank") is not None:
         return [MLA] * n, "kv_lora_rank (MLA)"
+    return _hybrid_kinds(cfg, n) or _chunked_kinds(cfg, n) or _window_kinds(cfg, n)
 
+
+def _hybrid_kinds(cfg: Mapping[str, Any], n: int) -> tuple[list[str], str] | None:
+    """Attention layers among mamba (or linear attention) layers, by the hybrids' fields."""
     if cfg.get("layers_block_type"):
         names = {"attention": FULL, "mamba": MAMBA}
         return name_list(cfg, "layers_block_type", n, names), "layers_block_type"
@@ -266,18 +269,26 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
         interval = int_field(cfg, "full_attention_interval", maximum=MAX_LAYERS)
         kinds = [FULL if (i + 1) % interval == 0 else MAMBA for i in range(n)]
         return kinds, f"full_attention_interval {interval} (the rest linear attention)"
+    return None
 
-    if cfg.get("attention_chunk_size") is not None:
-        int_field(cfg, "attention_chunk_size")
-        rope = _no_rope_layers(cfg)
-        if not rope:
-            interval = int_field(cfg, "no_rope_layer_interval", DEFAULT_NO_ROPE_LAYER_INTERVAL)
-            rope = [int((i + 1) % interval != 0) for i in range(n)]
-        if len(rope) < n:
-            raise ValueError(f"config field 'no_rope_layers' must list {n} layers")
-        kinds = [CHUNKED if rope[i] else FULL for i in range(n)]
-        return kinds, "attention_chunk_size + no_rope_layers (NoPE layers global)"
 
+def _chunked_kinds(cfg: Mapping[str, Any], n: int) -> tuple[list[str], str] | None:
+    """Chunked attention with NoPE layers global (Llama 4)."""
+    if cfg.get("attention_chunk_size") is None:
+        return None
+    int_field(cfg, "attention_chunk_size")
+    rope = _no_rope_layers(cfg)
+    if not rope:
+        interval = int_field(cfg, "no_rope_layer_interval", DEFAULT_NO_ROPE_LAYER_INTERVAL)
+        rope = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(rope) < n:
+        raise ValueError(f"config field 'no_rope_layers' must list {n} layers")
+    kinds = [CHUNKED if rope[i] else FULL for i in range(n)]
+    return kinds, "attention_chunk_size + no_rope_layers (NoPE layers global)"
+
+
+def _window_kinds(cfg: Mapping[str, Any], n: int) -> tuple[list[str], str]:
+    """Sliding-window layers by the window fields; all full attention without them."""
     pattern_keys = ("sliding_window_pattern", "_sliding_window_pattern")
     pattern_key = next((k for k in pattern_keys if cfg.get(k) is not None), None)
     if pattern_key is not None:
