@@ -1,10 +1,6 @@
-"""A Hugging Face `config.json` (or a shipped preset) -> per-layer KV specs and a layout.
-
-This module reads the file (or preset) and turns it into `ModelInfo`: the KV specs of
-every layer, grouped into a layout, the model's longest context, its dtypes and a weight
-estimate. Which config field means what, and which kind each layer is, is `hf_fields`;
-the weight estimate is `hf_weights`. The rest of the core sees only `ModelInfo`.
-"""
+"""A Hugging Face `config.json` (or a shipped preset) -> `ModelInfo`: per-layer KV specs
+grouped into a layout, the longest context, the dtypes and a weight estimate. Field meanings
+are `hf_fields`'s, the weight estimate `hf_weights`'s."""
 
 from __future__ import annotations
 

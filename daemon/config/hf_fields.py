@@ -1,25 +1,6 @@
-"""Reading a Hugging Face `config.json`: its fields, and which kind each layer is.
-
-Every config key KVBudget reads is read through here (`hf_config` turns them into KV
-specs, `hf_weights` into a weight estimate), so a missing or malformed field gets the same
-message, naming it, wherever it is used.
-
-Layer kinds, first rule that applies:
-1. `layer_types` ("full_attention", "sliding_attention", "chunked_attention", "mamba"...).
-2. MLA (`kv_lora_rank`, DeepSeek V2/V3): every layer one latent cache.
-3. State-space / linear-attention hybrids: `layers_block_type`; Jamba's
-   `attn_layer_period`/`attn_layer_offset`; Nemotron-H's `hybrid_override_pattern` (one
-   letter a layer: M mamba, * attention, - MLP and E MoE, which hold no cache); Bamba's
-   `attn_layer_indices`; Qwen3-Next's `full_attention_interval` (layer i full when
-   (i + 1) % interval == 0, else a gated-delta-net linear-attention layer).
-4. `attention_chunk_size` (Llama 4): NoPE layers (`no_rope_layers[i] == 0`, by default every
-   4th layer) are global full attention, the rest chunked local attention.
-5. `sliding_window_pattern` P (Gemma 3): layer i is full when (i + 1) % P == 0, else sliding.
-6. Gemma 2 (`model_type` gemma2): even layers sliding, odd layers full.
-7. `use_sliding_window` (Qwen): False -> all full; True -> layers >= `max_window_layers` slide.
-8. `sliding_window` set (Mistral): every layer slides.
-9. Otherwise every layer is full attention.
-"""
+"""Reading a Hugging Face `config.json`: its fields, and which kind each layer is. Every key
+KVBudget reads goes through here, so a missing or malformed field gets the same message,
+naming it, wherever it is used."""
 
 from __future__ import annotations
 

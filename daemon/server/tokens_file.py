@@ -1,13 +1,6 @@
-"""The tokens file (`server.tokens_file`): who may call the daemon over TCP, in which role.
-
-    engine = ["TOKEN", ...]        observer = [...]        admin = [...]
-    [certificates]                 (mutual TLS: client certificate names, by role)
-    engine = ["NAME", ...]
-
-Every mistake is a `ConfigError` naming the file's own key (`admin[1]`,
-`certificates.observer[0]`), as for the config file. The daemon reads it at start and on
-SIGHUP (reload.py); auth.py checks callers against the `Roles` it gives.
-"""
+"""The tokens file (`server.tokens_file`): who may call the daemon over TCP, in which role,
+by token or (mutual TLS) by client certificate name. Every mistake is a `ConfigError`
+naming the file's own key (`admin[1]`); read at start and on SIGHUP."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""`kvbudget daemon`: run the KV budget daemon.
-
-Every config key has a flag of the same name (`--num-gpu-blocks` for `pool.num_gpu_blocks`,
-`--db-path` for `log.db_path`, ...); flags win over the `--config` file. With neither a GPU
-nor an explicit size, pass `--num-gpu-blocks` or `--kv-cache-memory-bytes`.
-SIGHUP (`systemctl reload kvbudget`) reads the `--config` file again and applies what can
-change live (daemon/server/reload.py).
+"""`kvbudget daemon`: run the KV budget daemon. Every config key has a flag of the same name
+(`--num-gpu-blocks` for `pool.num_gpu_blocks`); flags win over the `--config` file, also
+when SIGHUP reads it again.
 
   kvbudget daemon --model llama-3.1-8b --num-gpu-blocks 4096 \\
       --listen unix:kvbudget.sock --db-path decisions.db --memory-mode accounting
