@@ -214,9 +214,4 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def config_keys() -> tuple[str, ...]:
-    """Every file key as "section.name" (tenants excluded), for docs and tests."""
-    return tuple(f"{k.section}.{k.name}" for k in KEYS)
-
-
 assert {k.field for k in KEYS} | {"tenants"} == {f.name for f in dataclasses.fields(DaemonConfig)}

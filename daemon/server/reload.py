@@ -37,10 +37,6 @@ class ReloadPlan:
     client_ca: ClientAuthority | None = None
     warnings: tuple[str, ...] = ()  # taken, but worth the journal's warning (tokens_file_warnings)
 
-    @property
-    def tokens(self) -> dict[str, str] | None:
-        return self.roles.tokens if self.roles is not None else None
-
 
 def plan_reload(
     running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None,

@@ -63,11 +63,6 @@ def tokens_file_warnings(path: str | os.PathLike[str], roles: Roles) -> list[str
     return warnings
 
 
-def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
-    """token -> role from the tokens file (`load_roles`)."""
-    return load_roles(path).tokens
-
-
 def _token_problem(token: str) -> str | None:
     if len(token) < MIN_TOKEN_LENGTH or token != token.strip() or any(ch.isspace() for ch in token):
         return f"a token must be at least {MIN_TOKEN_LENGTH} characters without spaces"
