@@ -31,15 +31,8 @@ LATENCY_BUCKETS_S = (
 )
 
 
-# prometheus-client adds a `<name>_created` sample (the unix time the series was born) to
-# every counter, histogram and summary. vLLM's /metrics has none, dashboards built for it
-# never read them, and here they would be one more gauge beside each of ours (dozens in a
-# scrape). prometheus-client's only switch is process-global: disable_created_metrics() (or
-# PROMETHEUS_DISABLE_CREATED_SERIES, read at import) turns them off for every registry in
-# the process, the tests' and any embedding program's included, and a later
-# enable_created_metrics() anywhere would turn them back on here. So the daemon's own
-# registry leaves them out as it collects (_Registry below): both exposition formats,
-# the HTTP server and render() read through it, and nothing outside it changes.
+# No `<name>_created` samples (vLLM's /metrics has none): prometheus-client's own switch is
+# process-global, so this registry leaves them out as it collects (docs/architecture.md, metrics).
 _CREATED_TYPES = frozenset({"counter", "histogram", "summary"})
 
 
