@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config.settings import MAX_UNIX_ADDRESS_PATH_BYTES, load_config
+from kvbudget.daemon.config.listen import MAX_UNIX_ADDRESS_PATH_BYTES
+from kvbudget.daemon.config.loading import load_config
 from kvbudget.daemon.log.decision_log import DecisionLog
 from kvbudget.daemon.log.lock import lock_holder
 

@@ -8,20 +8,18 @@ from pathlib import Path
 import pytest
 
 from kvbudget.daemon.core.admission import POLICIES
+from kvbudget.daemon.config.listen import MAX_UNIX_ADDRESS_PATH_BYTES, listen_kind, parse_host_port
+from kvbudget.daemon.config.loading import load_config
 from kvbudget.daemon.config.settings import (
     DEFAULT_DB_PATH,
     DEFAULT_LISTEN,
-    MAX_UNIX_ADDRESS_PATH_BYTES,
+    KEYS,
     ConfigError,
     DaemonConfig,
     TenantQuota,
-    config_keys,
-    listen_kind,
-    load_config,
-    parse_host_port,
 )
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS
-from kvbudget.daemon.server.tokens_file import load_roles, load_tokens
+from kvbudget.daemon.server.tokens_file import load_roles
 
 from certificates import make_ca, make_pair
 
@@ -64,7 +62,7 @@ def test_example_documents_every_key() -> None:
         key = re.match(r"^#? ?([a-z_]+) = ", line)
         if key and not section.startswith("tenants"):
             documented.add(f"{section}.{key[1]}")
-    assert documented == set(config_keys())
+    assert documented == {f"{key.section}.{key.name}" for key in KEYS}
 
 
 def test_every_commented_out_key_in_the_example_is_accepted(tmp_path: Path) -> None:
@@ -326,7 +324,7 @@ def test_missing_or_unreadable_config_file(tmp_path: Path) -> None:
 def test_load_tokens_maps_token_to_role(tmp_path: Path) -> None:
     path = write(tmp_path, 'engine = ["engine-token-1", "engine-token-2"]\nobserver = ["observer-tok"]\n'
                  'admin = ["admin-token-x"]\n', "tokens.toml")
-    assert load_tokens(path) == {
+    assert load_roles(path).tokens == {
         "engine-token-1": "engine",
         "engine-token-2": "engine",
         "observer-tok": "observer",
@@ -355,7 +353,7 @@ def test_load_tokens_maps_token_to_role(tmp_path: Path) -> None:
 )
 def test_load_tokens_errors(tmp_path: Path, text: str, key: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_tokens(write(tmp_path, text, "tokens.toml"))
+        load_roles(write(tmp_path, text, "tokens.toml"))
     assert caught.value.key == key
     assert fragment in str(caught.value)
 
@@ -366,7 +364,6 @@ def test_the_tokens_file_may_name_client_certificates_by_role(tmp_path: Path) ->
     roles = load_roles(path)
     assert roles.tokens == {GOOD_TOKEN: "engine"}
     assert roles.certificate_names == {"vllm-0": "engine", "spiffe://gpu/vllm-1": "engine", "grafana": "observer"}
-    assert load_tokens(path) == roles.tokens
     assert load_roles(write(tmp_path, f'admin = ["{GOOD_TOKEN}"]\n', "plain.toml")).certificate_names == {}
 
 
@@ -385,7 +382,7 @@ def test_certificate_names_need_client_certificates(tmp_path: Path) -> None:
 
 def test_unreadable_tokens_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="^no tokens file at"):
-        load_tokens(tmp_path / "absent.toml")
+        load_roles(tmp_path / "absent.toml")
 
 
 # ----------------------------------------------------------------------- address helpers

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, load_config
+from kvbudget.daemon.config.loading import load_config
+from kvbudget.daemon.config.settings import ConfigError, DaemonConfig
 from kvbudget.daemon.config.sizing import DEFAULT_GPU_MEMORY_UTILIZATION
 
 MODEL = '[model]\nname = "llama-3.1-8b"\n'

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvbudget.cli.cmd_estimate import parse_size as estimate_parse_size
-from kvbudget.daemon.config.settings import SIZE_FIELDS, ConfigError, load_config
+from kvbudget.daemon.config.loading import load_config
+from kvbudget.daemon.config.settings import SIZE_FIELDS, ConfigError
 from kvbudget.client.errors import CLIError
 from kvbudget.units import parse_size
 

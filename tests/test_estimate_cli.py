@@ -310,7 +310,8 @@ KV_DTYPE_NAMES = ["bf16", "fp16", "fp8", "int4", "int2", "BF16", "bfloat16", "fl
 
 @pytest.mark.parametrize("name", KV_DTYPE_NAMES)
 def test_estimate_and_daemon_take_the_same_kv_dtypes(name):
-    from kvbudget.daemon.config.settings import ConfigError, load_config
+    from kvbudget.daemon.config.loading import load_config
+    from kvbudget.daemon.config.settings import ConfigError
 
     try:
         load_config(None, {"model": "llama-3.1-8b", "kv_dtype": name, "num_gpu_blocks": 10})
@@ -339,7 +340,8 @@ def test_estimate_and_daemon_take_the_same_kv_dtypes(name):
 )  # fmt: skip
 def test_estimate_and_daemon_refuse_the_same_memory_sources(settings):
     from kvbudget.cli.cmd_estimate import parse_size
-    from kvbudget.daemon.config.settings import ConfigError, load_config
+    from kvbudget.daemon.config.loading import load_config
+    from kvbudget.daemon.config.settings import ConfigError
 
     flags = [part for name, value in settings.items() for part in ("--" + name.replace("_", "-"), value)]
     result = run("--model", "llama-3.1-8b", *flags)
@@ -354,7 +356,7 @@ def test_estimate_and_daemon_refuse_the_same_memory_sources(settings):
 
 
 def test_daemon_refuses_a_max_model_len_estimate_refuses():
-    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.loading import load_config
     from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool
 
     result = run("--model", "llama-3.1-8b", "--num-gpu-blocks", "10", "--max-model-len", "200000")

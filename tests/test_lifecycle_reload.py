@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbudget.daemon.config.settings import load_config
+from kvbudget.daemon.config.loading import load_config
 from kvbudget.daemon.server.lifecycle import Daemon
 
 from daemon_harness import await_until
@@ -49,12 +49,12 @@ async def test_a_reload_that_fails_part_way_still_says_ready(tmp_path: Path, mon
             return any(line in message.splitlines() for message in notify.received())
 
         await await_until(lambda: said("READY=1"), timeout=60)
-        assert daemon._core is not None
+        assert daemon.core is not None
 
         def broken_retune(**_: object) -> None:
             raise RuntimeError("retune broke")
 
-        monkeypatch.setattr(daemon._core.controller, "retune", broken_retune)
+        monkeypatch.setattr(daemon.core.controller, "retune", broken_retune)
         notify.messages.clear()
         daemon.request_reload()
         await await_until(lambda: said("STATUS=reload failed part-way, see the journal"), timeout=30)

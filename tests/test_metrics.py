@@ -225,7 +225,7 @@ def test_http_endpoint_on_an_ephemeral_loopback_port() -> None:
 def test_labelled_children_are_looked_up_once_per_pair_not_per_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = Metrics()
     lookups: list[dict[str, str]] = []
-    real_decisions_labels, real_preemptions_labels = metrics.decisions.labels, metrics.preemptions.labels
+    real_decisions_labels, real_preemptions_labels = metrics.families.decisions.labels, metrics.families.preemptions.labels
 
     def counting(real):
         def labels(*args: str, **kwargs: str):
@@ -233,8 +233,8 @@ def test_labelled_children_are_looked_up_once_per_pair_not_per_decision(monkeypa
             return real(*args, **kwargs)
         return labels
 
-    monkeypatch.setattr(metrics.decisions, "labels", counting(real_decisions_labels))
-    monkeypatch.setattr(metrics.preemptions, "labels", counting(real_preemptions_labels))
+    monkeypatch.setattr(metrics.families.decisions, "labels", counting(real_decisions_labels))
+    monkeypatch.setattr(metrics.families.preemptions, "labels", counting(real_preemptions_labels))
     # Pairs outside DECISION_PAIRS (those exist from the start, and are looked up then).
     batch = [decision(i, DecisionKind.ADMIT, Reason.NONE) for i in range(50)]
     batch += [decision(50 + i, DecisionKind.PREEMPT, Reason.WINDOW) for i in range(3)]
@@ -465,7 +465,8 @@ def test_no_created_series_and_every_other_series_kept() -> None:
     that vLLM's /metrics users don't see. It is left out; every series of ours stays."""
     import sys
 
-    from kvbudget.daemon.server.metrics import DECISION_PAIRS, LATENCY_BUCKETS_S
+    from kvbudget.daemon.server.metrics import DECISION_PAIRS
+    from kvbudget.daemon.server.metrics_registry import LATENCY_BUCKETS_S
 
     metrics = full_metrics()
     text = metrics.render().decode()

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from kvbudget.cli.main import build_parser
-from kvbudget.daemon.config.settings import load_config
+from kvbudget.daemon.config.loading import load_config
 from kvbudget.daemon.config.hf_config import MLA_BLOCK_SIZE, load_model, model_from_config, read_config
 from kvbudget.daemon.config.pool_setup import setup_pool
 from kvbudget.daemon.core.spec import LayerKind

@@ -144,21 +144,20 @@ def test_a_pool_sized_from_a_gpu_goes_to_that_gpu_or_start_up_says_why(tmp_path)
     """device = auto, NVML finds GPU 0, but this torch has no CUDA (a CPU-only wheel): the
     pool was sized from the GPU's memory, so it must not quietly land in /dev/shm at that
     size; start-up fails naming the device and the way out."""
-    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.loading import load_config
     from kvbudget.daemon.config.gpu import GPUProbe
     from kvbudget.daemon.config.pool_setup import setup_pool
-    from kvbudget.daemon.server.lifecycle import Daemon, StartupError
+    from kvbudget.daemon.server.startup import StartupError, allocate_memory
 
     config = load_config(None, {"model": "llama-3.1-8b", "num_gpu_blocks": 9, "memory_mode": "owned",
                                 "device": "auto", "db_path": str(tmp_path / "d.db")})
     gpu = GPUProbe(present=True, index=0)
-    daemon = Daemon(config)
     setup = setup_pool(config, None)
     with pytest.raises(StartupError) as info:
-        daemon._allocate_memory(setup, gpu)
+        allocate_memory(config, setup, gpu)
     assert "cuda:0" in str(info.value) and "--memory-mode accounting" in str(info.value)
     # Without a GPU, the same config puts the pool in host shared memory.
-    memory = daemon._allocate_memory(setup, GPUProbe(present=False, index=0))
+    memory = allocate_memory(config, setup, GPUProbe(present=False, index=0))
     try:
         assert memory is not None and memory.device == "cpu" and memory.shm_name
     finally:

@@ -19,7 +19,7 @@ BASE = DaemonConfig(model="llama-3.1-8b", num_gpu_blocks=65, device="cpu", memor
 
 def test_nothing_changed() -> None:
     plan = plan_reload(BASE, BASE)
-    assert (plan.changes, plan.at_restart, plan.tokens) == ((), (), None)
+    assert (plan.changes, plan.at_restart, plan.roles) == ((), (), None)
     assert plan.config == BASE
 
 
@@ -77,7 +77,8 @@ def test_the_tokens_file_is_read_again_each_reload(tmp_path: Path) -> None:
     running = dataclasses.replace(BASE, tokens_file=str(tokens))
     tokens.write_text('engine = ["engine-token-456"]\nadmin = ["admin-token-789"]\n')
     plan = plan_reload(running, running)  # the same name, new contents
-    assert plan.tokens == {"engine-token-456": "engine", "admin-token-789": "admin"}
+    assert plan.roles is not None
+    assert plan.roles.tokens == {"engine-token-456": "engine", "admin-token-789": "admin"}
     assert plan.changes == (f"tokens from {tokens}: 2",)
     # A file that no longer reads fails the whole reload (the caller changes nothing).
     tokens.write_text('engine = ["short"]\n')
@@ -88,7 +89,7 @@ def test_the_tokens_file_is_read_again_each_reload(tmp_path: Path) -> None:
 def test_tokens_on_or_off_is_a_restart() -> None:
     # Without a tokens file TCP callers are trusted (TLS-only setups): that mode is set at start.
     plan = plan_reload(BASE, dataclasses.replace(BASE, tokens_file="/etc/kvbudget/tokens.toml"))
-    assert (plan.changes, plan.at_restart, plan.tokens) == ((), ("tokens_file",), None)
+    assert (plan.changes, plan.at_restart, plan.roles) == ((), ("tokens_file",), None)
 
 
 def test_the_tls_pair_is_read_again_and_served_only_when_it_changed(tmp_path: Path) -> None:

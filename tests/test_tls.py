@@ -92,14 +92,14 @@ def test_an_expired_certificate_is_served_but_the_journal_says_so(tmp_path, capl
     import dataclasses
     import logging
 
-    from kvbudget.daemon.server.lifecycle import _warn_if_expired
+    from kvbudget.daemon.server.tls import warn_if_expired
 
     cert, key = make_pair(tmp_path, "a")
     pair = read_pair(str(cert), str(key))
     with caplog.at_level(logging.WARNING, logger="kvbudget.daemon"):
-        _warn_if_expired(pair)
+        warn_if_expired(pair)
         assert caplog.records == []
-        _warn_if_expired(dataclasses.replace(pair, not_after_unix_s=time.time() - 60))
+        warn_if_expired(dataclasses.replace(pair, not_after_unix_s=time.time() - 60))
     assert [r.getMessage() for r in caplog.records] == [
         f"tls certificate {cert} has expired: clients refuse it; renew it, then systemctl reload kvbudget"]
 
@@ -178,14 +178,14 @@ def test_an_expired_client_ca_is_said_too(tmp_path, caplog) -> None:
     import dataclasses
     import logging
 
-    from kvbudget.daemon.server.lifecycle import _warn_if_expired
+    from kvbudget.daemon.server.tls import warn_if_expired
 
     ca, _ = make_ca(tmp_path, "ca")
     client_ca = read_client_ca(str(ca))
     with caplog.at_level(logging.WARNING, logger="kvbudget.daemon"):
-        _warn_if_expired(None, client_ca)
+        warn_if_expired(None, client_ca)
         assert caplog.records == []
-        _warn_if_expired(None, dataclasses.replace(client_ca, not_after_unix_s=time.time() - 60))
+        warn_if_expired(None, dataclasses.replace(client_ca, not_after_unix_s=time.time() - 60))
     assert [r.getMessage() for r in caplog.records] == [
         f"tls client CA {ca}: a CA certificate in it has expired: the clients it signed are refused; "
         "renew it, then systemctl reload kvbudget"]

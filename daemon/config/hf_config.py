@@ -1,10 +1,6 @@
-"""A Hugging Face `config.json` (or a shipped preset) -> per-layer KV specs and a layout.
-
-This module reads the file (or preset) and turns it into `ModelInfo`: the KV specs of
-every layer, grouped into a layout, the model's longest context, its dtypes and a weight
-estimate. Which config field means what, and which kind each layer is, is `hf_fields`;
-the weight estimate is `hf_weights`. The rest of the core sees only `ModelInfo`.
-"""
+"""A Hugging Face `config.json` (or a shipped preset) -> `ModelInfo`: per-layer KV specs
+grouped into a layout, the longest context, the dtypes and a weight estimate. Field meanings
+are `hf_fields`'s, the weight estimate `hf_weights`'s."""
 
 from __future__ import annotations
 
@@ -217,15 +213,8 @@ def model_from_config(
     """`block_size` None: not given; an explicit one is used as given, MLA or not (a Mamba
     hybrid's is still raised so a page holds the state), with a note when vLLM's default
     MLA backend would not use it (`given_block_size_note`)."""
-    if block_size is not None and (
-        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0
-    ):
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    if token_cap is not None and (
-        isinstance(token_cap, bool) or not isinstance(token_cap, int) or token_cap <= 0
-    ):
-        raise ValueError(f"token_cap must be a positive integer, got {token_cap!r}")
-
+    _check_positive("block_size", block_size)
+    _check_positive("token_cap", token_cap)
     cfg = text_config(config)
     kinds, rule = layer_kinds(cfg)
     served = served_dtype(cfg)
@@ -242,7 +231,36 @@ def model_from_config(
         block_size_note = given_block_size_note(kinds, block_size)
     if block_size_note:
         notes.append(block_size_note)
+    specs, cached = _layer_specs(cfg, kinds, block_size, cache_dtype, served, token_cap, notes)
 
+    name = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
+    layout = group_layers(
+        specs, model_name=name, notes=tuple(notes), layer_ids=tuple(cached), num_layers=len(kinds)
+    )
+    return ModelInfo(
+        name=name,
+        architecture=_architecture(config),
+        layout=layout,
+        max_model_len=int_field(cfg, "max_position_embeddings"),
+        dtype=checkpoint_dtype(cfg),
+        kv_dtype=cache_dtype.name,
+        weights=estimate_weights(config),
+        block_size_note=block_size_note,
+    )
+
+
+def _check_positive(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _layer_specs(
+    cfg: Mapping[str, Any], kinds: list[str], block_size: int, cache_dtype: KVDtype, served: KVDtype,
+    token_cap: int | None,
+    notes: list[str],
+) -> tuple[list[LayerSpec], list[int]]:
+    """The spec of each layer that holds a cache, and those layers' indexes; what is worth
+    saying about them goes to `notes`."""
     attention = None
     if set(kinds) & {FULL, SLIDING, CHUNKED}:
         attention = AttentionSpec(
@@ -279,21 +297,7 @@ def model_from_config(
             specs.append(_attention_spec(kind, attention, cfg, token_cap))
     if token_cap is not None:
         notes.append(f"every attention layer capped at {token_cap} tokens")
-
-    name = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
-    layout = group_layers(
-        specs, model_name=name, notes=tuple(notes), layer_ids=tuple(cached), num_layers=len(kinds)
-    )
-    return ModelInfo(
-        name=name,
-        architecture=_architecture(config),
-        layout=layout,
-        max_model_len=int_field(cfg, "max_position_embeddings"),
-        dtype=checkpoint_dtype(cfg),
-        kv_dtype=cache_dtype.name,
-        weights=estimate_weights(config),
-        block_size_note=block_size_note,
-    )
+    return specs, cached
 
 
 def default_block_size(kinds: list[str]) -> tuple[int, str]:

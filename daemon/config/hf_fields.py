@@ -1,25 +1,6 @@
-"""Reading a Hugging Face `config.json`: its fields, and which kind each layer is.
-
-Every config key KVBudget reads is read through here (`hf_config` turns them into KV
-specs, `hf_weights` into a weight estimate), so a missing or malformed field gets the same
-message, naming it, wherever it is used.
-
-Layer kinds, first rule that applies:
-1. `layer_types` ("full_attention", "sliding_attention", "chunked_attention", "mamba"...).
-2. MLA (`kv_lora_rank`, DeepSeek V2/V3): every layer one latent cache.
-3. State-space / linear-attention hybrids: `layers_block_type`; Jamba's
-   `attn_layer_period`/`attn_layer_offset`; Nemotron-H's `hybrid_override_pattern` (one
-   letter a layer: M mamba, * attention, - MLP and E MoE, which hold no cache); Bamba's
-   `attn_layer_indices`; Qwen3-Next's `full_attention_interval` (layer i full when
-   (i + 1) % interval == 0, else a gated-delta-net linear-attention layer).
-4. `attention_chunk_size` (Llama 4): NoPE layers (`no_rope_layers[i] == 0`, by default every
-   4th layer) are global full attention, the rest chunked local attention.
-5. `sliding_window_pattern` P (Gemma 3): layer i is full when (i + 1) % P == 0, else sliding.
-6. Gemma 2 (`model_type` gemma2): even layers sliding, odd layers full.
-7. `use_sliding_window` (Qwen): False -> all full; True -> layers >= `max_window_layers` slide.
-8. `sliding_window` set (Mistral): every layer slides.
-9. Otherwise every layer is full attention.
-"""
+"""Reading a Hugging Face `config.json`: its fields, and which kind each layer is. Every key
+KVBudget reads goes through here, so a missing or malformed field gets the same message,
+naming it, wherever it is used."""
 
 from __future__ import annotations
 
@@ -236,15 +217,18 @@ def served_dtype(cfg: Mapping[str, Any]) -> KVDtype:
 
 
 def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
-    """Per-layer kind (full, sliding, chunked, mla, mamba) and the rule that decided it."""
+    """Per-layer kind (full, sliding, chunked, mla, mamba) and the rule that decided it: the
+    first of the rules below whose fields the config has."""
     n = num_layers(cfg)
-
     if cfg.get("layer_types"):
         return name_list(cfg, "layer_types", n, _LAYER_TYPE_NAMES), "layer_types"
-
     if cfg.get("kv_lora_rank") is not None:
         return [MLA] * n, "kv_lora_rank (MLA)"
+    return _hybrid_kinds(cfg, n) or _chunked_kinds(cfg, n) or _window_kinds(cfg, n)
 
+
+def _hybrid_kinds(cfg: Mapping[str, Any], n: int) -> tuple[list[str], str] | None:
+    """Attention layers among mamba (or linear attention) layers, by the hybrids' fields."""
     if cfg.get("layers_block_type"):
         names = {"attention": FULL, "mamba": MAMBA}
         return name_list(cfg, "layers_block_type", n, names), "layers_block_type"
@@ -266,18 +250,26 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], str]:
         interval = int_field(cfg, "full_attention_interval", maximum=MAX_LAYERS)
         kinds = [FULL if (i + 1) % interval == 0 else MAMBA for i in range(n)]
         return kinds, f"full_attention_interval {interval} (the rest linear attention)"
+    return None
 
-    if cfg.get("attention_chunk_size") is not None:
-        int_field(cfg, "attention_chunk_size")
-        rope = _no_rope_layers(cfg)
-        if not rope:
-            interval = int_field(cfg, "no_rope_layer_interval", DEFAULT_NO_ROPE_LAYER_INTERVAL)
-            rope = [int((i + 1) % interval != 0) for i in range(n)]
-        if len(rope) < n:
-            raise ValueError(f"config field 'no_rope_layers' must list {n} layers")
-        kinds = [CHUNKED if rope[i] else FULL for i in range(n)]
-        return kinds, "attention_chunk_size + no_rope_layers (NoPE layers global)"
 
+def _chunked_kinds(cfg: Mapping[str, Any], n: int) -> tuple[list[str], str] | None:
+    """Chunked attention with NoPE layers global (Llama 4)."""
+    if cfg.get("attention_chunk_size") is None:
+        return None
+    int_field(cfg, "attention_chunk_size")
+    rope = _no_rope_layers(cfg)
+    if not rope:
+        interval = int_field(cfg, "no_rope_layer_interval", DEFAULT_NO_ROPE_LAYER_INTERVAL)
+        rope = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(rope) < n:
+        raise ValueError(f"config field 'no_rope_layers' must list {n} layers")
+    kinds = [CHUNKED if rope[i] else FULL for i in range(n)]
+    return kinds, "attention_chunk_size + no_rope_layers (NoPE layers global)"
+
+
+def _window_kinds(cfg: Mapping[str, Any], n: int) -> tuple[list[str], str]:
+    """Sliding-window layers by the window fields; all full attention without them."""
     pattern_keys = ("sliding_window_pattern", "_sliding_window_pattern")
     pattern_key = next((k for k in pattern_keys if cfg.get(k) is not None), None)
     if pattern_key is not None:

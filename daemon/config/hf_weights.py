@@ -96,6 +96,26 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
     other += _vision_params(config)
 
     served = served_dtype(cfg).bits / 8
+    linear_bytes, expert_bytes, note = _bytes_per_weight(config, cfg)
+
+    total = embed + attention + mamba + dense + experts + other
+    weight_bytes = (
+        (embed + other) * served
+        + (attention + mamba + dense) * linear_bytes
+        + experts * expert_bytes
+    )
+    return WeightEstimate(
+        num_parameters=total,
+        expert_parameters=experts,
+        weight_bytes=int(weight_bytes),
+        note=note,
+    )
+
+
+def _bytes_per_weight(config: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[float, float, str]:
+    """(bytes per decoder linear weight, per expert weight, note): the served dtype's, or
+    what `quantization_config` says."""
+    served = served_dtype(cfg).bits / 8
     linear_bytes, expert_bytes, note = served, served, f"{served_dtype(cfg).name} weights"
     quant = sub_config(config, "quantization_config") or sub_config(cfg, "quantization_config")
     if quant is not None:
@@ -116,19 +136,7 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate:
             note = f"{bits}-bit {method or 'quantised'} decoder linears"
         else:
             note = f"unknown quant_method {method!r}: counted at {served_dtype(cfg).name}"
-
-    total = embed + attention + mamba + dense + experts + other
-    weight_bytes = (
-        (embed + other) * served
-        + (attention + mamba + dense) * linear_bytes
-        + experts * expert_bytes
-    )
-    return WeightEstimate(
-        num_parameters=total,
-        expert_parameters=experts,
-        weight_bytes=int(weight_bytes),
-        note=note,
-    )
+    return linear_bytes, expert_bytes, note
 
 
 def _quant_bits(quant: Mapping[str, Any]) -> int | None:

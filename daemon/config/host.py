@@ -1,6 +1,6 @@
 """What `kvbudget daemon --check-config` asks of the host, beyond the config's values:
 could this user create and write the decision log at db_path, would the start take the
-file already there, and is a listen socket's path free (daemon/config/settings.py `_check_paths`).
+file already there, and is a listen socket's path free (daemon/config/checks.py `_check_paths`).
 
 Each answers in the start's own words, found by looking only: nothing is created, changed,
 locked or bound (a socket is connected to, as the start does before it binds).
@@ -137,7 +137,7 @@ class SocketServer:
 
 def socket_server(path: str) -> SocketServer | None:
     """Who serves on the unix socket at `path`, found by connecting as the start does
-    before it binds (daemon/server/lifecycle.py prepare_unix_socket); None when nobody answers (a
+    before it binds (daemon/server/listeners.py prepare_unix_socket); None when nobody answers (a
     stale socket, which the start removes)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(5.0)  # (a check never hangs on a server that does not accept)

@@ -1,29 +1,6 @@
-"""The pool's memory, owned by the daemon and mapped by engines.
-
-The daemon allocates the whole KV pool once, at start, as one flat byte buffer:
-  * on a GPU: one `torch.empty(uint8)` on the device, shared through a CUDA IPC handle
-    (`cudaIpcMemHandle_t` bytes + the offset of the buffer inside the allocation the handle
-    names). Any process on the host can map it with `cudaIpcOpenMemHandle`;
-    `map_cuda_pool` does that with torch.
-  * otherwise: a POSIX shared-memory segment (`multiprocessing.shared_memory`), viewed as a
-    CPU tensor; engines map it by name (`map_shared_memory`).
-Neither path touches the pages: CUDA memory is not initialised and the shared-memory file
-is sized with ftruncate, so a large pool costs no time until it is written. (The flip side
-on CPU: tmpfs pages are committed only when written, so the size is checked against the
-free space of /dev/shm up front rather than failing with SIGBUS later.)
-
-torch is imported lazily and is optional: without it `allocate_pool_memory` returns None
-and the daemon runs in accounting-only mode.
-
-Layout inside the buffer: block-major, `[num_blocks][layers_per_group][page_size_bytes]`,
-block 0 being the null block (see `page_layout`).
-
-A CPU pool's segment is named `kvbudget_<pid>_<random>` and its daemon holds an flock on it
-for its whole life. Python's resource tracker unlinks it if the daemon alone is killed, but
-not when the tracker dies with it (SIGKILL of the whole cgroup, the OOM killer): then the
-next CPU pool allocated removes such a leftover (creator gone, lock free), as the daemon
-does with a stale socket, instead of leaving its written pages in tmpfs for good.
-"""
+"""The pool's memory, owned by the daemon and mapped by engines: one flat buffer allocated at
+start, on a GPU (shared by CUDA IPC) or in POSIX shared memory, untouched until written.
+torch is optional: without it the daemon runs accounting-only."""
 
 from __future__ import annotations
 

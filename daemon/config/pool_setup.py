@@ -1,11 +1,5 @@
-"""From the daemon's config to a sized pool: which model, how many blocks, and why.
-
-Precedence is the config's own (it refuses two explicit sources): an explicit block count,
-else explicit pool bytes, else the GPU's memory (`gpu_memory_bytes` overrides what NVML
-says) minus the weights (given, or estimated from the model's parameter count). On a
-machine without a GPU and without an explicit size this is a one-line error that says
-which setting to pass.
-"""
+"""From the daemon's config to a sized pool: which model, how many blocks, and why. Without
+a GPU and without an explicit size, a one-line error that says which setting to pass."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""How many blocks the shared KV pool gets, and what was subtracted to get there.
-
-Three sources, exactly one per call (vLLM's precedence has no place here: asking for two
-is a mistake we name):
-- GPU memory: total x gpu_memory_utilization - weights - activation reserve - non-torch
-  overhead (vLLM's profile-based budget with the profile replaced by given figures);
-- `kv_cache_memory_bytes`: the pool's bytes, nothing subtracted;
-- `num_gpu_blocks`: the block count itself.
-`num_blocks = kv_cache_bytes // bytes_per_block`, where a block is one page of every layer
-of one group (vLLM: available // page_size // group_size, the same integer).
-Memory that leaves nothing for the cache is a result (num_blocks 0, `shortfall_bytes`),
-not an exception; exceptions are for inputs that make no sense.
-Which settings may go together (`memory_source_conflict`) is decided here once, for
-`kvbudget estimate`'s flags and the daemon's config keys alike.
-"""
+"""How many blocks the shared KV pool gets, and what was subtracted to get there: from GPU
+memory, from the pool's bytes, or the block count itself (exactly one source). Memory that
+leaves nothing for the cache is a result, not an exception."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
-"""Bearer tokens and roles.
-
-Calls over the unix socket are trusted: the socket's file mode (0660) is the guard, as
-for the Docker or containerd sockets. Calls over TCP must carry `authorization: Bearer
-<token>`; the token's role decides what the caller may do:
-
-  observer  read-only views (snapshot, watch, decisions, estimate)
-  engine    the engine service, plus everything an observer may do
-  admin     everything, including policy switches, quotas and drain
-
-Tokens are compared in constant time (hmac.compare_digest) against every known token,
-so the time a failed check takes says nothing about how close a guess was. A call with
-two `authorization` headers, or one that is not `Bearer <token>`, is UNAUTHENTICATED: which
-of two decides would depend on their order (or on a proxy that added one), and a header
-sent but unreadable is not taken as none sent. No refusal quotes what was sent.
-
-With mutual TLS (`tls_client_ca_file`) every TCP caller has a certificate the CA signed;
-the tokens file's `[certificates]` table may give a role to a certificate's name (its
-subject CN, or any subject alternative name), so that a caller need send no token. A token
-sent still decides, so that one client certificate can carry an on-call engineer's token.
-"""
+"""Who may call what: unix-socket callers are trusted (the socket's mode is the guard); a
+TCP caller needs a role, from a bearer token (compared in constant time) or, with mutual
+TLS, from its client certificate's name. A malformed or doubled header is UNAUTHENTICATED."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """How the daemon process sets up CPython for its load: the GIL's switch interval and the
-cyclic garbage collector.
-
-These are process-wide settings, so only `kvbudget daemon` makes them (cmd_daemon.py):
-a test or an embedding program that runs a `Daemon` in its own process keeps its own.
-
-The collector. A batched Step makes and drops thousands of objects at once (the ops
-read out of the message, a Decision and its dict per decision, the reply), so the
-net count of new container objects passes CPython's default gen-0 threshold (700)
-about four times per Step, and every tenth gen-1 pass a full pass walks the whole heap:
-the imported modules (grpc, protobuf, ...) and every request in flight. Measured on
-the 2-core machine (bench/bench_gc.py: bench_roundtrip's batched load, 10 s a round):
-~2,600-3,100 gen-0 passes and 22-26 full ones of up to 35 ms, 9.4-9.9% of the event
-loop's time. Settling the heap once the daemon is up moves what start-up made into the
-permanent generation (`gc.freeze`, after a full collection so that no garbage is frozen
-with it), and a gen-0 threshold above one Step's churn leaves passes for objects that
-outlive a Step: 3 gen-0 passes and no full one in the same 10 s, none longer than
-2.8 ms. Garbage in cycles (a failed call's exception and traceback) is still collected,
-once 5,000 objects more are alive than at the last pass.
-"""
+cyclic garbage collector (the heap settled once serving, so a batched Step's churn does not
+trigger full passes). Process-wide, so only `kvbudget daemon` makes these settings."""
 
 from __future__ import annotations
 

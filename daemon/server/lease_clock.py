@@ -1,17 +1,6 @@
-"""The clock leases run on: monotonic time, less the spells the daemon itself did not run.
-
-A lease judges an engine silent. While the daemon does not run (SIGSTOP, a debugger, its VM
-or container paused, a swap storm), nothing it could hear of the engine reaches it: the
-heartbeats wait in the socket. On the plain monotonic clock, the first tick after such a
-spell found every lease lapsed and expired every engine at once, their requests and
-blocks with them, though each had heartbeated on time.
-
-The core's ticker wakes every `tick_s`. A wake later than that by more than `grace_s` is a
-spell the daemon did not run, and that time does not count on this clock: leases are held
-through it. A wake late by less (a long step, a GC pause) counts as usual. Until the
-ticker has seen a spell, `now` already leaves it out, so a call served first after a
-spell (a queued heartbeat) does not find its session lapsed either.
-"""
+"""The clock leases run on: monotonic time, less the spells the daemon itself did not run
+(SIGSTOP, a paused VM): engines' heartbeats wait in the socket meanwhile, so those spells
+must not expire every lease at once."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Server reflection that carries the contract's documentation.
-
-`grpcurl describe kvbudget.v1.StepRequest` (or any reflection client) shows the comments of
-a type only if the file descriptor reflection sends holds `source_code_info`. The generated
-*_pb2 modules have none (protoc's Python generator leaves it out), and a descriptor pool
-cannot add it back: the upb pool drops source info in `CopyToProto` even for a file added
-with it. So protos/generate.sh also writes `descriptor_set.binpb` (the same files, with
-their comments) beside the generated code, and `DocumentedPool` hands the reflection
-service that copy of a file, while every lookup still goes to the pool the daemon serves
-from: the types a client learns are the daemon's own, and health and reflection (which the
-set does not hold) resolve as before.
-
-Documentation never stops the daemon: a missing, unreadable or stale set is a warning, and
-reflection then describes the types without their comments.
-"""
+"""Server reflection that carries the contract's documentation: the generated *_pb2 modules
+have no source comments, so reflection is handed the documented copy of each file from the
+bundled descriptor set. A missing or stale set is a warning, never a stop."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""`systemctl reload kvbudget` (SIGHUP): the config read again, what can change live applied.
-
-Live: the admission `policy`, the fit test's margins (`watermark`, `lookahead_tokens`,
-`reject_over_quota`), the queue's bounds (`max_queue_len`, `backfill_depth`,
-`max_head_wait_s`), `[tenants.NAME]` quotas and weights, the log's retention
-(`retention_days`, `retention_max_rows`, `retention_max_bytes`), `lease_ttl_s` for new
-sessions, `drain_timeout_s`, `log_level`, the tokens file's contents (rotate a token
-without a restart), the TLS certificate and key, and the CAs that client certificates
-are checked against (their files read again, or other files named: a renewed certificate is
-served to new connections, `daemon/server/tls.py`).
-Everything else shaped what was built at start (the pool and its memory, the model and its
-block size, `enable_prefix_caching`, the sockets, TLS or client certificates turned on or
-off, the log's file, metrics): a change there is reported and waits for the next restart.
-
-A reload applies what changed in the file since the daemon started (or last reloaded), so
-a policy or quota set live over AdminService stays unless the file's own value for it
-changes. A file that no longer loads changes nothing: the daemon goes on as it was, and
-the journal says why (like `nginx -s reload`).
-"""
+"""`systemctl reload kvbudget` (SIGHUP): the config read again and compared with the one
+running, into a `ReloadPlan`: what changes live, what waits for a restart (the keys that
+shaped what start-up built), the tokens and TLS files to serve. A file that no longer loads
+changes nothing. `reload_apply.py` applies a plan."""
 
 from __future__ import annotations
 
@@ -52,10 +37,6 @@ class ReloadPlan:
     client_ca: ClientAuthority | None = None
     warnings: tuple[str, ...] = ()  # taken, but worth the journal's warning (tokens_file_warnings)
 
-    @property
-    def tokens(self) -> dict[str, str] | None:
-        return self.roles.tokens if self.roles is not None else None
-
 
 def plan_reload(
     running: DaemonConfig, loaded: DaemonConfig, served: CertificatePair | None = None,
@@ -66,63 +47,89 @@ def plan_reload(
     against, `resolved` what the running daemon made of keys left to the model
     (`block_size`, `max_model_len`: see `model_resolved`). Raises ConfigError / OSError (a
     tokens file that cannot be read): then nothing is to change."""
-    live: dict[str, object] = {}
-    changes: list[str] = []
-    at_restart: list[str] = []
-    warnings: list[str] = []
-    roles: Roles | None = None
-    certificate: CertificatePair | None = None
-    client_ca: ClientAuthority | None = None
+    planning = _Planning(running, loaded)
     for f in dataclasses.fields(DaemonConfig):
-        before, after = getattr(running, f.name), getattr(loaded, f.name)
         if f.name == "tls_key_file":
             continue  # (with tls_cert_file)
         if f.name == "tls_cert_file":
-            if running.tls_enabled != loaded.tls_enabled:  # TCP listeners with TLS or without
-                at_restart.extend(k for k in ("tls_cert_file", "tls_key_file") if getattr(running, k) != getattr(loaded, k))
-            elif loaded.tls_enabled:
-                certificate = _certificate_to_serve(loaded, served)
-                if certificate is not None:
-                    changes.append(f"tls certificate {certificate.describe()}")
-                live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)
-            continue
-        if f.name == "tls_client_ca_file":
-            if bool(before) != bool(after) or running.tls_enabled != loaded.tls_enabled:
-                if before != after:  # what each listener demands of a handshake
-                    at_restart.append(f.name)
-            elif after:
-                client_ca = _client_ca_to_serve(after, served_client_ca)
-                if client_ca is not None:
-                    changes.append(f"tls client CA {client_ca.describe()}")
-                live[f.name] = after
-            continue
-        if f.name == "tokens_file":
-            if bool(before) != bool(after):
-                at_restart.append(f.name)  # with tokens or without: TCP trusts callers or not
-            elif after:
-                roles = load_roles(after)  # the file's contents may have changed, not its name
-                warnings.extend(tokens_file_warnings(after, roles))
-                names = f", certificate names: {len(roles.certificate_names)}" if roles.certificate_names else ""
-                changes.append(f"tokens from {after}: {len(roles.tokens)}{names}")
-                live[f.name] = after
-            continue
-        if resolved and f.name in resolved and running.model == loaded.model:
+            planning.certificate_file(served)
+        elif f.name == "tls_client_ca_file":
+            planning.client_ca_file(served_client_ca)
+        elif f.name == "tokens_file":
+            planning.tokens_file()
+        else:
+            planning.key(f.name, resolved)
+    return planning.plan()
+
+
+@dataclass
+class _Planning:
+    """A plan as `plan_reload` builds it, key by key."""
+
+    running: DaemonConfig
+    loaded: DaemonConfig
+    live: dict[str, object] = dataclasses.field(default_factory=dict)
+    changes: list[str] = dataclasses.field(default_factory=list)
+    at_restart: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    roles: Roles | None = None
+    certificate: CertificatePair | None = None
+    client_ca: ClientAuthority | None = None
+
+    def plan(self) -> ReloadPlan:
+        return ReloadPlan(dataclasses.replace(self.running, **self.live), tuple(self.changes),  # type: ignore[arg-type]
+                          tuple(self.at_restart), self.roles, self.certificate, self.client_ca, tuple(self.warnings))
+
+    def certificate_file(self, served: CertificatePair | None) -> None:
+        running, loaded = self.running, self.loaded
+        if running.tls_enabled != loaded.tls_enabled:  # TCP listeners with TLS or without
+            self.at_restart.extend(k for k in ("tls_cert_file", "tls_key_file")
+                                   if getattr(running, k) != getattr(loaded, k))
+        elif loaded.tls_enabled:
+            self.certificate = _certificate_to_serve(loaded, served)
+            if self.certificate is not None:
+                self.changes.append(f"tls certificate {self.certificate.describe()}")
+            self.live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)
+
+    def client_ca_file(self, served: ClientAuthority | None) -> None:
+        before, after = self.running.tls_client_ca_file, self.loaded.tls_client_ca_file
+        if bool(before) != bool(after) or self.running.tls_enabled != self.loaded.tls_enabled:
+            if before != after:  # what each listener demands of a handshake
+                self.at_restart.append("tls_client_ca_file")
+        elif after:
+            self.client_ca = _client_ca_to_serve(after, served)
+            if self.client_ca is not None:
+                self.changes.append(f"tls client CA {self.client_ca.describe()}")
+            self.live["tls_client_ca_file"] = after
+
+    def tokens_file(self) -> None:
+        before, after = self.running.tokens_file, self.loaded.tokens_file
+        if bool(before) != bool(after):
+            self.at_restart.append("tokens_file")  # with tokens or without: TCP trusts callers or not
+        elif after:
+            roles = self.roles = load_roles(after)  # the file's contents may have changed, not its name
+            self.warnings.extend(tokens_file_warnings(after, roles))
+            names = f", certificate names: {len(roles.certificate_names)}" if roles.certificate_names else ""
+            self.changes.append(f"tokens from {after}: {len(roles.tokens)}{names}")
+            self.live["tokens_file"] = after
+
+    def key(self, name: str, resolved: Mapping[str, object] | None) -> None:
+        before, after = getattr(self.running, name), getattr(self.loaded, name)
+        if resolved and name in resolved and self.running.model == self.loaded.model:
             # Unset means "the model's": with the same model, unset and the size the model
             # gave are the same setting (no "takes a restart" for writing down the default).
-            before = resolved[f.name] if before is None else before
-            after = resolved[f.name] if after is None else after
+            before = resolved[name] if before is None else before
+            after = resolved[name] if after is None else after
         if before == after:
-            continue
-        if f.name not in LIVE_KEYS:
-            at_restart.append(f.name)
-            continue
-        live[f.name] = after
-        if f.name == "tenants":
-            changes.extend(_tenant_changes(before, after))
+            return
+        if name not in LIVE_KEYS:
+            self.at_restart.append(name)
+            return
+        self.live[name] = after
+        if name == "tenants":
+            self.changes.extend(_tenant_changes(before, after))
         else:
-            changes.append(f"{f.name} {_shown(before)} -> {_shown(after)}")
-    return ReloadPlan(dataclasses.replace(running, **live), tuple(changes), tuple(at_restart), roles,  # type: ignore[arg-type]
-                      certificate, client_ca, tuple(warnings))
+            self.changes.append(f"{name} {_shown(before)} -> {_shown(after)}")
 
 
 def _certificate_to_serve(loaded: DaemonConfig, served: CertificatePair | None) -> CertificatePair | None:

@@ -1,19 +1,6 @@
 """systemd's sd_notify protocol in a few lines of socket code (no libsystemd dependency).
-
-Under `Type=notify` systemd sets NOTIFY_SOCKET to a unix datagram socket; the service sends
-newline-separated `KEY=VALUE` assignments to it: READY=1 once it serves, STATUS=... for
-`systemctl status`, WATCHDOG=1 at least every WATCHDOG_USEC, STOPPING=1 on shutdown.
-Without NOTIFY_SOCKET every call is a no-op returning False, so the daemon calls these
-unconditionally. A name starting with '@' is a Linux abstract socket.
-
-A datagram to a socket whose queue is full blocks its sender until the reader catches up
-(net.unix.max_dgram_qlen datagrams, shared by every service on the host's systemd socket;
-forever, with a reader that never reads). These calls run on the daemon's event loop, so a
-send never waits long: WATCHDOG=1 and STATUS= are sent only if they can go at once (the
-next comes within seconds), the state changes (READY=1, RELOADING=1, STOPPING=1,
-EXTEND_TIMEOUT_USEC=) wait at most STATE_SEND_TIMEOUT_S; either way a send that cannot go
-returns False.
-"""
+Without NOTIFY_SOCKET every call is a no-op returning False; a send never blocks the event
+loop for long (a full queue: WATCHDOG=1 and STATUS= are dropped, state changes wait briefly)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
 """The TLS certificate the daemon's TCP listeners present, checked before use and
-replaceable while they serve (`systemctl reload kvbudget` after a renewal).
-
-A daemon runs for weeks; certificates are renewed more often than that (an internal CA's
-24 h or 90-day certificates). Restarting to pick up a renewed one would end every
-engine's session, so the listeners are built on gRPC's dynamic server credentials:
-before each new connection's handshake, gRPC asks a fetcher whether the certificate
-changed. A reload reads the files again, checks the pair, and hands it over; connections
-already open keep the certificate they were made with, new ones get the new one.
-
-Its expiry is read too (`not_after_unix_s`): the journal gives it at start and at each
-reload, warns when it has passed, and /metrics has it as
-`kvbudget_tls_certificate_expiry_timestamp_seconds`, to alert on before clients refuse it.
-
-A pair is checked with the `ssl` module before gRPC sees it, because gRPC's own failure
-is one line that names neither file ("Failed to bind to address"), at start, and at a
-reload would come only at the next client's handshake, as a connection refused. Checked:
-the certificate file holds PEM certificates that parse, and the key file an unencrypted
-PEM key (gRPC takes no passphrase) that matches the first certificate.
-
-Mutual TLS (`tls_client_ca_file`): the listeners then require every client to present a
-certificate signed by a CA in that file, so a client the CA did not certify never gets
-past the handshake, whatever token it sends. The CA file is read again on reload too
-(a CA bundle renewed or extended); turning client certificates on or off changes what
-each listener demands of a handshake, which gRPC fixes when the listener is made: that
-takes a restart.
+replaceable while they serve (`systemctl reload kvbudget` after a renewal), and the CAs
+that client certificates are checked against (mutual TLS). Checked with `ssl` first, because
+gRPC's own failure names neither file; expiry dates are read for the journal and /metrics.
 """
 
 from __future__ import annotations
@@ -181,11 +159,6 @@ def _tlv(der: bytes, pos: int) -> tuple[int, int, int]:
     return tag, start, start + length
 
 
-def _not_after_unix_s(der: bytes) -> float:
-    """X.509's validity.notAfter (`_validity_unix_s`)."""
-    return _validity_unix_s(der)[1]
-
-
 def _validity_unix_s(der: bytes) -> tuple[float, float]:
     """X.509's validity (notBefore, notAfter): Certificate = SEQUENCE { TBSCertificate =
     SEQUENCE { [0] version (optional), serialNumber, signature, issuer, validity = SEQUENCE {
@@ -283,3 +256,15 @@ def _warn_if_not_yet_valid(pair: CertificatePair) -> None:
     if pair.not_yet_valid(time.time()):
         log.warning("tls certificate %s is not valid before %s: clients refuse it until then (a certificate "
                     "issued ahead of time, or this host's clock behind)", pair.cert_file, _utc(pair.not_before_unix_s))
+
+
+def warn_if_expired(pair: CertificatePair | None, client_ca: ClientAuthority | None = None) -> None:
+    """Said at start and at each reload: an expired certificate is still served (as nginx
+    does: renewing it is the operator's; refusing to start would end every session)."""
+    now = time.time()
+    if pair is not None and pair.expired(now):
+        log.warning("tls certificate %s has expired: clients refuse it; renew it, then systemctl reload kvbudget",
+                    pair.cert_file)
+    if client_ca is not None and client_ca.expired(now):
+        log.warning("tls client CA %s: a CA certificate in it has expired: the clients it signed are refused; "
+                    "renew it, then systemctl reload kvbudget", client_ca.ca_file)

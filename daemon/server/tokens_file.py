@@ -1,13 +1,6 @@
-"""The tokens file (`server.tokens_file`): who may call the daemon over TCP, in which role.
-
-    engine = ["TOKEN", ...]        observer = [...]        admin = [...]
-    [certificates]                 (mutual TLS: client certificate names, by role)
-    engine = ["NAME", ...]
-
-Every mistake is a `ConfigError` naming the file's own key (`admin[1]`,
-`certificates.observer[0]`), as for the config file. The daemon reads it at start and on
-SIGHUP (reload.py); auth.py checks callers against the `Roles` it gives.
-"""
+"""The tokens file (`server.tokens_file`): who may call the daemon over TCP, in which role,
+by token or (mutual TLS) by client certificate name. Every mistake is a `ConfigError`
+naming the file's own key (`admin[1]`); read at start and on SIGHUP."""
 
 from __future__ import annotations
 
@@ -16,7 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbudget.daemon.config.settings import ConfigError, read_toml_file
+from kvbudget.daemon.config.loading import read_toml_file
+from kvbudget.daemon.config.settings import ConfigError
 
 ROLES = ("engine", "observer", "admin")
 MIN_TOKEN_LENGTH = 8
@@ -67,11 +61,6 @@ def tokens_file_warnings(path: str | os.PathLike[str], roles: Roles) -> list[str
         warnings.append(f"tokens_file: {path} is readable by every user (mode {mode & 0o777:04o}): "
                         "make it 0640, owned by root and the daemon's group")
     return warnings
-
-
-def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
-    """token -> role from the tokens file (`load_roles`)."""
-    return load_roles(path).tokens
 
 
 def _token_problem(token: str) -> str | None:

@@ -1,10 +1,6 @@
-"""`kvbudget daemon`: run the KV budget daemon.
-
-Every config key has a flag of the same name (`--num-gpu-blocks` for `pool.num_gpu_blocks`,
-`--db-path` for `log.db_path`, ...); flags win over the `--config` file. With neither a GPU
-nor an explicit size, pass `--num-gpu-blocks` or `--kv-cache-memory-bytes`.
-SIGHUP (`systemctl reload kvbudget`) reads the `--config` file again and applies what can
-change live (daemon/server/reload.py).
+"""`kvbudget daemon`: run the KV budget daemon. Every config key has a flag of the same name
+(`--num-gpu-blocks` for `pool.num_gpu_blocks`); flags win over the `--config` file, also
+when SIGHUP reads it again.
 
   kvbudget daemon --model llama-3.1-8b --num-gpu-blocks 4096 \\
       --listen unix:kvbudget.sock --db-path decisions.db --memory-mode accounting
@@ -118,7 +114,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def load(args: argparse.Namespace):
-    from kvbudget.daemon.config.settings import ConfigError, load_config
+    from kvbudget.daemon.config.loading import load_config
+    from kvbudget.daemon.config.settings import ConfigError
 
     try:
         # --check-config also looks at what the start would use on this host: whether the
@@ -139,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
         level=config.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
     )
     from kvbudget.daemon.server import interpreter
-    from kvbudget.daemon.server.lifecycle import Daemon, StartupError
+    from kvbudget.daemon.server.lifecycle import Daemon
+    from kvbudget.daemon.server.startup import StartupError
 
-    from kvbudget.daemon.config.settings import load_config
+    from kvbudget.daemon.config.loading import load_config
 
     # SIGHUP reads the file again, the flags still over it (they were given once, at start).
     daemon = Daemon(config, on_ready=_settle_heap,
@@ -210,7 +208,7 @@ def _sockets_in_use(config: DaemonConfig) -> list[str]:
 def tcp_access(config: DaemonConfig) -> str:
     """How TCP callers get in, for --check-config: `, TCP over mutual TLS, roles from
     PATH`; "" without a TCP listener."""
-    from kvbudget.daemon.config.settings import listen_kind
+    from kvbudget.daemon.config.listen import listen_kind
 
     if not any(listen_kind(address) == "tcp" for address in config.listen):
         return ""

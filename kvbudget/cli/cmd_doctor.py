@@ -93,7 +93,8 @@ def sample_snapshots(
 
 
 def _expectation(path: str, last: doctor_samples.PoolSample) -> doctor_samples.PoolExpectation | None:
-    from kvbudget.daemon.config.settings import ConfigError, load_config
+    from kvbudget.daemon.config.loading import load_config
+    from kvbudget.daemon.config.settings import ConfigError
 
     try:
         config = load_config(path, {})
