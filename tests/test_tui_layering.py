@@ -1,5 +1,8 @@
 """Layering: the dashboard is a pure gRPC client, the daemon knows nothing of the dashboard.
 
+Of the daemon, the dashboard loads the wire room (the one proto <-> record conversion)
+and what that room loads, never the server.
+
 Each import runs in a fresh interpreter, and what it pulled in is read from sys.modules.
 """
 
@@ -34,7 +37,19 @@ def roots(modules: set[str]) -> set[str]:
 def test_the_dashboard_pulls_in_neither_torch_nor_nvml_nor_the_daemon(statement):
     loaded = modules_after(statement)
     assert not roots(loaded) & {"torch", "pynvml"}
-    assert not {m for m in loaded if m.startswith("kvbudget.daemon")}
+    wire_room = modules_after("import kvbudget.daemon.wire.convert")
+    assert not {m for m in loaded if m.startswith("kvbudget.daemon")} - wire_room
+    assert not {m for m in loaded if m.startswith(("kvbudget.daemon.server", "kvbudget.daemon.log"))}
+
+
+def test_the_wire_room_loads_only_the_core_sizing_and_the_messages():
+    loaded = modules_after("import kvbudget.daemon.wire.convert, kvbudget.daemon.wire.layout")
+    daemon = {m for m in loaded if m.startswith("kvbudget.daemon")}
+    assert "kvbudget.daemon.wire.convert" in daemon  # the import did happen
+    allowed = ("kvbudget.daemon.core", "kvbudget.daemon.wire", "kvbudget.daemon.config.sizing")
+    packages = {"kvbudget.daemon", "kvbudget.daemon.config"}
+    assert {m for m in daemon - packages if not m.startswith(allowed)} == set()
+    assert not roots(loaded) & {"torch", "pynvml", "grpc", "textual", "rich"}
 
 
 def test_the_daemon_pulls_in_no_textual():
@@ -56,5 +71,6 @@ def test_the_admin_command_pulls_in_no_dashboard_code():
 
 def test_the_shared_tenant_reading_imports_nothing_of_the_project():
     loaded = modules_after("import kvbudget.client.tenants")
-    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client.tenants"}
+    # (its package's __init__ loads nothing: the client's public names load on first use)
+    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client", "kvbudget.client.tenants"}
     assert not roots(loaded) & {"textual", "rich", "torch", "pynvml", "grpc", "google"}

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from kvbudget.client.pool_parts import pool_parts  # shared with `kvbudget admin status`
 from kvbudget.client.tenants import tenants_folded
+from kvbudget.daemon.wire.convert import policy_name
 from kvbudget.tui.drawing import (
     Blocks,
     CountName,
@@ -37,7 +38,6 @@ from kvbudget.tui.state import (
     DashboardState,
     Link,
     daemon_uptime_s,
-    policy_name,
 )
 from kvbudget.tui.verdict import Bound, gib, verdict
 from kvbudget.units import format_duration

@@ -402,7 +402,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
     import grpc
 
     from kvbudget.client import ObserverClient, SessionLost
-    from kvbudget.daemon.wire import convert
+    from kvbudget.daemon.wire.layout import layout_from_plan
     from kvbudget.traces.replay import ReplaySetup, run_live
 
     target = args.target  # checked and resolved in run()
@@ -419,7 +419,7 @@ async def _live(args: argparse.Namespace, trace, speed: float | None, stopped_by
             raise CLIError(rpc_error_line(target, exc)) from None
         plan = snapshot.plan
         try:
-            layout = convert.layout_from_plan(plan)
+            layout = layout_from_plan(plan)
         except ValueError as exc:  # a plan this client cannot read whole
             raise CLIError(f"the daemon's pool plan: {exc}") from None
         engine = _engine_config(
