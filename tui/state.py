@@ -1,14 +1,7 @@
-"""The dashboard's view model: one immutable value built from the Watch stream.
+"""The dashboard's view model: one immutable value folded from the Watch stream.
 
-Every panel is a pure function of a `DashboardState`, so the state holds exactly what the
-panels need and nothing about widgets: the latest snapshot, bounded histories for the plots,
-the newest decisions and the connection status. Folding a `WatchResponse` in returns a new
-state; the old one is untouched, which is what lets the app render at its own steady rate
-while updates arrive at theirs.
-
-The latest `Snapshot` and the buffered `Decision`s are kept as the proto messages themselves
-(the contract is the proto, and converting every field of thousands of decisions a second
-would only copy them); they are never mutated after they arrive.
+Panels are pure functions of a `DashboardState`; folding a `WatchResponse` in returns a new
+state, so the app renders at its own rate while updates arrive at theirs.
 """
 
 from __future__ import annotations
