@@ -58,12 +58,12 @@ def test_admin_status_json_keeps_its_keys_and_adds_the_split() -> None:
 
 
 def test_the_shared_pool_split_imports_nothing_of_the_project() -> None:
-    # `kvbudget admin` may load no dashboard code, the dashboard no daemon: the split both
-    # read lives apart from either.
+    # `kvbudget admin` may load no dashboard code, the dashboard no daemon server: the split
+    # both read lives apart from either (its package's __init__ loads nothing on its own).
     code = "import sys, json\nimport kvbudget.client.pool_parts\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client.pool_parts"}
+    assert {m for m in loaded if m.startswith("kvbudget")} == {"kvbudget", "kvbudget.client", "kvbudget.client.pool_parts"}
     assert not {m.split(".")[0] for m in loaded} & {"textual", "rich", "torch", "pynvml", "grpc", "google"}
 
 

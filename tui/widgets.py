@@ -35,8 +35,7 @@ PANELS: tuple[tuple[str, str, PanelFn, InputsFn | None], ...] = (
     ("queue", "Queue", panels.queue_panel, None),
     ("physical", "Physical vs logical", panels.physical_panel, None),
     ("layers", "Per layer type", panels.layers_panel, _snapshot_fields("groups")),
-    ("engines", "Engines & tenants", engines_panel,
-     _snapshot_fields("engines", "tenants")),
+    ("engines", "Engines & tenants", engines_panel, _snapshot_fields("engines", "tenants")),
     ("replays", "Replays", panels.replays_panel, _snapshot_fields("replays")),
 )
 
