@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tui_helpers import GIB, snapshot, state_of, text_of
 
+from kvbudget.daemon.wire import convert
 from kvbudget.tui import decisions, drawing, panels
 from kvbudget.tui.engines import engines_panel
 from kvbudget.tui.state import DashboardState, DecisionRow, Limits, Link, daemon_uptime_s
@@ -463,6 +464,20 @@ def test_decision_detail_shows_the_whole_record():
     assert lines["blocks_held"] == "3 1"
     assert lines["new_blocks"] == "group 0: [7, 8, 9]"
     assert lines["detail"] == "—"
+
+
+def test_a_decision_row_is_the_wire_record_with_the_daemons_own_names():
+    message = decision(6, common_pb2.DECISION_KIND_GROW, "fits", "req-w", held=(2, 5), reserved=(3, 5))
+    message.new_blocks.add(group_index=1, block_ids=[11])
+    record = convert.decision_from_proto(message)
+    row = DecisionRow.from_proto(message)
+    assert (row.seq, row.kind, row.reason, row.policy) == (6, record.kind.value, record.reason.value, record.policy)
+    assert (row.blocks_held, row.blocks_reserved, row.num_computed_tokens) == (
+        record.blocks_held, record.blocks_reserved, record.num_computed)
+    assert row.new_blocks == ((0, (7, 8, 9)), (1, (11,)))
+    # A newer daemon's kind, reason and policy are shown as sent, not as this build's defaults.
+    newer = DecisionRow.from_proto(common_pb2.Decision(seq=7, kind=99, reason="brand_new", policy=42))
+    assert (newer.kind, newer.reason, newer.policy) == ("99", "brand_new", "42")
 
 
 def test_status_line_says_connected_or_retrying():
