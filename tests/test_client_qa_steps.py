@@ -67,7 +67,7 @@ def _with_interceptor(monkeypatch, interceptor) -> None:
     def channel(target, credentials):
         return grpc.aio.insecure_channel(target, interceptors=[interceptor])
 
-    monkeypatch.setattr(client_module, "_channel", channel)
+    monkeypatch.setattr(client_module, "open_channel", channel)
 
 
 async def test_overlapping_steps_of_one_client_each_get_their_reply_across_a_resend(

@@ -108,3 +108,14 @@ def test_a_snapshot_says_which_daemon_process_took_it() -> None:
     # A core with no daemon around it (tests, benches) does not say: 0 and "", as an older daemon.
     bare = convert.snapshot_to_proto(controller.snapshot(1005.0))
     assert (bare.started_unix_s, bare.daemon_version) == (0.0, "")
+
+
+def test_names_a_reader_shows_known_unspecified_and_newer_values():
+    for kind in DecisionKind:
+        assert convert.kind_name(convert.kind_to_proto(kind)) == kind.value
+    for policy in convert.POLICY_NAMES:
+        assert convert.policy_name(convert.policy_to_proto(policy)) == policy
+    assert convert.kind_name(common_pb2.DECISION_KIND_UNSPECIFIED) == "unspecified"
+    assert convert.policy_name(common_pb2.POLICY_UNSPECIFIED) == "unspecified"
+    assert convert.kind_name(999) == "999"  # a kind newer than this build: its number
+    assert convert.policy_name(999) == "999"

@@ -58,8 +58,8 @@ def test_admin_status_json_keeps_its_keys_and_adds_the_split() -> None:
 
 
 def test_the_shared_pool_split_imports_nothing_of_the_project() -> None:
-    # `kvbudget admin` may load no dashboard code, the dashboard no daemon: the split both
-    # read lives apart from either.
+    # `kvbudget admin` may load no dashboard code, the dashboard no daemon server: the split
+    # both read lives apart from either (its package's __init__ loads nothing on its own).
     code = "import sys, json\nimport kvbudget.client.pool_parts\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.splitlines()[-1]))

@@ -1,5 +1,5 @@
 """A live replay's simulated engine rebuilds the daemon's layout from its pool plan
-(`convert.layout_from_plan`, for live replay and the doctor): every group must count blocks as the daemon's does.
+(`layout.layout_from_plan`, for live replay and the doctor): every group must count blocks as the daemon's does.
 
 plan_to_proto(layout) -> layout_from_plan -> the same kind per group, and the same
 worst-case (and held) blocks per group as the original layout, for every shipped preset,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.daemon.wire.convert import layout_from_plan
+from kvbudget.daemon.wire.layout import layout_from_plan
 from kvbudget.daemon.core import budget
 from kvbudget.daemon.wire.convert import plan_to_proto
 from kvbudget.daemon.config.hf_config import PRESETS_DIR, load_model

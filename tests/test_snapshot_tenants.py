@@ -173,12 +173,12 @@ def test_the_folded_count_is_read_one_way_by_the_cli_and_the_dashboard():
     one definition, in a module neither textual nor the daemon comes with."""
     import kvbudget.cli.cmd_admin
     import kvbudget.client.tenants
-    import kvbudget.tui.panels
+    import kvbudget.tui.engines
     import kvbudget.tui.state
     from kvbudget.client.tenants import tenants_folded
 
     assert kvbudget.cli.cmd_admin.tenants_folded is tenants_folded
-    assert kvbudget.tui.panels.tenants_folded is tenants_folded
+    assert kvbudget.tui.engines.tenants_folded is tenants_folded
     assert not hasattr(kvbudget.tui.state, "tenants_folded")  # no second copy to drift
 
     def snap(num_tenants: int, listed: int) -> common_pb2.Snapshot:

@@ -19,7 +19,8 @@ from tui_helpers import screen_text, wait_until
 from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.tui.app import KVBudgetApp
-from kvbudget.tui.state import Link, kind_name
+from kvbudget.daemon.wire.convert import kind_name
+from kvbudget.tui.state import Link
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,9 @@
 """Layering: the dashboard is a pure gRPC client, the daemon knows nothing of the dashboard,
 an engine's client library loads no server, and the core loads only the standard library.
 
+Of the daemon, the dashboard loads the wire room (the one proto <-> record conversion)
+and what that room loads, never the server.
+
 Each import runs in a fresh interpreter, and what it pulled in is read from sys.modules.
 """
 
@@ -35,7 +38,19 @@ def roots(modules: set[str]) -> set[str]:
 def test_the_dashboard_pulls_in_neither_torch_nor_nvml_nor_the_daemon(statement):
     loaded = modules_after(statement)
     assert not roots(loaded) & {"torch", "pynvml"}
-    assert not {m for m in loaded if m.startswith("kvbudget.daemon")}
+    wire_room = modules_after("import kvbudget.daemon.wire.convert")
+    assert not {m for m in loaded if m.startswith("kvbudget.daemon")} - wire_room
+    assert not {m for m in loaded if m.startswith(("kvbudget.daemon.server", "kvbudget.daemon.log"))}
+
+
+def test_the_wire_room_loads_only_the_core_sizing_and_the_messages():
+    loaded = modules_after("import kvbudget.daemon.wire.convert, kvbudget.daemon.wire.layout")
+    daemon = {m for m in loaded if m.startswith("kvbudget.daemon")}
+    assert "kvbudget.daemon.wire.convert" in daemon  # the import did happen
+    allowed = ("kvbudget.daemon.core", "kvbudget.daemon.wire", "kvbudget.daemon.config.sizing")
+    packages = {"kvbudget.daemon", "kvbudget.daemon.config"}
+    assert {m for m in daemon - packages if not m.startswith(allowed)} == set()
+    assert not roots(loaded) & {"torch", "pynvml", "grpc", "textual", "rich"}
 
 
 def test_the_daemon_pulls_in_no_textual():

@@ -13,8 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tui_helpers import GIB, snapshot, state_of, text_of
 
+from kvbudget.daemon.wire import convert
 from kvbudget.tui import decisions, drawing, panels
+from kvbudget.tui.engines import engines_panel
 from kvbudget.tui.state import DashboardState, DecisionRow, Limits, Link, daemon_uptime_s
+from kvbudget.tui.status import essential_cause, status_line
 from kvbudget.tui.verdict import Bound, verdict
 from kvbudget.v1 import common_pb2, observer_pb2
 
@@ -35,7 +38,7 @@ def held_at(held: int, t: float, **fields) -> common_pb2.Snapshot:
 def test_nothing_yet_every_panel_says_it_waits():
     state = DashboardState.initial("unix:///test.sock")
     for panel in (panels.pool_panel, panels.queue_panel, panels.layers_panel,
-                  panels.physical_panel, panels.engines_panel, panels.replays_panel):
+                  panels.physical_panel, engines_panel, panels.replays_panel):
         assert text_of(panel(state)) == "waiting for the first snapshot…"
 
 
@@ -356,7 +359,7 @@ def test_engines_panel_leases_and_tenant_quotas():
     # Engines: "lease" as wide as "live 8s" (7, left-aligned), "held" 5, "run" 3, "wait" 4;
     # with 4 one-space gaps that is 23, leaving 36 - 23 = 13 for the name.
     # Tenants: 4 + 5 + 3 + 3 + 4 = 19 and 5 gaps: 24, name 12. Use = (held + reserved) / quota.
-    assert text_of(panels.engines_panel(state)) == "\n".join([
+    assert text_of(engines_panel(state)) == "\n".join([
         "engine        lease    held run wait",
         "vllm-0        live 8s 1,200  10    2",
         "sglang-1      lapsed      0   0    0",
@@ -365,7 +368,7 @@ def test_engines_panel_leases_and_tenant_quotas():
         "(default)     900     —   —   7    0",
     ])
     # Compact: no headers; "quota 500" 9 + 5 + 4 and 3 gaps = 21, name 15.
-    assert text_of(panels.engines_panel(state, compact=True)) == "\n".join([
+    assert text_of(engines_panel(state, compact=True)) == "\n".join([
         "vllm-0          live 8s   1,200 held",
         "sglang-1        lapsed        0 held",
         "acme            quota 500   300  80%",
@@ -463,15 +466,29 @@ def test_decision_detail_shows_the_whole_record():
     assert lines["detail"] == "—"
 
 
+def test_a_decision_row_is_the_wire_record_with_the_daemons_own_names():
+    message = decision(6, common_pb2.DECISION_KIND_GROW, "fits", "req-w", held=(2, 5), reserved=(3, 5))
+    message.new_blocks.add(group_index=1, block_ids=[11])
+    record = convert.decision_from_proto(message)
+    row = DecisionRow.from_proto(message)
+    assert (row.seq, row.kind, row.reason, row.policy) == (6, record.kind.value, record.reason.value, record.policy)
+    assert (row.blocks_held, row.blocks_reserved, row.num_computed_tokens) == (
+        record.blocks_held, record.blocks_reserved, record.num_computed)
+    assert row.new_blocks == ((0, (7, 8, 9)), (1, (11,)))
+    # A newer daemon's kind, reason and policy are shown as sent, not as this build's defaults.
+    newer = DecisionRow.from_proto(common_pb2.Decision(seq=7, kind=99, reason="brand_new", policy=42))
+    assert (newer.kind, newer.reason, newer.policy) == ("99", "brand_new", "42")
+
+
 def test_status_line_says_connected_or_retrying():
     state = state_of(snapshot(plan=common_pb2.PoolPlan(model="m")))
     state = state.with_link(Link.CONNECTED)
     # The link's state first: a narrow terminal cuts the target, not the state.
-    assert text_of(panels.status_line(state), width=80) == (
+    assert text_of(status_line(state), width=80) == (
         " kvbudget  ● connected  m  optimistic  unix:///test.sock"
     )
     down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: connection refused", 2.0)
-    assert text_of(panels.status_line(down, paused=True, query="req-1"), width=120) == (
+    assert text_of(status_line(down, paused=True, query="req-1"), width=120) == (
         " kvbudget  ● disconnected: UNAVAILABLE: connection refused, retrying in 2 s  "
         "unix:///test.sock  ⏸ PAUSED  filter: req-1"
     )
@@ -577,7 +594,7 @@ def test_the_record_shows_brackets_as_sent():
     ("", ""),
 ])
 def test_the_essential_cause_of_a_disconnection(detail, cause):
-    assert panels.essential_cause(detail) == cause
+    assert essential_cause(detail) == cause
 
 
 def test_status_line_dates_the_figures_and_counts_the_retry_down():
@@ -587,24 +604,24 @@ def test_status_line_dates_the_figures_and_counts_the_retry_down():
     for t, now in ((1000.0, 50.0), (1000.5, 50.5)):
         state = state.with_response(observer_pb2.WatchResponse(snapshot=snapshot(time_unix_s=t)), now)
     assert state.staleness(52.9) is None
-    assert text_of(panels.status_line(state, now=52.9), width=80) == (
+    assert text_of(status_line(state, now=52.9), width=80) == (
         " kvbudget  ● connected  optimistic  unix:///t.sock"
     )
     assert state.staleness(53.0) == 2.5
-    assert text_of(panels.status_line(state, now=62.5), width=80) == (
+    assert text_of(status_line(state, now=62.5), width=80) == (
         " kvbudget  ● connected, no update for 12 s  optimistic  unix:///t.sock"
     )
     # Down at t=60, told to retry in 5 s: at 61.5, 3.5 s left (shown rounded up, 4); the
     # figures are 11 s old; the whole reason comes last, after the cause.
     down = state.with_link(Link.DISCONNECTED, REFUSED, 5.0, now=60.0)
     assert down.staleness(50.75) == 0.25  # down: stale at once, not after 2.5 s
-    assert text_of(panels.status_line(down, now=61.5), width=300) == (
+    assert text_of(status_line(down, now=61.5), width=300) == (
         " kvbudget  ● disconnected: Connection refused, retrying in 4 s · no update for 11 s"
         f"  unix:///t.sock  ({REFUSED})"
     )
-    assert "retrying… · no update for 15 s" in text_of(panels.status_line(down, now=65.5), width=120)
+    assert "retrying… · no update for 15 s" in text_of(status_line(down, now=65.5), width=120)
     # 40 columns (the app cuts the line at the edge): the state, not the target.
-    narrow = panels.status_line(down, now=61.5)
+    narrow = status_line(down, now=61.5)
     narrow.truncate(40, overflow="ellipsis")
     assert narrow.plain == " kvbudget  ● disconnected: Connection r…"
 
@@ -613,7 +630,7 @@ def test_playback_says_so_and_never_goes_stale():
     state = DashboardState.initial("recording s.jsonl", playback=True).with_link(Link.CONNECTED)
     state = state.with_response(observer_pb2.WatchResponse(snapshot=snapshot()), now=0.0)
     assert state.staleness(3600.0) is None
-    assert text_of(panels.status_line(state, now=3600.0), width=80) == (
+    assert text_of(status_line(state, now=3600.0), width=80) == (
         " kvbudget  ▶ playback  optimistic  recording s.jsonl"
     )
     assert text_of(panels.replays_panel(state)).splitlines()[-1] == "playback: no replay from here"
@@ -645,7 +662,7 @@ def test_engine_ids_sharing_a_prefix_are_cut_in_the_middle_and_rows_left_out_cou
     # Engines: "live 9s" 7 + "held" 4 + "run" 3 + "wait" 4 and 4 gaps = 22: 14 for the name,
     # cut in the middle, a third of 13 (4) for its start, 9 for its end: "4ea3…engine-00".
     # Tenants: 4 + 5 + 3 + 3 + 4 and 5 gaps = 24: 12 for the name, 3 + … + 8.
-    assert text_of(panels.engines_panel(state)) == "\n".join([
+    assert text_of(engines_panel(state)) == "\n".join([
         "engine         lease   held run wait",
         "4ea3…engine-00 live 9s    0   0    0",
         "4ea3…engine-01 live 9s   10   0    0",
@@ -660,7 +677,7 @@ def test_engine_ids_sharing_a_prefix_are_cut_in_the_middle_and_rows_left_out_cou
     # In a panel 6 lines high: 2 headers, 4 lines for 5 + 3 rows. The longest run gives up
     # rows first, a cut run takes a line for its "+N more": one row and one line each. The
     # tenants' is a row of their sums (the tenant rows shown add up to all of them).
-    assert text_of(panels.engines_panel(state), height=6) == "\n".join([
+    assert text_of(engines_panel(state), height=6) == "\n".join([
         "engine         lease   held run wait",
         "4ea3…engine-00 live 9s    0   0    0",
         "+4 more engines",
@@ -669,7 +686,7 @@ def test_engine_ids_sharing_a_prefix_are_cut_in_the_middle_and_rows_left_out_cou
         "+2 more         2     —   —   0    0",
     ])
     # Compact, 4 lines, no headers; the name gets 20 cells: 6 + … + 13.
-    assert text_of(panels.engines_panel(state, compact=True), height=4) == "\n".join([
+    assert text_of(engines_panel(state, compact=True), height=4) == "\n".join([
         "4ea381…c1d-engine-00 live 9s  0 held",
         "+4 more engines",
         "team-w…a-long-name-0 quota —  1    —",
@@ -686,7 +703,7 @@ def test_a_cut_tenant_list_shows_its_other_entry_as_the_tenants_left_out():
         common_pb2.TenantState(tenant="(other)", blocks_held=250, running=20, waiting=1500),
     ]
     state = state_of(snapshot(tenants=tenants, num_tenants=1200))
-    assert text_of(panels.engines_panel(state)) == "\n".join([
+    assert text_of(engines_panel(state)) == "\n".join([
         "no engine sessions",
         "tenant      held quota use run  wait",
         "acme         300   500 80%   3     0",
@@ -696,22 +713,22 @@ def test_a_cut_tenant_list_shows_its_other_entry_as_the_tenants_left_out():
     # Too short a panel for every row: the named ones give way to one "+N more" row, which
     # sums them with "(other)" and counts every tenant not shown (it read "+1 more tenants"
     # with no figures, then "+1,198 more" with the figures of "(other)" alone).
-    assert text_of(panels.engines_panel(state), height=4) == "\n".join([
+    assert text_of(engines_panel(state), height=4) == "\n".join([
         "no engine sessions",
         "tenant      held quota use run  wait",
         "acme         300   500 80%   3     0",
         "+1,199 more  290     —   —  21 1,500",
     ])
-    assert text_of(panels.engines_panel(state, compact=True), height=2) == "\n".join([
+    assert text_of(engines_panel(state, compact=True), height=2) == "\n".join([
         "acme               quota 500 300 80%",
         "+1,199 more        quota —   290   —",
     ])
-    assert text_of(panels.engines_panel(state, compact=True), height=1) == (
+    assert text_of(engines_panel(state, compact=True), height=1) == (
         "+1,200 more        quota —   590   —"
     )
     # An older daemon sends no count: a tenant named "(other)" is then one like the others.
     older = state_of(snapshot(tenants=tenants))
-    assert text_of(panels.engines_panel(older)).splitlines()[-1] == "(other)      250     —   —  20 1,500"
+    assert text_of(engines_panel(older)).splitlines()[-1] == "(other)      250     —   —  20 1,500"
 
 
 @given(tenants=st.integers(min_value=1, max_value=40), listed=st.integers(min_value=2, max_value=12),
@@ -733,7 +750,7 @@ def test_the_tenant_rows_shown_always_add_up_to_every_tenant(tenants, listed, en
         engines=[common_pb2.EngineState(engine_id=f"e{i}", lease_remaining_s=9.0) for i in range(engines)],
         tenants=entries, num_tenants=tenants,
     ))
-    lines = text_of(panels.engines_panel(state, compact), width=40, height=height).splitlines()
+    lines = text_of(engines_panel(state, compact), width=40, height=height).splitlines()
     tenant_lines = [line for line in lines if line.startswith("t") and line[1].isdigit()
                     or line.startswith("+") and "engines" not in line]
     more = [line for line in tenant_lines if line.startswith("+")]
@@ -879,21 +896,21 @@ def test_status_line_names_the_daemons_version_and_uptime():
     up = snapshot(time_unix_s=STARTED + 2 * 3600 + 13 * 60 + 5, started_unix_s=STARTED,
                   daemon_version="0.4.0", plan=common_pb2.PoolPlan(model="m"))
     state = state_of(up).with_link(Link.CONNECTED)
-    assert text_of(panels.status_line(state), width=100) == (
+    assert text_of(status_line(state), width=100) == (
         " kvbudget  ● connected  m  optimistic  daemon 0.4.0 · up 2h13m  unix:///test.sock"
     )
     # Drawn from the state alone: the same state, the same line, whenever it is drawn.
-    assert text_of(panels.status_line(state, now=1e9), width=100) == text_of(panels.status_line(state), width=100)
+    assert text_of(status_line(state, now=1e9), width=100) == text_of(status_line(state), width=100)
     # What an older daemon does not say is left out.
     no_start = state_of(snapshot(daemon_version="0.4.0"))
-    assert text_of(panels.status_line(no_start.with_link(Link.CONNECTED)), width=100) == (
+    assert text_of(status_line(no_start.with_link(Link.CONNECTED)), width=100) == (
         " kvbudget  ● connected  optimistic  daemon 0.4.0  unix:///test.sock"
     )
     older = state_of(snapshot()).with_link(Link.CONNECTED)
-    assert text_of(panels.status_line(older), width=100) == " kvbudget  ● connected  optimistic  unix:///test.sock"
+    assert text_of(status_line(older), width=100) == " kvbudget  ● connected  optimistic  unix:///test.sock"
     # Disconnected: the last snapshot's uptime would stand still; it is not shown.
     down = state.with_link(Link.DISCONNECTED, "UNAVAILABLE: Socket closed", 1.0)
-    assert "up " not in text_of(panels.status_line(down), width=200)
+    assert "up " not in text_of(status_line(down), width=200)
 
 
 def test_decisions_title_shows_the_rate_only_while_live():

@@ -1,86 +1,34 @@
 """The dashboard app: layout, keys, one source worker, a steady render rate.
 
-Data flow, one way: the worker reads the source and folds every event into `self.state`
-(cheap, immutable); a timer at `render_hz` draws the latest state if it moved. So a burst of
-thousands of decisions per second costs folds, not frames: the screen is redrawn at most
-`render_hz` times a second whatever the rate upstream (the coalescing), and every buffer in
-the state is bounded.
-
-Embedding (the demo does): `app = KVBudgetApp(target, token)` then `exit_status(app,
-app.run())` (non-zero after a crash or a signal), or `run_dashboard(target, token)`; `tls=`
-(a `kvbudget.client.tls.TlsFiles`) for a daemon on TCP with TLS; pass `source=` to feed it
-anything else that yields `SourceEvent`s (`playback=True` for a recording: no daemon
-behind it).
-
-Nothing a user or the daemon wrote (a filter, a target path, a request id) is ever parsed
-as Textual or Rich markup: titles are built as `Content` or `Text`, cells as `Text`.
+The worker folds every source event into `self.state` (`fold`); a timer at `render_hz`
+draws the latest state if it moved, so a burst of decisions costs folds, not frames.
+Nothing a user or the daemon wrote is ever parsed as markup.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import select
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rich.console import RenderableType
 from rich.text import Text
 from textual import events, on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from kvbudget.client.tls import NO_TLS, TlsFiles, channel_credentials
-from kvbudget.tui import DEFAULT_TARGET, decisions, panels
+from kvbudget.tui import DEFAULT_TARGET, decisions, keys
 from kvbudget.tui.replays import ReplayLauncher, ReplayRequest, shipped_traces
 from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen
-from kvbudget.tui.source import (
-    Connected,
-    Disconnected,
-    Source,
-    SourceEvent,
-    Update,
-    WatchSource,
-)
+from kvbudget.tui.signals import StopSignals, terminal_alive
+from kvbudget.tui.source import Connected, Disconnected, Source, SourceEvent, Update, WatchSource
 from kvbudget.tui.state import DashboardState, Limits, Link
-
-PanelFn = Callable[[DashboardState, bool], RenderableType]
-InputsFn = Callable[[DashboardState], object]
-
-
-def _snapshot_fields(*names: str) -> InputsFn:
-    """What a panel reads from the snapshot: unchanged inputs, no redraw (messages compare
-    by value; the state never mutates them)."""
-
-    def inputs(state: DashboardState) -> object:
-        s = state.snapshot
-        return None if s is None else tuple(list(getattr(s, name)) for name in names)
-
-    return inputs
-
-
-# (widget id, title, panel function, its inputs or None for "redraw on every change"), in
-# reading order: the on-call drill, left to right.
-PANELS: tuple[tuple[str, str, PanelFn, InputsFn | None], ...] = (
-    ("pool", "Pool", panels.pool_panel, None),
-    ("queue", "Queue", panels.queue_panel, None),
-    ("physical", "Physical vs logical", panels.physical_panel, None),
-    ("layers", "Per layer type", panels.layers_panel, _snapshot_fields("groups")),
-    ("engines", "Engines & tenants", panels.engines_panel,
-     _snapshot_fields("engines", "tenants")),
-    ("replays", "Replays", panels.replays_panel, _snapshot_fields("replays")),
-)
-
-
-# Signals that end the dashboard as `q` does (replays started here stopped, the terminal
-# given back): SIGTERM from a supervisor or `kill`, SIGHUP when its terminal goes away.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+from kvbudget.tui.status import status_line
+from kvbudget.tui.widgets import PANELS, DecisionsTable, Panel
 
 
 def fold(state: DashboardState, event: SourceEvent, now: float | None = None) -> DashboardState:
@@ -94,48 +42,6 @@ def fold(state: DashboardState, event: SourceEvent, now: float | None = None) ->
     if isinstance(event, Disconnected):
         return state.with_link(Link.DISCONNECTED, event.detail, event.retry_in_s, now)
     raise TypeError(f"event: not a SourceEvent: {event!r}")
-
-
-class Panel(Static):
-    """A bordered box showing one panel function of the state."""
-
-    def __init__(
-        self, title: str, render_state: PanelFn, inputs: InputsFn | None, *, id: str
-    ) -> None:
-        super().__init__(panels.WAITING, id=id, classes="panel")
-        self.border_title = title
-        self.render_state = render_state
-        self.inputs = inputs
-        self._shown: object = object()  # equal to nothing
-
-    def show(self, state: DashboardState, compact: bool) -> None:
-        if self.inputs is not None:
-            shown = (compact, self.inputs(state))
-            if shown == self._shown:
-                return
-            self._shown = shown
-        self.update(self.render_state(state, compact))
-
-
-class DecisionsTable(DataTable):
-    """The decisions table: `enter` opens the highlighted row's record at once.
-
-    DataTable's own `enter` posts a RowSelected message, which reaches the app only after
-    the keys already queued behind that `enter` were handled by the table: five quick
-    presses each opened one more record window on top of the last (an `escape` typed in
-    between went to the table, not to a window still to come). Run here, as the key is
-    handled, the window is on screen before the next key is looked at, as `?` and `r` do
-    theirs; the keys after it are the window's.
-    """
-
-    def __init__(self, open_record: Callable[[str | None], None], *, id: str) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self.open_record = open_record  # called with the highlighted row's key
-
-    def action_select_cursor(self) -> None:
-        if self.row_count == 0:
-            return
-        self.open_record(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
 
 class KVBudgetApp(App[int]):
@@ -159,29 +65,11 @@ class KVBudgetApp(App[int]):
     # row fits. The panels are cut at the bottom instead, leaving the box these lines: its
     # title and the table's header (the title then says why there is no row).
     DECISIONS_LEAST_LINES = 2
-    BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("question_mark", "help", "keys"),
-        # A priority binding: run as the key arrives, before the keys queued behind it are
-        # handed to the table (see action_filter).
-        Binding("slash", "filter", "filter", priority=True),
-        Binding("space", "pause", "pause"),
-        Binding("r", "start_replay", "replay"),
-        Binding("escape", "clear_filter", "clear filter", show=False),
-    ]
+    BINDINGS = keys.BINDINGS
     # The table is rebuilt at most this often: a list scrolling 10 times a second cannot be
     # read anyway, and the rebuild is most of a frame's cost under load.
     TABLE_PERIOD_S = 0.25
-    KEYS_HELP = (
-        ("q", "quit (stops replays started here)"),
-        ("?", "this help"),
-        ("/", "filter decisions: words matched in kind, reason, request, engine, tenant"),
-        ("escape", "clear the filter"),
-        ("space", "pause / resume the decisions table (the panels keep going)"),
-        ("↑ ↓ enter", "select a decision to see its whole record (it stays selected)"),
-        ("r", "start a replay of a shipped trace against this daemon (not in playback)"),
-        ("ctrl+p", "command palette"),
-    )
+    KEYS_HELP = keys.KEYS_HELP
 
     def __init__(
         self,
@@ -232,15 +120,12 @@ class KVBudgetApp(App[int]):
         self._table_drawn_at = 0.0
         self._table_stale = True
         self._table_height = -1  # the table's height when its rows were last built
-        # The rows the table shows now, by row key: `enter` opens what was shown (a paused
-        # row may be long gone from the state's buffer).
-        self._shown: dict[str, decisions.TableRow] = {}
-        self._signals: dict[int, object] = {}  # signal -> the handler it had before
+        self._signals = StopSignals()  # SIGTERM and SIGHUP end the dashboard as `q` does
 
     # -- layout ------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(panels.status_line(self.state), id="status")
+        yield Static(status_line(self.state), id="status")
         with Grid(id="panels"):
             for widget_id, title, render_state, inputs in PANELS:
                 yield Panel(title, render_state, inputs, id=widget_id)
@@ -261,11 +146,11 @@ class KVBudgetApp(App[int]):
         self._status = self.query_one("#status", Static)
         self._panels = [self.query_one(f"#{panel[0]}", Panel) for panel in PANELS]
         self._box = self.query_one("#decisions-box", Vertical)
-        self._table = self.query_one("#decisions", DataTable)
+        self._table = self.query_one("#decisions", DecisionsTable)
         self._filter = self.query_one("#filter", Input)
         self._grid = self.query_one("#panels", Grid)
         self._leave_room_for_decisions(self.size.height)
-        self._install_signal_handlers()
+        self._signals.install(self._stop_on_signal)
         self.run_worker(self._consume(), name="watch", exclusive=True, group="source")
         self.set_interval(1.0 / self.render_hz, self.draw)
         self.set_interval(1.0, self._reap_replays)
@@ -289,7 +174,7 @@ class KVBudgetApp(App[int]):
         now = self.clock()
         # Every frame: the status line counts the age of the data and the retry down even
         # when nothing arrives (that is when it matters). Cheap, and drawn only on change.
-        status = panels.status_line(state, self.paused, self.filter_text, now)
+        status = status_line(state, self.paused, self.filter_text, now)
         if status != self._status_shown:
             self._status_shown = status
             self._status.update(status)
@@ -328,7 +213,7 @@ class KVBudgetApp(App[int]):
         if not self.paused and self._table_key is not None and recent:
             return
         table = self._table
-        keep = self._highlighted(table)
+        keep = table.highlighted()
         if self.paused:
             # Every row buffered when space was pressed, to scroll through at leisure.
             shown_state = self._frozen or state
@@ -347,24 +232,7 @@ class KVBudgetApp(App[int]):
         if key == self._table_key:
             return
         self._table_key, self._table_drawn_at = key, now
-        table.clear()
-        for row in rows:
-            table.add_row(*decisions.decision_cells(row.row), key=str(row.key))
-        self._shown = {str(row.key): row for row in rows}
-        if keep is not None and str(keep.key) in self._shown:
-            # The selected decision stays selected, wherever the new rows pushed it.
-            table.move_cursor(row=table.get_row_index(str(keep.key)), animate=False)
-
-    def _highlighted(self, table: DataTable) -> decisions.TableRow | None:
-        """The row under the cursor, kept across rebuilds; None on the newest row, which
-        follows the new rows as they arrive."""
-        if table.row_count == 0 or table.cursor_row <= 0:
-            return None
-        try:
-            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        except Exception:  # noqa: BLE001 - a cursor past the rows: nothing selected
-            return None
-        return self._shown.get(key or "")
+        table.show(rows, keep)
 
     def on_resize(self, event: events.Resize) -> None:
         # Breakpoints may have changed compact mode, and the table's height its rows (a
@@ -441,7 +309,7 @@ class KVBudgetApp(App[int]):
             return
         # The row as it was shown, not looked up in the live buffer: a paused row may have
         # left it long ago, and a daemon restarted on a fresh log repeats seqs.
-        shown = self._shown.get(row_key or "")
+        shown = self._table.shown.get(row_key or "")
         if shown is not None:
             self.push_screen(DecisionScreen(shown.row))
 
@@ -484,34 +352,14 @@ class KVBudgetApp(App[int]):
         self.exit(0)
 
     def on_unmount(self) -> None:
-        self._restore_signal_handlers()
+        self._signals.restore()
         self.launcher.stop_all()
 
     # -- signals and the exit status --------------------------------------------------------
 
-    def _install_signal_handlers(self) -> None:
-        """SIGTERM and SIGHUP end the dashboard as `q` does; without this Python's default
-        kills it at once, leaving its replays running and the terminal in raw mode."""
-        loop = asyncio.get_running_loop()
-        for signum in STOP_SIGNALS:
-            previous = signal.getsignal(signum)
-            try:
-                loop.add_signal_handler(signum, self._stop_on_signal, signum)
-            except (ValueError, RuntimeError, NotImplementedError):
-                continue  # not the main thread (an embedder's), or no such signals here
-            self._signals[signum] = previous
-
-    def _restore_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum, previous in self._signals.items():
-            loop.remove_signal_handler(signum)
-            if previous is not None:  # None: set outside Python, nothing to put back
-                signal.signal(signum, previous)  # type: ignore[arg-type]
-        self._signals.clear()
-
     def _stop_on_signal(self, signum: int) -> None:
         self.launcher.stop_all()
-        if signum == signal.SIGHUP and not _terminal_alive():
+        if signum == signal.SIGHUP and not terminal_alive():
             # The terminal is gone (an ssh session dropped, a tmux pane killed): there is no
             # screen to give back, and Textual's orderly shutdown writes to the dead one and
             # hung there (its output thread gone, its queue full), leaving the dashboard
@@ -528,25 +376,8 @@ class KVBudgetApp(App[int]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Start a replay", "replay a shipped trace", self.action_start_replay)
-        yield SystemCommand("Pause decisions", "pause / resume the table", self.action_pause)
-        yield SystemCommand("Filter decisions", "filter the table", self.action_filter)
-        yield SystemCommand("Clear filter", "show every decision", self.action_clear_filter)
-        yield SystemCommand("Dashboard keys", "what each key does", self.action_help)
-
-
-def _terminal_alive() -> bool:
-    """Whether this process's terminal is still there: a hung-up one polls as HUP / ERR (and
-    is no longer a tty to isatty, whose tcgetattr fails). Output that is not a terminal
-    (a headless test's file) polls writable: alive, nothing to leave in a hurry."""
-    try:
-        fd = sys.__stdout__.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        events = poller.poll(0)
-    except (OSError, ValueError, AttributeError):
-        return False
-    return not any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, event in events)
+        for title, help_text, action in keys.COMMANDS:
+            yield SystemCommand(title, help_text, getattr(self, f"action_{action}"))
 
 
 def exit_status(app: App, result: object) -> int:

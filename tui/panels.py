@@ -1,4 +1,5 @@
-"""Every panel of the dashboard, each a pure function of one `DashboardState`.
+"""The pool, queue, physical, layer and replay panels, each a pure function of one
+`DashboardState` (the engines & tenants panel is `engines`, the top line `status`).
 
 A panel returns a Rich renderable and nothing else: no widget, no I/O, no clock. The app
 puts each one in a bordered box and calls it again when the state moves; the tests render
@@ -8,7 +9,6 @@ figures on fewer lines.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,14 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kvbudget.client.pool_parts import pool_parts  # shared with `kvbudget admin status`
-from kvbudget.client.tenants import tenants_folded
+from kvbudget.daemon.wire.convert import policy_name
 from kvbudget.tui.drawing import (
     Blocks,
-    CountName,
-    Fitted,
     NameTable,
-    Row,
-    Section,
     StackedBar,
     n,
     n_short,
@@ -32,15 +28,8 @@ from kvbudget.tui.drawing import (
     plot_row,
     usage_style,
 )
-from kvbudget.tui.state import (
-    Connection,
-    DashboardState,
-    Link,
-    daemon_uptime_s,
-    policy_name,
-)
+from kvbudget.tui.state import DashboardState
 from kvbudget.tui.verdict import Bound, gib, verdict
-from kvbudget.units import format_duration
 from kvbudget.v1 import common_pb2
 
 REPLAY_STALLED_S = 30.0  # a replay whose position has not moved for this long
@@ -261,151 +250,6 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
     return Group(*lines)
 
 
-def _lease(remaining_s: float) -> tuple[str, str]:
-    if remaining_s <= 0:
-        return "lapsed", "bold red"
-    return f"live {remaining_s:.0f}s", "green"
-
-
-def engines_panel(state: DashboardState, compact: bool = False) -> RenderableType:
-    """Engine sessions with their lease and blocks held; tenants against their quota.
-
-    Names are cut in the middle (engine ids of one replay share a long prefix). Engine rows
-    that do not fit the panel leave a "+N more engines" line; tenant rows leave one "+N
-    more" row with their sums, and so does the daemon's "(other)" entry: the tenant rows
-    on screen always add up to every tenant's.
-    """
-    s = state.snapshot
-    if s is None:
-        return WAITING
-    if compact:
-        return _engines_compact(s)
-    parts: list[NameTable | Text] = []
-    if s.engines:
-        rows = []
-        for engine in s.engines:
-            lease, style = _lease(engine.lease_remaining_s)
-            rows.append(
-                (
-                    engine.engine_id,
-                    Text(lease, style=style),
-                    n(engine.blocks_held),
-                    n(engine.running),
-                    n(engine.waiting),
-                )
-            )
-        parts.append(
-            NameTable(
-                ("engine", "lease", "held", "run", "wait"), tuple(rows), frozenset({1}),
-                middle=True, sections=(Section(len(rows), "engines"),),
-            )
-        )
-    else:
-        parts.append(Text("no engine sessions", style="dim"))
-    if s.tenants:
-        tenants = TenantList(s)
-
-        def tenant_row(name: Text | str, tenant: TenantFigures, quota: str, use: Text | str) -> Row:
-            return (name, n(tenant.held), quota, use, n(tenant.running), n(tenant.waiting))
-
-        def rest(start: int) -> Row:
-            return tenant_row(*tenants.rest(start), "—", "—")
-
-        parts.append(
-            NameTable(
-                ("tenant", "held", "quota", "use", "run", "wait"),
-                tuple(
-                    tenant_row(name, figures, *_quota(tenant))
-                    for tenant, name, figures in tenants.entries()
-                ),
-                middle=True,
-                sections=(Section(len(s.tenants), "tenants", rest),),
-            )
-        )
-    return Fitted(tuple(parts))
-
-
-@dataclass(frozen=True)
-class TenantFigures:
-    """A tenant's figures that add up across tenants."""
-
-    held: int
-    running: int
-    waiting: int
-
-
-class TenantList:
-    """The snapshot's tenants as the panel shows them: each named one, and for the rest
-    (the daemon's "(other)" entry of a cut list, and the rows a panel has no room for) one
-    "+N more" row with their sums.
-
-    N counts tenants, not entries: "(other)" stands for the many the daemon left out
-    (`kvbudget.client.tenants.tenants_folded`), so N comes from the snapshot's count of them all.
-    """
-
-    def __init__(self, s) -> None:
-        self.tenants = tuple(s.tenants)
-        folded = tenants_folded(s) > 0  # the last entry is "(other)"
-        self.total = s.num_tenants if folded else len(self.tenants)
-        self.named = len(self.tenants) - 1 if folded else len(self.tenants)
-
-    def entries(self) -> list[tuple[object, Text | str, TenantFigures]]:
-        """(entry, name, figures) per entry, the "(other)" one as the "+N more" row it is."""
-        out: list[tuple[object, Text | str, TenantFigures]] = []
-        for index, tenant in enumerate(self.tenants):
-            if index < self.named:
-                out.append((tenant, tenant.tenant or "(default)", _figures(tenant)))
-            else:
-                out.append((tenant, *self.rest(index)))
-        return out
-
-    def rest(self, start: int) -> tuple[CountName, TenantFigures]:
-        """The "+N more" name and the sums of every tenant from entry `start` on."""
-        left = self.tenants[start:]
-        figures = TenantFigures(
-            held=sum(t.blocks_held for t in left),
-            running=sum(t.running for t in left),
-            waiting=sum(t.waiting for t in left),
-        )
-        return CountName(f"+{n(self.total - start)} more", style="dim"), figures
-
-
-def _figures(tenant) -> TenantFigures:
-    return TenantFigures(tenant.blocks_held, tenant.running, tenant.waiting)
-
-
-def _quota(tenant) -> tuple[str, Text | str]:
-    """The quota and the tenant's use of it: (held + reserved) / quota."""
-    if not tenant.quota_blocks:
-        return "—", "—"
-    share = (tenant.blocks_held + tenant.blocks_reserved) / tenant.quota_blocks
-    return n(tenant.quota_blocks), Text(f"{share:.0%}", style=usage_style(share))
-
-
-def _engines_compact(s) -> RenderableType:
-    """One line an engine, one a tenant, no headers: the 80x24 variant."""
-    rows: list[Row] = []
-    for engine in s.engines:
-        lease, style = _lease(engine.lease_remaining_s)
-        rows.append((engine.engine_id, Text(lease, style=style), n(engine.blocks_held), "held"))
-    tenants = TenantList(s)
-
-    def tenant_row(name: Text | str, tenant: TenantFigures, quota: str, use: Text | str) -> Row:
-        name = name if isinstance(name, Text) else Text(name, style="italic")
-        return (name, f"quota {quota}", n(tenant.held), use)
-
-    def rest(start: int) -> Row:
-        return tenant_row(*tenants.rest(start), "—", "—")
-
-    rows += [
-        tenant_row(name, figures, *_quota(tenant)) for tenant, name, figures in tenants.entries()
-    ]
-    if not rows:
-        return Text("no engine sessions", style="dim")
-    sections = (Section(len(s.engines), "engines"), Section(len(s.tenants), "tenants", rest))
-    return NameTable(None, tuple(rows), frozenset({1}), middle=True, sections=sections)
-
-
 def replays_panel(state: DashboardState, compact: bool = False) -> RenderableType:
     """Replays: trace, position, speed, status, policy; newest first, as htop and k9s put
     what runs now on top. Running (or stalled) ones before those that stopped short, before
@@ -481,98 +325,3 @@ def replay_status(state: DashboardState, replay) -> tuple[str, str]:
     if still_s >= REPLAY_STALLED_S:
         return f"{fraction:.0%} stalled {still_s:.0f}s", "bold yellow"
     return f"{fraction:.0%} running", "cyan"
-
-
-# -- status line --------------------------------------------------------------------------
-
-
-def status_line(
-    state: DashboardState, paused: bool = False, query: str = "", now: float | None = None
-) -> Text:
-    """The top line: the link's state first (a narrow terminal still shows it), then what
-    runs (model, policy), where, and what the app is doing; the whole reason of a
-    disconnection last.
-
-    `now` (the monotonic clock the state's times are on) dates the data: how long since
-    the last update, and the retry countdown. Without it neither is shown.
-    """
-    c = state.connection
-    stale_s = state.staleness(now) if now is not None else None
-    # Under a second it says nothing (a disconnection is news of its own).
-    age = f"no update for {stale_s:.0f} s" if stale_s is not None and stale_s >= 1 else ""
-    text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(" kvbudget ", style="bold reverse")
-    text.append(" ")
-    cause = ""
-    if c.playback:
-        ended = c.link is Link.DISCONNECTED
-        text.append("▶ playback" + (", ended" if ended else ""), style="bold cyan")
-    elif c.link is Link.CONNECTED:
-        if age:
-            text.append(f"● connected, {age}", style="bold yellow")
-        else:
-            text.append("● connected", style="bold green")
-    elif c.link is Link.DISCONNECTED:
-        cause = essential_cause(c.detail)
-        line = "● disconnected" + (f": {cause}" if cause else "") + f", {_retry(c, now)}"
-        text.append(line + (f" · {age}" if age else ""), style="bold red")
-    else:
-        text.append("● connecting…", style="yellow")
-    s = state.snapshot
-    if s is not None and (c.link is Link.CONNECTED or c.playback):
-        # What runs before where: a socket path can be long, the model and policy are not.
-        model = s.plan.model if s.HasField("plan") else ""
-        if model:
-            text.append(f"  {model}", style="bold")
-        text.append(f"  {policy_name(s.policy)}")
-        identity = daemon_identity(s)
-        if identity:
-            text.append(f"  {identity}", style="dim")
-    text.append(f"  {c.target}")
-    if paused:
-        text.append("  ⏸ PAUSED", style="bold yellow")
-    if query:
-        text.append(f"  filter: {query}", style="bold cyan")
-    if c.link is Link.DISCONNECTED and c.detail and c.detail != cause:
-        text.append(f"  ({c.detail})", style="red")
-    return text
-
-
-def daemon_identity(s: common_pb2.Snapshot) -> str:
-    """"daemon 0.4.0 · up 2h13m": which daemon answers and how long it has run, as htop's
-    uptime or `systemctl status`'s "since". "daemon", not "kvbudget": the daemon may run
-    another version than this dashboard. Either part is left out when the daemon does not
-    say it (an older one)."""
-    parts = []
-    if s.daemon_version:
-        parts.append(f"daemon {s.daemon_version}")
-    uptime_s = daemon_uptime_s(s)
-    if uptime_s is not None:
-        parts.append(f"up {format_duration(uptime_s)}")
-    return " · ".join(parts)
-
-
-def essential_cause(detail: str) -> str:
-    """What failed, out of a gRPC status line: "Connection refused" out of "UNAVAILABLE:
-    failed to connect to all addresses; last error: FAILED_PRECONDITION: unix:/x.sock:
-    connect failed: addr: unix:/x.sock error: Connection refused". The line itself when it
-    has no such tail ("UNAVAILABLE: Socket closed")."""
-    if "error: " not in detail:
-        return detail
-    cause = detail.rsplit("error: ", 1)[1].rsplit(": ", 1)[-1].strip()
-    return cause or detail
-
-
-def _retry(c: Connection, now: float | None) -> str:
-    """"retrying in 3 s", counting down; "retrying…" once the attempt is under way."""
-    remaining = c.retry_in_s if c.retry_at is None or now is None else c.retry_at - now
-    return f"retrying in {math.ceil(remaining)} s" if remaining > 0 else "retrying…"
-
-
-def key_help(bindings: Sequence[tuple[str, str]]) -> RenderableType:
-    table = Table(box=None, padding=(0, 2), show_header=False)
-    table.add_column(style="bold cyan", no_wrap=True)
-    table.add_column()
-    for key, description in bindings:
-        table.add_row(key, description)
-    return table

@@ -19,7 +19,7 @@ from textual.validation import Integer
 from textual.widgets import Button, Input, Label, Select, Static
 
 from kvbudget.tui.decisions import decision_detail
-from kvbudget.tui.panels import key_help
+from kvbudget.tui.status import key_help
 from kvbudget.tui.replays import POLICIES, SPEEDS, ReplayRequest
 from kvbudget.tui.state import DecisionRow
 

@@ -1,14 +1,7 @@
-"""The dashboard's view model: one immutable value built from the Watch stream.
+"""The dashboard's view model: one immutable value folded from the Watch stream.
 
-Every panel is a pure function of a `DashboardState`, so the state holds exactly what the
-panels need and nothing about widgets: the latest snapshot, bounded histories for the plots,
-the newest decisions and the connection status. Folding a `WatchResponse` in returns a new
-state; the old one is untouched, which is what lets the app render at its own steady rate
-while updates arrive at theirs.
-
-The latest `Snapshot` and the buffered `Decision`s are kept as the proto messages themselves
-(the contract is the proto, and converting every field of thousands of decisions a second
-would only copy them); they are never mutated after they arrive.
+Panels are pure functions of a `DashboardState`; folding a `WatchResponse` in returns a new
+state, so the app renders at its own rate while updates arrive at theirs.
 """
 
 from __future__ import annotations
@@ -19,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from kvbudget.client.pool_parts import pool_parts  # (the pool panel's split; the free plot samples it)
+from kvbudget.daemon.wire.convert import decision_from_proto, kind_name, policy_name
 from kvbudget.v1 import common_pb2, observer_pb2
 
 
@@ -77,22 +71,6 @@ def sample_of(snapshot: common_pb2.Snapshot) -> Sample:
     )
 
 
-def _enum_suffix(enum_type, value: int, prefix: str) -> str:
-    """DECISION_KIND_ADMIT -> "admit"; a value this build does not know -> its number."""
-    try:
-        return enum_type.Name(value).removeprefix(prefix).lower()
-    except ValueError:
-        return str(value)
-
-
-def kind_name(value: int) -> str:
-    return _enum_suffix(common_pb2.DecisionKind, value, "DECISION_KIND_")
-
-
-def policy_name(value: int) -> str:
-    return _enum_suffix(common_pb2.Policy, value, "POLICY_")
-
-
 @dataclass(frozen=True)
 class DecisionRow:
     """One decision as the table and the detail view show it (every field of the record)."""
@@ -121,30 +99,32 @@ class DecisionRow:
 
     @classmethod
     def from_proto(cls, m: common_pb2.Decision) -> DecisionRow:
+        """The wire's record of `m`, with kind, reason and policy as the daemon named them:
+        a newer daemon's kind or reason is shown as sent, not as this build's default."""
+        d = decision_from_proto(m)
         return cls(
-            seq=m.seq,
-            time_s=m.time_unix_s,
+            seq=d.seq,
+            time_s=d.time_s,
             kind=kind_name(m.kind),
             reason=m.reason,
-            request_id=m.request_id,
-            engine_id=m.engine_id,
-            tenant=m.tenant,
+            request_id=d.request_id,
+            engine_id=d.engine_id,
+            tenant=d.tenant,
             policy=policy_name(m.policy),
-            prompt_tokens=m.prompt_tokens,
-            max_new_tokens=m.max_new_tokens,
-            num_tokens=m.num_tokens,
-            num_computed_tokens=m.num_computed_tokens,
-            blocks_reserved=tuple(m.blocks_reserved),
-            blocks_held=tuple(m.blocks_held),
-            new_blocks=tuple((g.group_index, tuple(g.block_ids)) for g in m.new_blocks),
-            freed_blocks=m.freed_blocks,
-            cached_hit_blocks=m.cached_hit_blocks,
-            num_free_blocks=m.num_free_blocks,
-            num_waiting=m.num_waiting,
-            num_running=m.num_running,
-            detail=m.detail,
+            prompt_tokens=d.prompt_tokens,
+            max_new_tokens=d.max_new_tokens,
+            num_tokens=d.num_tokens,
+            num_computed_tokens=d.num_computed,
+            blocks_reserved=d.blocks_reserved,
+            blocks_held=d.blocks_held,
+            new_blocks=tuple((group, ids) for group, ids in enumerate(d.new_block_ids) if ids),
+            freed_blocks=d.freed_blocks,
+            cached_hit_blocks=d.cached_hit_blocks,
+            num_free_blocks=d.num_free_blocks,
+            num_waiting=d.num_waiting,
+            num_running=d.num_running,
+            detail=d.detail,
         )
-
 
 
 STALE_MIN_S = 2.0

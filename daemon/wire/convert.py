@@ -1,4 +1,4 @@
-"""Records <-> proto messages, in one place.
+"""Records <-> proto messages: decisions, kinds, policies, submits, the plan, the snapshot.
 
 The core speaks `records` (plain dataclasses, strings for kinds and policies); the wire
 speaks `kvbudget.v1` (enums with an UNSPECIFIED zero). Nothing else converts.
@@ -12,20 +12,7 @@ from typing import Any
 
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot, new_request_spec
 from kvbudget.daemon.config.sizing import kv_tokens
-from kvbudget.daemon.core.spec import (
-    AttentionSpec,
-    CappedAttentionSpec,
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    KVCacheGroup,
-    KVCacheLayout,
-    LayerKind,
-    LayerSpec,
-    MambaSpec,
-    MLASpec,
-    SlidingWindowSpec,
-    kv_dtype,
-)
+from kvbudget.daemon.core.spec import KVCacheLayout
 from kvbudget.v1 import common_pb2, engine_pb2
 
 _KIND_TO_PROTO = {kind: getattr(common_pb2, f"DECISION_KIND_{kind.name}") for kind in DecisionKind}
@@ -52,6 +39,26 @@ def policy_to_proto(policy: str) -> int:
 
 def policy_from_proto(value: int) -> str | None:
     return _POLICY_FROM_PROTO.get(value)
+
+
+def kind_name(value: int) -> str:
+    """A message's kind as a reader shows it: the record's name ("admit"), or, where the
+    record has none, the enum's ("unspecified") or the number of a kind newer than this build."""
+    kind = _KIND_FROM_PROTO.get(value)
+    return kind.value if kind is not None else _enum_text(common_pb2.DecisionKind, value, "DECISION_KIND_")
+
+
+def policy_name(value: int) -> str:
+    """A message's policy as a reader shows it (as `kind_name`)."""
+    name = _POLICY_FROM_PROTO.get(value)
+    return name if name is not None else _enum_text(common_pb2.Policy, value, "POLICY_")
+
+
+def _enum_text(enum_type: Any, value: int, prefix: str) -> str:
+    try:
+        return enum_type.Name(value).removeprefix(prefix).lower()
+    except ValueError:
+        return str(value)
 
 
 def decision_to_proto(d: Decision) -> common_pb2.Decision:
@@ -239,53 +246,6 @@ def plan_to_proto(
 
 
 
-def layout_from_plan(plan: common_pb2.PoolPlan) -> KVCacheLayout:
-    """`plan_to_proto`'s inverse, as far as counting blocks goes: the daemon's block size
-    and groups, each of its own kind, so a client (live replay's simulated engine, the
-    doctor) counts blocks per group as the daemon does. ValueError for a group it cannot
-    rebuild.
-
-    The plan gives no head counts or dtypes, so the specs' own page sizes are placeholders
-    (the layout's page size is the plan's); none of them counts blocks.
-    """
-    block_size = plan.block_size_tokens or 16
-    groups = [KVCacheGroup(_spec_from_plan_group(g, block_size), tuple(g.layer_ids)) for g in plan.groups]
-    if not groups:
-        groups.append(KVCacheGroup(AttentionSpec(block_size, 1, 1, kv_dtype("bf16")), (0,)))
-    return KVCacheLayout(
-        block_size=block_size, groups=tuple(groups), group_size=plan.layers_per_group or 1,
-        page_size_bytes=plan.page_size_bytes, num_layers=sum(len(g.layer_ids) for g in groups),
-        model_name=plan.model,
-    )  # fmt: skip
-
-
-def _spec_from_plan_group(group: common_pb2.KVCacheGroup, block_size: int) -> LayerSpec:
-    """The spec of one plan group (plan_to_proto wrote it), with what counts blocks."""
-    bf16 = kv_dtype("bf16")
-    kind = group.layer_type
-    if kind == LayerKind.SLIDING.value:
-        return SlidingWindowSpec(block_size, 1, 1, bf16, sliding_window=group.sliding_window_tokens)
-    if kind == LayerKind.CHUNKED.value:
-        return ChunkedLocalAttentionSpec(block_size, 1, 1, bf16, attention_chunk_size=group.attention_chunk_tokens)
-    if kind == LayerKind.CAPPED.value:
-        return CappedAttentionSpec(block_size, 1, 1, bf16, token_cap=group.token_cap)
-    if kind == LayerKind.MLA.value:
-        return MLASpec(block_size, 1, 0, bf16)
-    if kind == LayerKind.MAMBA.value:
-        # A daemon older than the field sends 0: every Mamba spec it built held one page.
-        return MambaSpec(block_size, state_bytes=1, pages_per_request=group.state_pages_per_request or 1)
-    if kind == LayerKind.CROSS.value:
-        if not group.max_encoder_tokens:
-            # No safe guess: the encoder's length is not bounded by max_model_len.
-            raise ValueError(
-                f"group {group.group_index} (cross_attention) does not say its encoder length "
-                "(max_encoder_tokens): the daemon is older than this client"
-            )
-        return CrossAttentionSpec(block_size, 1, 1, bf16, max_encoder_tokens=group.max_encoder_tokens)
-    # full_attention, or a kind newer than this build: every token cached, the most any
-    # kind whose blocks grow with the request holds.
-    return AttentionSpec(block_size, 1, 1, bf16)
-
 
 def gpu_to_proto(gpu: object | None, pool_bytes: int = 0, own_pid: int | None = None) -> common_pb2.GpuState:
     """A gpu.GPUProbe (duck-typed: the probe module is optional at import); None: device=cpu.
@@ -348,29 +308,8 @@ def snapshot_to_proto(
         rejections_by_reason=s.rejections_by_reason,
         decisions_by_kind=s.decisions_by_kind,
         waiting_by_reason=s.waiting_by_reason,
-        groups=[
-            common_pb2.GroupState(
-                layer_type=g.kind,
-                description=g.description,
-                num_layers=g.num_layers,
-                blocks_held=g.blocks_held,
-                blocks_reserved=g.blocks_reserved,
-                blocks_reclaimed=g.blocks_reclaimed,
-            )
-            for g in s.groups
-        ],
-        tenants=[
-            common_pb2.TenantState(
-                tenant=t.tenant,
-                blocks_held=t.blocks_held,
-                blocks_reserved=t.blocks_reserved,
-                quota_blocks=t.quota_blocks or 0,
-                weight=t.weight,
-                running=t.running,
-                waiting=t.waiting,
-            )
-            for t in s.tenants
-        ],
+        groups=_groups_to_proto(s),
+        tenants=_tenants_to_proto(s),
         engines=list(engines),
         replays=list(replays),
         prefix_hit_blocks=s.prefix_hit_blocks,
@@ -385,18 +324,45 @@ def snapshot_to_proto(
     if plan is not None:
         msg.plan.CopyFrom(plan)
     if decision_log is not None:
-        f = decision_log
-        msg.decision_log.CopyFrom(
-            common_pb2.DecisionLogState(
-                rows_written=f.rows_written, rows_folded=f.rows_folded, stalls=f.stalls,
-                stall_s=f.stall_seconds, database_bytes=f.database_bytes, wal_bytes=f.wal_bytes,
-                disk_free_bytes=f.disk_free_bytes, disk_total_bytes=f.disk_total_bytes, max_bytes=f.max_bytes,
-                num_unwritten_decisions=f.num_unwritten, write_error=f.write_error,
-                unwritten_since_unix_s=f.unwritten_since_unix_s,
-            )
-        )
+        msg.decision_log.CopyFrom(_log_to_proto(decision_log))
     return msg
 
 
-def decisions_to_proto(decisions: Sequence[Decision]) -> list[common_pb2.Decision]:
-    return [decision_to_proto(d) for d in decisions]
+def _groups_to_proto(s: Snapshot) -> list[common_pb2.GroupState]:
+    return [
+        common_pb2.GroupState(
+            layer_type=g.kind,
+            description=g.description,
+            num_layers=g.num_layers,
+            blocks_held=g.blocks_held,
+            blocks_reserved=g.blocks_reserved,
+            blocks_reclaimed=g.blocks_reclaimed,
+        )
+        for g in s.groups
+    ]
+
+
+def _tenants_to_proto(s: Snapshot) -> list[common_pb2.TenantState]:
+    return [
+        common_pb2.TenantState(
+            tenant=t.tenant,
+            blocks_held=t.blocks_held,
+            blocks_reserved=t.blocks_reserved,
+            quota_blocks=t.quota_blocks or 0,
+            weight=t.weight,
+            running=t.running,
+            waiting=t.waiting,
+        )
+        for t in s.tenants
+    ]
+
+
+def _log_to_proto(f: Any) -> common_pb2.DecisionLogState:
+    """`f`: a LogFigures of the decision log (duck-typed)."""
+    return common_pb2.DecisionLogState(
+        rows_written=f.rows_written, rows_folded=f.rows_folded, stalls=f.stalls,
+        stall_s=f.stall_seconds, database_bytes=f.database_bytes, wal_bytes=f.wal_bytes,
+        disk_free_bytes=f.disk_free_bytes, disk_total_bytes=f.disk_total_bytes, max_bytes=f.max_bytes,
+        num_unwritten_decisions=f.num_unwritten, write_error=f.write_error,
+        unwritten_since_unix_s=f.unwritten_since_unix_s,
+    )

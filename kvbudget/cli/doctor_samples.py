@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from kvbudget.daemon.wire import convert
+from kvbudget.daemon.wire.layout import layout_from_plan
 from kvbudget.client.pressure import POOL_FULL_SHARE
 from kvbudget.v1 import common_pb2
 
@@ -292,7 +293,7 @@ def _blocks_at_max_model_len(plan: common_pb2.PoolPlan) -> int:
     if not plan.groups or not plan.max_model_len_tokens:
         return 0
     try:
-        layout = convert.layout_from_plan(plan)
+        layout = layout_from_plan(plan)
     except ValueError:
         return 0
     return request_worst_case(layout, plan.max_model_len_tokens, plan.max_num_batched_tokens or 8192).total

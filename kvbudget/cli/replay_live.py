@@ -74,6 +74,7 @@ async def _daemon_setup(observer, args: argparse.Namespace, trace):
     import grpc
 
     from kvbudget.daemon.wire import convert
+    from kvbudget.daemon.wire.layout import layout_from_plan
     from kvbudget.traces.replay import ReplaySetup
 
     try:
@@ -86,7 +87,7 @@ async def _daemon_setup(observer, args: argparse.Namespace, trace):
         raise CLIError(rpc_error_line(args.target, exc)) from None
     plan = snapshot.plan
     try:
-        layout = convert.layout_from_plan(plan)
+        layout = layout_from_plan(plan)
     except ValueError as exc:  # a plan this client cannot read whole
         raise CLIError(f"the daemon's pool plan: {exc}") from None
     engine = engine_config(

@@ -11,33 +11,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__all__ = [
-    "ClientClosed",
-    "EngineClient",
-    "ObserverClient",
-    "PolicySwitch",
-    "SessionLost",
-    "StepBatch",
-    "policy_switch",
-    "step_message",
-    "submit_message",
-]
+# Each public name and the module it lives in.
+_HOMES = {
+    "ClientClosed": "engine",
+    "EngineClient": "engine",
+    "SessionLost": "engine",
+    "StepBatch": "engine",
+    "ObserverClient": "observer",
+    "PolicySwitch": "messages",
+    "policy_switch": "messages",
+    "step_message": "messages",
+    "submit_message": "messages",
+}
+__all__ = sorted(_HOMES)
 
 if TYPE_CHECKING:
-    from kvbudget.client.engine import (
-        ClientClosed,
-        EngineClient,
-        ObserverClient,
-        PolicySwitch,
-        SessionLost,
-        StepBatch,
-        policy_switch,
-        step_message,
-        submit_message,
-    )
+    from kvbudget.client.engine import ClientClosed, EngineClient, SessionLost, StepBatch
+    from kvbudget.client.messages import PolicySwitch, policy_switch, step_message, submit_message
+    from kvbudget.client.observer import ObserverClient
 
 
 def __getattr__(name: str) -> object:
-    if name in __all__:
-        return getattr(importlib.import_module("kvbudget.client.engine"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kvbudget.client.{home}"), name)

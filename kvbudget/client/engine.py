@@ -1,35 +1,8 @@
-"""Typed Python clients of the daemon: an engine's, and an observer's / operator's.
+"""An engine's client of the daemon: its session, one Step per scheduler step, the Events
+stream, heartbeats, and the resend of a step whose reply was lost.
 
-No torch, no textual: the dashboard, doctor and replayer import this.
-
-Engine use, one Step per scheduler step:
-
-    async with EngineClient("unix:///run/kvbudget/kvbudget.sock", "engine-0") as engine:
-        plan = engine.plan
-        decisions = await engine.step(submits=[RequestSpec("r1", prompt_tokens=900)])
-        async for later in engine.events():   # queued request admitted, preempt orders
-            ...
-
-The client heartbeats its lease in the background and follows the Events stream across
-daemon restarts. When the daemon no longer knows the session (it restarted, or the lease
-lapsed), the client opens a new one and the next `step()` raises `SessionLost` (once, and
-without sending that step, if the heartbeat found out first): the engine's requests are
-gone on the daemon side and must be submitted again. `events()` does not say so; it just
-follows the new session. If another process has taken the engine id meanwhile
-(`replace_existing`), the re-open is refused with ALREADY_EXISTS and `step()` raises that:
-the client never takes an engine id back by itself.
-Refusals are `grpc.aio.AioRpcError`s: read `.code()` (NOT_FOUND, ALREADY_EXISTS,
-UNAVAILABLE while draining, ...) and `.details()` (the field at fault).
-A step that fails with UNAVAILABLE "decision log: ..." (the daemon's disk is full) may be
-sent again as it is, with the same arguments: a step the daemon applied gets its reply
-then, one it refused is applied then (docs/engine-integration.md).
-Every step is numbered (`StepRequest.step_seq`). A step whose reply is lost on the way (its
-deadline passed on a live connection, or the connection dropped mid-call) may or may not
-have been applied; the client sends the very same step again (`step_resends` times at
-most), and the daemon, which keeps the outcome of each session's last numbered step,
-answers it without applying it twice.
-Steps of one client go one at a time, in the order they were called (a step called while
-another is in flight waits for it): a lower number arriving after a higher one is refused.
+No torch, no textual. How sessions are lost and re-opened, and when a step is sent again:
+docs/architecture.md and docs/engine-integration.md.
 """
 
 from __future__ import annotations
@@ -39,21 +12,15 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
 
 import grpc
 
-from kvbudget.daemon.wire import convert
+from kvbudget.client.channel import open_channel, task_cancelling
+from kvbudget.client.messages import step_message
+from kvbudget.client.target import call_metadata
 from kvbudget.daemon.core.records import Decision, RequestSpec
-from kvbudget.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    common_pb2,
-    engine_pb2,
-    engine_pb2_grpc,
-    observer_pb2,
-    observer_pb2_grpc,
-)
+from kvbudget.daemon.wire import convert
+from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger("kvbudget.client")
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
@@ -66,99 +33,6 @@ class SessionLost(Exception):
 class ClientClosed(RuntimeError):
     """A step on a closed EngineClient, or one in flight when close() was called (whether
     the daemon applied that one is unknown; close() released the session's requests)."""
-
-
-def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),) if token else ()
-
-
-def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-    if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials, options=options)
-    return grpc.aio.insecure_channel(target, options=options)
-
-
-def submit_message(spec: RequestSpec | engine_pb2.Submit) -> engine_pb2.Submit:
-    if isinstance(spec, engine_pb2.Submit):
-        return spec
-    try:
-        msg = engine_pb2.Submit(
-            request_id=spec.request_id,
-            prompt_tokens=spec.prompt_tokens,
-            prefix_hashes=spec.prefix_hashes,
-            priority=spec.priority,
-            tenant=spec.tenant,
-            deadline_unix_s=spec.deadline_s or 0.0,
-        )
-        if spec.max_new_tokens is not None:
-            msg.max_new_tokens = spec.max_new_tokens
-    except (ValueError, TypeError) as exc:
-        # protobuf's own words name no field ("Value out of range: -1"); as the daemon would
-        # refuse it, name the field (a count the wire cannot carry never reaches the daemon).
-        raise ValueError(f"submit {spec.request_id!r}: {_unsendable_field(spec)}: {exc}") from None
-    return msg
-
-
-def _unsendable_field(spec: RequestSpec) -> str:
-    """The first field of `spec` the Submit message cannot carry (uint32 counts, uint64 hashes)."""
-    for name in ("prompt_tokens", "max_new_tokens"):
-        value = getattr(spec, name)
-        if value is not None and not (isinstance(value, int) and 0 <= value < 2**32):
-            return name
-    if not all(isinstance(h, int) and 0 <= h < 2**64 for h in spec.prefix_hashes):
-        return "prefix_hashes"
-    if not (isinstance(spec.priority, int) and -(2**31) <= spec.priority < 2**31):
-        return "priority"
-    return "a field"
-
-
-def step_message(
-    session_id: str,
-    submits: Iterable[RequestSpec | engine_pb2.Submit] = (),
-    grows: Iterable[tuple[str, int]] = (),
-    progress: Iterable[tuple[str, int]] = (),
-    finishes: Iterable[str] = (),
-    aborts: Iterable[str] = (),
-) -> engine_pb2.StepRequest:
-    # Each op is built in place with the repeated field's `add`: building them apart and
-    # handing lists to the constructor copies every one (twice the cost of a replay step).
-    message = engine_pb2.StepRequest(session_id=session_id)
-    if submits:
-        message.submits.extend([submit_message(s) for s in submits])
-    add = message.grows.add
-    for request_id, num_tokens in grows:
-        add(request_id=request_id, num_tokens=num_tokens)
-    add = message.progress.add
-    for request_id, num_computed_tokens in progress:
-        add(request_id=request_id, num_computed_tokens=num_computed_tokens)
-    add = message.finishes.add
-    for request_id in finishes:
-        add(request_id=request_id)
-    add = message.aborts.add
-    for request_id in aborts:
-        add(request_id=request_id)
-    return message
-
-
-@dataclass(frozen=True)
-class PolicySwitch:
-    """What `set_policy` did: the policy before, and what the switch did to the waiting
-    queue at once (admitted; rejected by reason). `changed` is False when the policy asked
-    for was in force already (nothing logged, nothing moved)."""
-
-    previous: str
-    policy: str
-    num_admitted: int = 0
-    rejected_by_reason: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def changed(self) -> bool:
-        return self.previous != self.policy
-
-    @property
-    def num_rejected(self) -> int:
-        return sum(self.rejected_by_reason.values())
 
 
 class StepBatch:
@@ -250,8 +124,8 @@ class EngineClient:
     ) -> None:
         self.target = target
         self.engine_id = engine_id
-        self._metadata = _metadata(token)
-        self._channel = _channel(target, credentials)
+        self._metadata = call_metadata(token)
+        self._channel = open_channel(target, credentials)
         self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
         self._lease_ttl_s = lease_ttl_s
         self._fingerprint = model_fingerprint
@@ -405,7 +279,7 @@ class EngineClient:
             raise
         except asyncio.CancelledError:
             # close() closing the channel cancels the call: not a cancellation of the caller.
-            if self._closed and not _task_cancelling():
+            if self._closed and not task_cancelling():
                 raise ClientClosed(f"the client of engine {self.engine_id!r} was closed during this step") from None
             raise
 
@@ -478,7 +352,7 @@ class EngineClient:
             except asyncio.CancelledError:
                 # close() closing the channel cancels the call: that ends the iteration. A
                 # cancellation of the reader's own task goes on.
-                if self._closed and not _task_cancelling():
+                if self._closed and not task_cancelling():
                     return
                 raise
             finally:
@@ -501,125 +375,4 @@ def _outcome_unknown(error: grpc.aio.AioRpcError) -> bool:
         return True
     return code == grpc.StatusCode.UNAVAILABLE and not (error.details() or "").startswith(
         ("decision log:", "submits: daemon is draining")
-    )
-
-
-def _task_cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-class ObserverClient:
-    """Read-only views, plus the admin calls (which need an admin token over TCP)."""
-
-    def __init__(
-        self, target: str, token: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
-    ) -> None:
-        self._metadata = _metadata(token)
-        self._channel = _channel(target, credentials)
-        self._observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
-        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
-        self._closed = False
-
-    async def __aenter__(self) -> ObserverClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        self._closed = True
-        await self._channel.close()
-
-    async def snapshot(self, *, timeout: float = 10.0, wait_for_ready: bool = True) -> common_pb2.Snapshot:
-        """`wait_for_ready=False`: fail at once (UNAVAILABLE, "Connection refused") when no
-        daemon is there, instead of waiting `timeout` for one (DEADLINE_EXCEEDED)."""
-        response = await self._observer.GetSnapshot(
-            observer_pb2.GetSnapshotRequest(), metadata=self._metadata, timeout=timeout, wait_for_ready=wait_for_ready
-        )
-        return response.snapshot
-
-    async def watch(self, interval_ms: int = 100, max_decisions: int = 200) -> AsyncIterator[observer_pb2.WatchResponse]:
-        """The snapshot, then an update every `interval_ms`, until the stream or close() ends it."""
-        call = self._observer.Watch(
-            observer_pb2.WatchRequest(interval_ms=interval_ms, max_decisions=max_decisions),
-            metadata=self._metadata,
-            wait_for_ready=True,
-        )
-        try:
-            async for message in call:
-                yield message
-        except asyncio.CancelledError:
-            # close() closing the channel cancels the call: that ends the iteration.
-            if self._closed and not _task_cancelling():
-                return
-            raise
-        finally:
-            call.cancel()
-
-    async def query_decisions(
-        self,
-        *,
-        request_id: str = "",
-        engine_id: str = "",
-        tenant: str = "",
-        kind: str | None = None,
-        since_unix_s: float = 0.0,
-        until_unix_s: float = 0.0,
-        limit: int = 100,
-        before_seq: int = 0,
-    ) -> list[Decision]:
-        """Newest first, at most `limit`. To page back, pass the oldest seq returned as
-        `before_seq` (0: no bound): exact, where `until_unix_s` skips decisions that share
-        the oldest one's time (one step's do)."""
-        request = observer_pb2.QueryDecisionsRequest(
-            request_id=request_id,
-            engine_id=engine_id,
-            tenant=tenant,
-            kind=convert.kind_to_proto(kind) if kind else common_pb2.DECISION_KIND_UNSPECIFIED,
-            since_unix_s=since_unix_s,
-            until_unix_s=until_unix_s,
-            limit=limit,
-            before_seq=before_seq,
-        )
-        response = await self._observer.QueryDecisions(request, metadata=self._metadata, timeout=30.0)
-        return [convert.decision_from_proto(d) for d in response.decisions]
-
-    async def estimate(self, tokens_per_request: int) -> observer_pb2.EstimateResponse:
-        return await self._observer.Estimate(
-            observer_pb2.EstimateRequest(tokens_per_request=tokens_per_request), metadata=self._metadata, timeout=10.0
-        )
-
-    async def report_replay(self, replay: common_pb2.ReplayState) -> None:
-        await self._observer.ReportReplay(
-            observer_pb2.ReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
-        )
-
-    async def set_policy(self, policy: str) -> PolicySwitch:
-        """Switches the admission policy; says the previous one and what it did to the queue."""
-        response = await self._admin.SetPolicy(
-            admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)), metadata=self._metadata, timeout=10.0
-        )
-        return policy_switch(policy, response)
-
-    async def set_tenant_quota(self, tenant: str, max_share: float = 0.0, weight: float = 0.0) -> None:
-        await self._admin.SetTenantQuota(
-            admin_pb2.SetTenantQuotaRequest(tenant=tenant, max_share=max_share, weight=weight),
-            metadata=self._metadata,
-            timeout=10.0,
-        )
-
-    async def drain(self) -> int:
-        response = await self._admin.Drain(admin_pb2.DrainRequest(), metadata=self._metadata, timeout=10.0)
-        return response.running
-
-
-
-def policy_switch(policy: str, response: admin_pb2.SetPolicyResponse) -> PolicySwitch:
-    """A SetPolicy reply as a `PolicySwitch` (the CLI's blocking call reads it too)."""
-    return PolicySwitch(
-        previous=convert.policy_from_proto(response.previous) or "",
-        policy=policy,
-        num_admitted=response.num_admitted,
-        rejected_by_reason=dict(sorted(response.rejected_by_reason.items())),
     )
