@@ -19,7 +19,7 @@ from kvbudget.daemon.config.settings import (
     TenantQuota,
 )
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS
-from kvbudget.daemon.server.tokens_file import load_roles
+from kvbudget.daemon.config.tokens_file import load_roles
 
 from certificates import make_ca, make_pair
 

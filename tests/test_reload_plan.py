@@ -9,7 +9,7 @@ import pytest
 
 from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, TenantQuota
 from kvbudget.daemon.server.reload import model_resolved, plan_reload, tenant_updates
-from kvbudget.daemon.server.tls import read_client_ca, read_pair
+from kvbudget.daemon.config.tls_files import read_client_ca, read_pair
 
 from certificates import fingerprint, make_ca, make_pair
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kvbudget.daemon.server.tls import ServedCertificate, read_pair
+from kvbudget.daemon.config.tls_files import read_pair
+from kvbudget.daemon.server.tls import ServedCertificate
 from kvbudget.client.errors import CLIError
 from kvbudget.client.target import call_metadata, resolve_token
 

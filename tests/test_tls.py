@@ -12,7 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from kvbudget.daemon.server.tls import ServedCertificate, TlsError, read_client_ca, read_pair
+from kvbudget.daemon.config.tls_files import TlsError, read_client_ca, read_pair
+from kvbudget.daemon.server.tls import ServedCertificate
 
 from certificates import fingerprint, make_ca, make_pair, make_signed, new_connection, not_after_unix_s
 

@@ -8,6 +8,7 @@ import os
 import re
 
 from kvbudget.daemon.config.settings import LOG_LEVELS, ConfigError, DaemonConfig, Failure
+from kvbudget.daemon.config.tls_files import TlsError, read_client_ca, read_pair
 
 MIN_LEASE_TTL_S = 1.0  # the wire says TTLs in whole seconds (OpenSessionResponse.lease_ttl_s)
 # A unix socket's path fits in sockaddr_un.sun_path (108 bytes with its NUL). gRPC counts
@@ -94,8 +95,6 @@ def _check_tls(c: DaemonConfig, fail: Failure) -> None:
         present = "tls_cert_file" if c.tls_cert_file else "tls_key_file"
         raise fail(missing, f"{present} is set but {missing} is not: TLS needs both")
     if c.tls_cert_file:
-        from kvbudget.daemon.server.tls import TlsError, read_pair  # (grpc: only for a TLS config)
-
         try:
             read_pair(c.tls_cert_file, c.tls_key_file)  # (read again to serve: daemon/server/tls.py)
         except TlsError as exc:
@@ -104,8 +103,6 @@ def _check_tls(c: DaemonConfig, fail: Failure) -> None:
         if not c.tls_cert_file:
             raise fail("tls_client_ca_file", "needs tls_cert_file and tls_key_file: client certificates "
                        "are asked for in the TLS handshake")
-        from kvbudget.daemon.server.tls import TlsError, read_client_ca
-
         try:
             read_client_ca(c.tls_client_ca_file)
         except TlsError as exc:
@@ -113,7 +110,7 @@ def _check_tls(c: DaemonConfig, fail: Failure) -> None:
 
 
 def _check_tokens_file(c: DaemonConfig, fail: Failure) -> None:
-    from kvbudget.daemon.server.tokens_file import load_roles  # (it reads TOML through this room)
+    from kvbudget.daemon.config.tokens_file import load_roles  # (here: it reads TOML through loading, which imports this)
 
     try:
         roles = load_roles(c.tokens_file)

@@ -21,7 +21,8 @@ from kvbudget.daemon.server.service import CoreService
 from kvbudget.daemon.server.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.server.steps import MAX_MESSAGE_BYTES
 from kvbudget.daemon.server.startup import StartupError
-from kvbudget.daemon.server.tls import ServedCertificate, TlsError, read_client_ca, read_pair, warn_if_expired
+from kvbudget.daemon.config.tls_files import TlsError, read_client_ca, read_pair
+from kvbudget.daemon.server.tls import ServedCertificate, warn_if_expired
 from kvbudget.v1 import admin_pb2_grpc, engine_pb2_grpc, observer_pb2_grpc
 
 log = logging.getLogger("kvbudget.daemon")

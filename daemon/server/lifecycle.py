@@ -36,7 +36,7 @@ from kvbudget.daemon.server.startup import (
     start_metrics, take_writer_lock, warn_if_the_log_outgrows_its_disk,
 )
 from kvbudget.daemon.server.tls import ServedCertificate
-from kvbudget.daemon.server.tokens_file import Roles, load_roles, tokens_file_warnings
+from kvbudget.daemon.config.tokens_file import Roles, load_roles, tokens_file_warnings
 from kvbudget.daemon.server.watch import WatchHub
 from kvbudget.daemon.wire import convert
 

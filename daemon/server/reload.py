@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, TenantQuota
-from kvbudget.daemon.server.tokens_file import Roles, load_roles, tokens_file_warnings
-from kvbudget.daemon.server.tls import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
+from kvbudget.daemon.config.tokens_file import Roles, load_roles, tokens_file_warnings
+from kvbudget.daemon.config.tls_files import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
 
 # AdmissionController.retune's keyword arguments, the config's field names
 RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s",

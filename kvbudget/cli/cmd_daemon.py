@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             f"(kept: {_retention(config)})"
         )
         if config.tokens_file:
-            from kvbudget.daemon.server.tokens_file import tokens_file_warnings
+            from kvbudget.daemon.config.tokens_file import tokens_file_warnings
 
             for warning in tokens_file_warnings(config.tokens_file, daemon.roles):
                 print(f"warning: {warning}")
