@@ -10,8 +10,8 @@ live through a daemon in <= 60 s on a 2-core machine.
 Prints one JSON line per run: wall seconds, simulated steps, backend calls, decisions,
 and, offline, where the time went (inside the admission core vs the simulated engine).
 
-The measurements (issue 5) and where the time goes: docs/architecture.md, the trace
-simulator, "Replay speed".
+The measurements (issue 5) and where the time goes: docs/architecture/traces.md,
+"Replay speed".
 """
 
 from __future__ import annotations

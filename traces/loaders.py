@@ -1,7 +1,7 @@
 """Request traces in, one `TraceRequest` (trace_request.py) per row out, whatever the
 file's format: Mooncake JSONL, Azure CSV, or a plain CSV/JSONL (one module each,
 format_*.py), gzip-compressed or not, detected from the first line, not the file name.
-(Bad rows, the sort by arrival, start/limit: docs/architecture.md.)
+(Bad rows, the sort by arrival, start/limit: docs/architecture/traces.md.)
 """
 
 from __future__ import annotations

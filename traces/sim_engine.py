@@ -3,7 +3,7 @@
 A step is `build_step` (the asks for one backend call), `apply` (each decision that call
 returned), then `run_step` (run the batch, advance the clock); `skip_quiet_steps` takes
 runs of decode-only steps in one go. The step-time model and the order of a step:
-docs/architecture.md, the trace simulator.
+docs/architecture/traces.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A simulated engine batches like vLLM (chunked prefill, in virtual time, no model
 submits arrivals, schedules its batch, asks admission once (a `StepOps`), applies the
 decisions, then advances its clock by the step-time model. Same trace, backend and seed:
 same run. One generator of backend calls serves the in-process backend (`run`) and the
-gRPC one (`run_async`). The whole story: docs/architecture.md, the trace simulator.
+gRPC one (`run_async`). The whole story: docs/architecture/traces.md.
 """
 
 from __future__ import annotations

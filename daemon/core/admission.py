@@ -4,7 +4,7 @@ Callers pass `now` (seconds, any monotonic origin) to every call, so the same ob
 under the daemon, the offline replayer and the tests, deterministically. Every mutating
 call returns the decisions it caused, in order; "does not fit" is a decision, never an
 exception (AdmissionError is misuse and names the field). The engine contract, the
-invariant every path keeps and the module map: docs/architecture.md.
+invariant every path keeps and the module map: docs/architecture/core.md.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class AdmissionController:
     def hold_queue(self, held: bool = True) -> None:
         """Admit nothing from the queue until `release_queue`: one engine step's finishes,
         aborts, progress and grows all land first, as vLLM schedules its running requests
-        before its waiting ones (why: docs/architecture.md). `held=False` lifts the hold
+        before its waiting ones (why: docs/architecture/core.md). `held=False` lifts the hold
         without a pass: the next `schedule` makes it."""
         self._queue_held = held
 

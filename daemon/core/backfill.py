@@ -2,7 +2,7 @@
 
 Bounded backfill: behind a head that does not fit, up to `backfill_depth` requests may be
 admitted past it until it has waited `max_head_wait_s`; then nothing passes it (the
-bound this gives: docs/architecture.md).
+bound this gives: docs/architecture/core.md).
 """
 
 from __future__ import annotations

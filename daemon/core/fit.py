@@ -3,7 +3,7 @@
 `plan` works out what admitting a waiting request would take under a policy (its hits,
 base, first chunk, held blocks, charge, and `need`: what the pool must find); `refusal`
 says why it cannot be admitted now, or for good, or None. The formulas are budget.py's;
-the memos only remember their answers (docs/architecture.md).
+the memos only remember their answers (docs/architecture/core.md).
 """
 
 from __future__ import annotations

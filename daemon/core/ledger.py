@@ -3,7 +3,7 @@
 Every change to a running request's blocks goes through here, so the totals a snapshot
 reads are counters and a snapshot never walks the pool (integrity.py recounts them). Why
 shared window-group blocks keep a `window_share_reserve`, and how a tenant is charged for
-blocks its requests share: docs/architecture.md.
+blocks its requests share: docs/architecture/core.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and whether it may be preempted when it grows past that and the pool is dry:
 optimistic (base 0, preempts), guaranteed (worst case at L, never preempted), predictive
 (what it holds decoding at a predicted length) and naive (max_model_len in every group,
-a what-if baseline). Each policy in detail: docs/architecture.md.
+a what-if baseline). Each policy in detail: docs/architecture/core.md.
 """
 
 from __future__ import annotations

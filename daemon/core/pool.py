@@ -3,7 +3,7 @@
 Block 0 is the null block (never handed out: a table's slots out of a sliding window).
 A block is free (no hash), held (ref count > 0) or evictable (ref count 0, cached, in
 LRU order; free for admission). The per-block work is a few list and dict operations in
-C loops: a replay moves millions of blocks (how: docs/architecture.md).
+C loops: a replay moves millions of blocks (how: docs/architecture/core.md).
 """
 
 from __future__ import annotations

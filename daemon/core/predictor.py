@@ -3,7 +3,7 @@
 A high quantile (default p90) of recent output lengths, per tenant once it has
 `min_samples`, else over all tenants, else the request's own max new tokens; each
 preemption moves the quantile toward 1 and each finish decays it back. Why a quantile,
-and why p90 (measured): docs/architecture.md.
+and why p90 (measured): docs/architecture/core.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Optimistic and predictive requests only, the worst first (largest priority value, then
 latest arrival); the growing request stops the search and may preempt itself. A victim
-comes back at the length it had reached and reserves its worst case (docs/architecture.md).
+comes back at the length it had reached and reserves its worst case (docs/architecture/core.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A hit of k blocks lets a request skip k·B tokens, so every group must serve position k:
 full / MLA groups need all k blocks cached, sliding / chunked ones only those still in
 view. Layouts with state (Mamba), cross-attention or capped groups get no hits. What a
-hit costs the pool and the tenant: docs/architecture.md.
+hit costs the pool and the tenant: docs/architecture/core.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Within a tenant: `(priority, class, arrival)`, a preempted request (class 0) before new
 ones. Across tenants, with fair share: `(priority, class, charged / weight, arrival)`,
-else arrival alone. Which candidates are tried is backfill.py's (docs/architecture.md).
+else arrival alone. Which candidates are tried is backfill.py's (docs/architecture/core.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `DecisionLog` composes the pieces: the file and its connection (`store`), the queue and
 the writer thread (`gate`, `writer`), the upkeep (`pacing`), the checkpoint thread and
 the decisions a failed write left (`unwritten`). The durability contract and the file's
-life are in docs/architecture.md (the decision log).
+life are in docs/architecture/log.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A file removed or renamed under the daemon is still written through the open descriptors,
 but nobody reads it and it is gone at exit; a WAL or index removed is healed by opening
-them again (`LogStore`). The long story is in docs/architecture.md (the decision log).
+them again (`LogStore`). The long story is in docs/architecture/log.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Fold and purge share the one connection with the commits, so each goes in bounded chunks
 and lets waiting commits in between; past `max_unfolded_rows` rows unfolded (or owed to
-retention), commits wait for the upkeep (a write stall). See docs/architecture.md.
+retention), commits wait for the upkeep (a write stall). See docs/architecture/log.md.
 """
 
 from __future__ import annotations

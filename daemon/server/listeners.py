@@ -49,7 +49,7 @@ def prepare_unix_socket(path: str) -> None:
                 f"listen: cannot create {target.parent} for the socket {path}: {exc.strerror or exc}"
             ) from None
         return
-    except OSError as exc:  # (a file in the way; as --check-config words it: config_host)
+    except OSError as exc:  # (a file in the way; as --check-config words it: daemon/config/host.py)
         raise StartupError(f"listen: cannot reach {path}: {exc.strerror or exc}") from None
     if not stat.S_ISSOCK(mode):
         raise StartupError(f"listen: {path} exists and is not a socket")

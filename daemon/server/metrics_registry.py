@@ -23,7 +23,7 @@ from prometheus_client.registry import RestrictedRegistry
 from kvbudget import __version__
 
 # From a few tens of microseconds (an in-memory decision) to seconds: a commit held by the
-# decision log's write stall (its upkeep behind: decision_pacing) waits that long, and above
+# decision log's write stall (its upkeep behind: daemon/log/pacing.py) waits that long, and above
 # 1 s it all read "+Inf" alike.
 LATENCY_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -32,7 +32,7 @@ LATENCY_BUCKETS_S = (
 
 
 # No `<name>_created` samples (vLLM's /metrics has none): prometheus-client's own switch is
-# process-global, so this registry leaves them out as it collects (docs/architecture.md, metrics).
+# process-global, so this registry leaves them out as it collects (docs/architecture/server.md).
 _CREATED_TYPES = frozenset({"counter", "histogram", "summary"})
 
 

@@ -2,7 +2,7 @@
 one verdict with the knob to turn: is the pool full, the budget full, or something wrong?
 
 Pure: `cmd_doctor` samples the daemon, tests stage series by hand, and both call
-`diagnose` (the shares it judges, and why the means under pressure: docs/architecture.md).
+`diagnose` (the shares it judges, and why the means under pressure: docs/architecture/cli.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`kvbudget doctor`'s reservations check, and its reading of what sizes them.
 
 The snapshot gives only totals, so the cause (max_model_len, the clients' max new
-tokens, or either) is judged on bounds that prefix sharing cannot move: docs/architecture.md.
+tokens, or either) is judged on bounds that prefix sharing cannot move: docs/architecture/cli.md.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def reservation_cause(sample: PoolSample) -> tuple[str, str]:
     """What sizes the reservations, "max_model_len", "max_new_tokens" or "unknown" (it may
     be either), and the clause that says so with its figures. The snapshot gives only
     totals: the committed blocks over the running requests are read against what one
-    request at max_model_len commits (the reading, step by step: docs/architecture.md)."""
+    request at max_model_len commits (the reading, step by step: docs/architecture/cli.md)."""
     plan = sample.plan
     max_len = plan.max_model_len if plan is not None else 0
     if sample.policy == "naive":

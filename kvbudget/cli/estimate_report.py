@@ -1,7 +1,7 @@
 """`kvbudget estimate`'s figures: the report `--json` prints and the tables show.
 
 Block counts are vLLM's (the null block included); the daemon's usable blocks, one fewer,
-sit beside them (docs/architecture.md, the CLI room, says why both).
+sit beside them (docs/architecture/cli.md says why both).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 stream, heartbeats, and the resend of a step whose reply was lost.
 
 No torch, no textual. How sessions are lost and re-opened, and when a step is sent again:
-docs/architecture.md and docs/engine-integration.md.
+docs/architecture/wire.md and docs/engine-integration.md.
 """
 
 from __future__ import annotations
