@@ -87,7 +87,7 @@ class InProcessDaemon:
 
     async def tick(self) -> None:
         """The ticker's round: lapsed sessions expired, the queue scheduled."""
-        await self.core._tick(time.monotonic())
+        await self.core.tick(time.monotonic())
 
     def lapse(self, engine_id: str) -> None:
         """The engine has been silent past its lease (a partition, a stall)."""

@@ -34,7 +34,7 @@ async def core(tmp_path):
     service = CoreService(
         controller, decision_log, common_pb2.PoolPlan(block_size_tokens=8),
         SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
-        options=CoreOptions(tick_s=3600.0),  # the tests call _tick themselves
+        options=CoreOptions(tick_s=3600.0),  # the tests call tick themselves
     )
     await service.start()
     yield service
@@ -132,14 +132,14 @@ async def test_the_ticker_decides_nothing_while_the_log_cannot_write(core: CoreS
     with pytest.raises(Exception, match="write failed"):
         await core.record(submit(core, "late"))
     await asyncio.sleep(0.05)  # the lease lapses
-    await core._tick(time.monotonic())
+    await core.tick(time.monotonic())
     assert core.sessions.get(session.session_id) is not None  # not expired: that would be a decision
     assert core.controller.num_running == 2
     other.execute("ALTER TABLE decisions_moved RENAME TO decisions_recent")
     other.commit()
     other.close()
     assert core.log.write_unwritten()
-    await core._tick(time.monotonic())  # now it is: both requests released, and logged
+    await core.tick(time.monotonic())  # now it is: both requests released, and logged
     assert core.sessions.get(session.session_id) is None
     assert core.controller.num_running == 0
 
@@ -183,7 +183,7 @@ async def test_the_core_tick_expires_silent_replays_in_the_snapshot(core: CoreSe
     now = time.monotonic()
     core.replays.report(replay("rp", 3), now)
     assert not core.snapshot_proto(fresh=True).replays[0].done
-    await core._tick(now + core.options.replay_stale_s)
+    await core.tick(now + core.options.replay_stale_s)
     [state] = core.snapshot_proto(fresh=True).replays
     assert (state.replay_id, state.position, state.done) == ("rp", 3, True)
 
@@ -249,7 +249,7 @@ async def test_a_lapsed_lease_is_not_renewed_by_a_call_before_the_ticker_sees_it
         assert code == grpc.StatusCode.FAILED_PRECONDITION
         assert message == "session_id: its lease lapsed (1 s without a call): open a new one"
     assert session.expires_at < time.monotonic()  # not renewed: the next tick expires it
-    await core._tick(time.monotonic())
+    await core.tick(time.monotonic())
     assert core.sessions.get(session.session_id) is None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from textual import events
 from textual.widgets import DataTable
-from tui_helpers import QueueSource, hang_up, screen_text, wait_until
+from tui_helpers import QueueSource, decisions_table, hang_up, screen_text, wait_until
 from tui_stream import load_stream
 
 from kvbudget.cli import main as cli
@@ -72,12 +72,12 @@ async def played(pilot) -> None:
     app = pilot.app
     await wait_until(pilot, lambda: app.state.snapshot is not None
                      and app.state.snapshot.time_unix_s == LAST.time_unix_s, "stream played")
-    await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+    await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
     # The table paints its new rows on the next refresh of the screen.
     await wait_until(pilot, lambda: "req-00200" in screen_text(app), "table painted")
     # ... and its rows are those that fit its final height (a busy machine can settle the
     # layout after the first rows were built).
-    await wait_until(pilot, lambda: not app._table_stale and app._table_height == app._table.size.height,
+    await wait_until(pilot, lambda: app.table_fresh,
                      "table rows fit its height")
 
 
@@ -105,12 +105,12 @@ async def test_the_table_refills_when_it_grows_with_no_new_data():
     app = recorded_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await played(pilot)
-        before = app._table.row_count
-        assert before == app._table.size.height - 1  # (200 decisions buffered: height is the bound)
+        before = decisions_table(app).row_count
+        assert before == decisions_table(app).size.height - 1  # (200 decisions buffered: height is the bound)
         version = app.state.version
         app.query_one("#panels").display = False  # the table takes their lines
-        await wait_until(pilot, lambda: app._table.row_count > before, "table refilled")
-        assert app._table.row_count == app._table.size.height - 1
+        await wait_until(pilot, lambda: decisions_table(app).row_count > before, "table refilled")
+        assert decisions_table(app).row_count == decisions_table(app).size.height - 1
         assert app.state.version == version  # no data moved meanwhile
         assert table_seqs(app)[:3] == [200, 199, 198]
 
@@ -143,7 +143,7 @@ async def test_every_panel_is_on_screen_at_80x24():
     async with app.run_test(size=(80, 24)) as pilot:
         await played(pilot)
         text = screen_text(app)
-        assert app._main.has_class("-short") and app._main.has_class("-narrow")
+        assert app.screen.has_class("-short") and app.screen.has_class("-narrow")  # (no modal open)
     for title in ("Pool", "Queue", "Physical vs logical", "Per layer type",
                   "Engines & tenants", "Replays", "Decisions"):
         assert title in text, title
@@ -180,7 +180,7 @@ async def test_space_pauses_the_table_but_not_the_panels():
         assert app.paused
         await source.queue.put(Update(STREAM[1]))  # decisions 6..10
         await wait_until(pilot, lambda: app.state.decisions_received == 10, "second update")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
         await pilot.pause(0.15)
         assert table_seqs(app)[:1] == [5]  # the table held still
         text = screen_text(app)
@@ -261,7 +261,7 @@ async def test_disconnected_shows_why_counts_down_and_resumes():
         # The cause first (grpc's tail), the retry counting down, the age of the figures.
         text = await shown(pilot, "● disconnected: Connection refused, retrying in 5 s · no update for 3 s")
         assert "held 600" in text  # the last known state stays on screen, dimmed
-        assert app._grid.has_class("-stale")
+        assert app.query_one("#panels").has_class("-stale")
         clock.now += 2.2
         await shown(pilot, "retrying in 3 s · no update for 5 s")
         clock.now += 3.0
@@ -269,7 +269,7 @@ async def test_disconnected_shows_why_counts_down_and_resumes():
         await source.queue.put(Update(STREAM[1]))
         await wait_until(pilot, lambda: app.state.connection.link is Link.CONNECTED, "up")
         text = await shown(pilot, "● connected  google/gemma-3-4b-it  optimistic  daemon 0.1.0 · up 2h13m  unix://")
-        assert "no update" not in text and not app._grid.has_class("-stale")
+        assert "no update" not in text and not app.query_one("#panels").has_class("-stale")
         assert app.state.connection.reconnects == 1
 
 
@@ -297,12 +297,12 @@ async def test_a_daemon_that_hangs_shows_the_age_of_the_figures():
         await shown(pilot, "● connected  google/gemma-3-4b-it")
         clock.now += 1.9  # not yet: 5 intervals of 0.5 s = 2.5 s
         await pilot.pause(0.2)
-        assert "no update" not in screen_text(app) and not app._grid.has_class("-stale")
+        assert "no update" not in screen_text(app) and not app.query_one("#panels").has_class("-stale")
         clock.now += 10.1
         await shown(pilot, "● connected, no update for 12 s")
-        assert app._grid.has_class("-stale")
+        assert app.query_one("#panels").has_class("-stale")
         await source.queue.put(Update(STREAM[2]))
-        await wait_until(pilot, lambda: not app._grid.has_class("-stale"), "live again")
+        await wait_until(pilot, lambda: not app.query_one("#panels").has_class("-stale"), "live again")
 
 
 async def test_a_restarted_daemon_numbering_from_1_again_does_not_crash_the_table():
@@ -405,7 +405,7 @@ async def test_many_updates_are_coalesced_into_few_frames():
     app = recorded_app(source=RecordedSource(many), render_hz=10.0)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.state.version >= 401, "all folded", limit=2000)
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
         assert app.renders < 400
         assert len(app.state.decisions) == app.state.limits.max_decisions  # bounded
 
@@ -519,7 +519,7 @@ async def test_enter_on_a_paused_row_opens_it_after_it_left_the_buffer():
         for response in STREAM[4:8]:  # 21..40 push 1..20 out of the buffer
             await source.queue.put(Update(response))
         await wait_until(pilot, lambda: app.state.decisions[0].seq == 21, "buffer moved on")
-        app._table.move_cursor(row=app._table.row_count - 1)  # the oldest row shown: seq 1
+        decisions_table(app).move_cursor(row=decisions_table(app).row_count - 1)  # the oldest row shown: seq 1
         await pilot.pause()
         assert highlighted_seq(app) == 1
         await pilot.press("enter")
@@ -594,7 +594,7 @@ async def test_a_tiny_terminal_shows_the_link_state_before_the_target():
     app = recorded_app(target="unix:///run/kvbudget/a-rather-long-path/kvbudget.sock")
     async with app.run_test(size=(40, 12)) as pilot:
         await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
         await pilot.pause(0.1)
         first = screen_text(app).splitlines()[0]
         assert first.startswith(" kvbudget  ● connected  google/gemma-")
@@ -764,7 +764,7 @@ async def test_a_terminal_below_80x24_still_shows_a_few_decisions():
     app = recorded_app()
     async with app.run_test(size=(60, 20)) as pilot:
         await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
         await wait_until(pilot, lambda: "req-00198" in screen_text(app), "three rows on screen",
                          limit=120)
         text = screen_text(app)
@@ -781,7 +781,7 @@ async def test_a_terminal_too_short_for_any_decision_says_so():
     app = recorded_app()
     async with app.run_test(size=(120, 16)) as pilot:
         await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
         await wait_until(pilot, lambda: "too small" in screen_text(app), "told", limit=120)
         assert "req-00200" not in screen_text(app)
         assert decisions_title(app).startswith(
@@ -814,10 +814,10 @@ async def test_a_disconnected_dashboard_shows_no_decision_rate():
         await shown(pilot, "● disconnected")
         await wait_until(pilot, lambda: "/s" not in decisions_title(app), "rate gone")
         assert decisions_title(app) == "Decisions · 10 received"
-        assert app._box.has_class("-stale")  # its title marked as the panels' are
+        assert app.query_one("#decisions-box").has_class("-stale")  # its title marked as the panels' are
         await source.queue.put(Update(STREAM[2]))  # back: live again, with its rate
         await wait_until(pilot, lambda: "/s" in decisions_title(app), "rate back")
-        assert not app._box.has_class("-stale")
+        assert not app.query_one("#decisions-box").has_class("-stale")
 
 
 async def test_a_daemon_that_hangs_shows_no_decision_rate_either():
@@ -924,9 +924,9 @@ async def test_a_click_queued_behind_another_opens_no_second_record_window():
     async with app.run_test(size=(120, 40)) as pilot:
         await played(pilot)
         await pilot.press("space")  # the rows hold still
-        key = app._table.coordinate_to_cell_key(app._table.cursor_coordinate).row_key
+        key = decisions_table(app).coordinate_to_cell_key(decisions_table(app).cursor_coordinate).row_key
         for _ in range(2):
-            app._table.post_message(DataTable.RowSelected(app._table, 0, key))
+            decisions_table(app).post_message(DataTable.RowSelected(decisions_table(app), 0, key))
         await settled(pilot)
         assert record_windows(app) == 1 and app.screen.row.seq == 200
 
@@ -1027,12 +1027,12 @@ async def test_a_terminal_too_short_for_the_panels_still_says_why_no_decision_sh
     app = recorded_app()
     async with app.run_test(size=size) as pilot:
         await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
-        await wait_until(pilot, lambda: app._drawn_version == app.state.version, "drawn")
+        await wait_until(pilot, lambda: app.drawn_version == app.state.version, "drawn")
         await wait_until(pilot, lambda: "too small" in screen_text(app), "told", limit=120)
         width, height = size
         assert decisions_title(app).startswith("Decisions · terminal too small")
         assert app.screen.max_scroll_y == 0  # nothing below the screen's bottom
-        assert app._box.region.bottom <= height - 1  # above the footer
+        assert app.query_one("#decisions-box").region.bottom <= height - 1  # above the footer
         text = screen_text(app)
         assert "Pool" in text and "seq" in text and "req-00200" not in text
         await pilot.resize_terminal(width, 20)  # room again: rows, and the panels whole
@@ -1040,4 +1040,4 @@ async def test_a_terminal_too_short_for_the_panels_still_says_why_no_decision_sh
                          limit=120)
         await wait_until(pilot, lambda: "too small" not in decisions_title(app), "not said",
                          limit=120)
-        assert app._grid.region.height == 11  # the 60x20 layout's two rows of panels, 6 + 5
+        assert app.query_one("#panels").region.height == 11  # the 60x20 layout's two rows of panels, 6 + 5

@@ -32,7 +32,7 @@ def test_main_screen_60x20(snap_compare):
         app = pilot.app
         await wait_until(pilot, lambda: app.state.decisions_received == 200, "played")
         await wait_until(pilot, lambda: "req-00196" in screen_text(app), "five rows painted")
-        await wait_until(pilot, lambda: not app._table_stale, "table rows fit its height")
+        await wait_until(pilot, lambda: app.table_fresh, "table rows fit its height")
 
     assert snap_compare(recorded_app(), terminal_size=(60, 20), run_before=rows_shown)
 

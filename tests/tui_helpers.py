@@ -75,6 +75,11 @@ def screen_text(app) -> str:
     return console.export_text()
 
 
+def decisions_table(app):
+    """The dashboard's decisions table, found as a user's CSS would (Textual's public query)."""
+    return app.query_one("#decisions")
+
+
 async def wait_until(pilot, condition, what: str, limit: int = 400) -> None:
     """Let the app run until `condition()` holds (at most `limit` short pauses)."""
     for _ in range(limit):

@@ -131,9 +131,7 @@ class KVBudgetApp(App[int]):
                 yield Panel(title, render_state, inputs, id=widget_id)
         with Vertical(id="decisions-box") as box:
             box.border_title = "Decisions"
-            yield Input(
-                placeholder="filter: words in kind, reason, request, engine, tenant", id="filter"
-            )
+            yield Input(placeholder="filter: words in kind, reason, request, engine, tenant", id="filter")
             table = DecisionsTable(self._open_record, id="decisions")
             for label, width in decisions.DECISION_COLUMNS:
                 table.add_column(label, width=width)
@@ -161,6 +159,14 @@ class KVBudgetApp(App[int]):
             self.state = fold(self.state, event, self.clock())
 
     # -- drawing -------------------------------------------------------------------------
+
+    @property
+    def drawn_version(self) -> int:  # the state version the panels last drew
+        return self._drawn_version
+
+    @property
+    def table_fresh(self) -> bool:  # the table's rows were built for the newest state, at its height
+        return not self._table_stale and self._table_height == self._table.size.height
 
     @property
     def compact(self) -> bool:

@@ -360,7 +360,7 @@ class CoreService:
                     not_run_s + self.sessions.clock.grace_s,
                 )
             try:
-                await self._tick(now_mono)
+                await self.tick(now_mono)
                 if self._gpu_probe is not None and now_mono - last_gpu >= self.options.gpu_refresh_s:
                     last_gpu = now_mono
                     self._gpu = await asyncio.to_thread(self._gpu_probe)
@@ -372,7 +372,7 @@ class CoreService:
             except Exception:  # keep the daemon alive; the next tick retries
                 log.exception("background tick failed")
 
-    async def _tick(self, now_mono: float) -> None:
+    async def tick(self, now_mono: float) -> None:  # (the ticker's; tests call it at the times they choose)
         if self.log.num_unwritten:
             # The log cannot write: decide nothing unasked until it can (the writer retries
             # each second); expired leases and the queue are seen to on the first tick after.
