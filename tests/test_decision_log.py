@@ -1228,16 +1228,19 @@ def test_a_stop_folds_but_leaves_retention_to_the_next_start(db_path: Path) -> N
     # the stop folds it (a cleanly closed log has every row indexed) but purges nothing.
     log = DecisionLog(db_path, max_rows=10, retention_interval_s=0.0, checkpoint_interval_s=None)
     log.start()
-    log.store.lock.acquire()  # the writer takes the first batch, then waits for the connection
+    # The writer waits for the connection: in its first retention pass (due at once), or with
+    # the first batch taken. (Waiting here for it to take that batch waited out the deadline:
+    # the pass comes first.) Either way the last batch and the stop queue up behind it.
+    log.store.lock.acquire()
     log.append([make_decision(0)])
     deadline = time.monotonic() + 30.0
-    while not log.gate.queue.empty() and time.monotonic() < deadline:
-        time.sleep(0.001)
     log.append([make_decision(seq) for seq in range(1, 101)])
     closer = threading.Thread(target=log.close)
     closer.start()
-    while log.gate.queue.qsize() < 2 and time.monotonic() < deadline:  # the batch, then the stop
+    while not log.gate.closed and time.monotonic() < deadline:  # the batch, then the stop
         time.sleep(0.001)
+    with log.gate.lock:  # (the stop is queued under it)
+        pass
     log.store.lock.release()
     closer.join()
     assert _ids(db_path, INDEXED) == list(range(1, 102))
