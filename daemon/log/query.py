@@ -174,8 +174,8 @@ _SQLITE_MAX_INT = 2**63 - 1
 def _first_id_at_or_after_seq(conn: sqlite3.Connection, seq: int) -> int:
     """The lowest id whose row's seq is `seq` or more (past the newest id when none is).
 
-    Seq has no index, and `seq < ?` alone makes a page far back read every newer row
-    first. But seq rises with id (the daemon numbers decisions in the order it commits
+    A log the daemon has not opened since seq got its index has none, and `seq < ?`
+    alone makes a page far back read every newer row first. But seq rises with id (the daemon numbers decisions in the order it commits
     them, and a restart numbers on from the log's last), so a binary search over the
     primary key finds where seqs reach `seq` in about 30 lookups. Each looks up the first
     row at or after an id, not that id: retention leaves no row below the oldest. (Each

@@ -40,7 +40,10 @@ JSON_FIELDS: frozenset[str] = frozenset(
     f.name for f in dataclasses.fields(Decision) if str(f.type).startswith("tuple")
 )
 COLUMNS: tuple[str, ...] = ("logged_at", *DECISION_FIELDS)
-INDEXED_COLUMNS: tuple[str, ...] = ("logged_at", "request_id", "kind", "engine_id", "tenant")
+# seq came later (an `ORDER BY seq` or seq range from sqlite-utils or Datasette read the
+# whole log): `ensure_indexes` adds a missing one when the daemon opens a log, with no
+# version bump, as an older kvbudget reads a log with an extra index unchanged.
+INDEXED_COLUMNS: tuple[str, ...] = ("logged_at", "request_id", "kind", "engine_id", "tenant", "seq")
 
 
 def _column_types() -> dict[str, type]:
@@ -142,9 +145,15 @@ def _create_tables(db: sqlite_utils.Database) -> None:
     """The version-2 tables, indexes and view (an existing `decisions_indexed` is kept)."""
     for table in (INDEXED, RECENT):
         db[table].create(COLUMN_TYPES, pk="id", column_order=["id", *COLUMNS], if_not_exists=True)
+    ensure_indexes(db)
+    db.create_view(VIEW, f"SELECT * FROM {INDEXED} UNION ALL SELECT * FROM {RECENT}")
+
+
+def ensure_indexes(db: sqlite_utils.Database) -> None:
+    """The indexes of INDEXED_COLUMNS that the indexed table lacks (a log made before one
+    was added gets it on open: a one-off build, ~1 s per million rows)."""
     for column in INDEXED_COLUMNS:
         db[INDEXED].create_index([column], index_name=f"idx_{VIEW}_{column}", if_not_exists=True)
-    db.create_view(VIEW, f"SELECT * FROM {INDEXED} UNION ALL SELECT * FROM {RECENT}")
 
 
 def create_or_upgrade(db: sqlite_utils.Database, where: str) -> None:
@@ -167,6 +176,9 @@ def create_or_upgrade(db: sqlite_utils.Database, where: str) -> None:
             db.execute(f"ALTER TABLE {VIEW} RENAME TO {INDEXED}")
             _create_tables(db)
             db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+    else:
+        with db.atomic():
+            ensure_indexes(db)
     if check_meta(db.conn, where) != str(SCHEMA_VERSION):
         raise DecisionLogError(f"{where}: upgrade to schema version {SCHEMA_VERSION} failed")
 
