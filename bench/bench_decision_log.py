@@ -4,7 +4,7 @@
 
 1. Raw write paths into the log's two tables (WAL, synchronous=NORMAL, 1 KiB pages), rows/s:
    sqlite-utils `insert_all` (dicts), raw `executemany` in batches, one commit per row;
-   each into `decisions_indexed` (the five indexes) and into `decisions_recent` (no index,
+   each into `decisions_indexed` (its indexes) and into `decisions_recent` (no index,
    where the daemon's commits land; DESIGN.md's reference figures were measured without
    secondary indexes), plus one commit per row with synchronous=FULL.
 2. `DecisionLog` end to end (Decision -> row conversion + group commit), rows/s, when one
@@ -266,7 +266,7 @@ def main() -> None:
                 print(f"  {step:>4} decisions, {name:<24} p50 {percentile(latencies, 50) * 1e6:>7,.0f} us  "
                       f"p99 {percentile(latencies, 99) * 1e6:>7,.0f} us")
 
-        print("\n5. folding into the five indexes, one transaction a chunk")
+        print("\n5. folding into the indexes, one transaction a chunk")
         for chunk_rows in (128, 256, 512, 1024, 4096):
             per_row_us, chunk_ms = bench_fold(directory, chunk_rows)
             print(f"  chunks of {chunk_rows:>4} rows: {per_row_us:5.2f} us per row, p50 {chunk_ms:6.2f} ms per chunk")
