@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,9 @@ def _size(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvbudget.daemon.config.settings import LOG_LEVELS, SIZE_FIELDS, DaemonConfig, file_key, flag_name
 
-    parser.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"TOML config file (flags override it; default ${CONFIG_ENV}, else "
+                             f"{DEFAULT_CONFIG_PATH} when it exists)")
     parser.add_argument(
         "--check-config", action="store_true", help="validate the config and pool sizing, then exit"
     )
@@ -128,13 +131,66 @@ def load(args: argparse.Namespace):
         raise CLIError(f"--config: {exc.strerror or exc}: {args.config}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    config = load(args)
+# Where a packaged daemon's config lives (deploy/kvbudget.toml installs there): read when
+# `--config` is not given and the file exists, so `kvbudget daemon` on a host set up by the
+# operator's guide runs with its config. KVBUDGET_CONFIG (the systemd unit's variable) names
+# another default, which then must exist.
+DEFAULT_CONFIG_PATH = "/etc/kvbudget/kvbudget.toml"
+CONFIG_ENV = "KVBUDGET_CONFIG"
+
+
+def config_path(given: str | None) -> str | None:
+    """The config file to read: `--config`, else $KVBUDGET_CONFIG, else the default path
+    when it exists (None: no file, flags and defaults only)."""
+    if given is not None:
+        return given
+    named = os.environ.get(CONFIG_ENV)
+    if named:
+        if not os.path.exists(named):
+            raise CLIError(f"{CONFIG_ENV}={named}: no such file (unset it, or give --config)")
+        return named
+    return DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else None
+
+
+# journald's priority of each logging level (sd-daemon(3): <2> crit .. <7> debug).
+_JOURNAL_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+class JournalFormatter(logging.Formatter):
+    """Each line led by `<N>`: journald files a line at that priority, so `journalctl -p
+    warning` shows the daemon's warnings (without it every line is info). Every line, as
+    journald reads each line of a stream as its own entry (a traceback too)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = max((lv for lv in _JOURNAL_PRIORITY if lv <= record.levelno), default=logging.DEBUG)
+        prefix = f"<{_JOURNAL_PRIORITY[level]}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is the journal's stream: systemd sets JOURNAL_STREAM to its
+    `device:inode`, and a redirect (`2>file` in ExecStart) makes it another file."""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        stat = os.fstat(sys.stderr.fileno())
+        return (stat.st_dev, stat.st_ino) == (int(device), int(inode))
+    except (ValueError, OSError):
+        return False
+
+
+def _set_up_logging(level: str) -> None:
     # The root logger: the daemon's modules log under it, and `systemctl reload` may
     # change its level (server.log_level).
-    logging.basicConfig(
-        level=config.log_level.upper(), format="kvbudget daemon: %(levelname)s: %(message)s", stream=sys.stderr
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    formatter = JournalFormatter if stderr_is_journal() else logging.Formatter
+    handler.setFormatter(formatter("kvbudget daemon: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+def run(args: argparse.Namespace) -> int:
+    args.config = config_path(args.config)
+    config = load(args)
+    _set_up_logging(config.log_level)
     from kvbudget.daemon.server import interpreter
     from kvbudget.daemon.server.lifecycle import Daemon
     from kvbudget.daemon.server.startup import StartupError
