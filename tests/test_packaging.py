@@ -55,6 +55,16 @@ def test_sdist_ships_license_and_deploy_files(sdist):
     assert meta["License-File"] == "LICENSE"
 
 
+def test_torch_is_only_in_the_gpu_extra(sdist):
+    # 754 MB of a 1.1 GB install, used only for the daemon's owned pool memory.
+    path, _ = sdist
+    with tarfile.open(path) as tar:
+        info = tar.extractfile(f"{path.name[:-len('.tar.gz')]}/PKG-INFO").read().decode()
+    requires = email.parser.Parser().parsestr(info).get_all("Requires-Dist")
+    torch = [r for r in requires if r.startswith("torch")]
+    assert torch == ['torch>=2.1; extra == "gpu"'], requires
+
+
 def test_license_is_the_apache_2_text():
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text

@@ -74,7 +74,8 @@ def allocate_memory(config: DaemonConfig, setup: PoolSetup, gpu: object | None) 
     except PoolMemoryError as exc:
         raise StartupError(f"memory_mode owned: {exc} (or use --memory-mode accounting)") from None
     if memory is None:
-        log.warning("torch is not available: accounting-only pool (engines keep their memory)")
+        log.warning("torch is not installed: accounting-only pool (engines keep their memory); for an "
+                    "owned pool, install the extra: pip install 'kvbudget[gpu]'")
     elif memory.is_cuda:
         log.info("pool memory: %d bytes on %s, shared with engines by CUDA IPC", memory.size_bytes, memory.device)
     else:
