@@ -178,9 +178,9 @@ def _first_id_at_or_after_seq(conn: sqlite3.Connection, seq: int) -> int:
     alone makes a page far back read every newer row first. But seq rises with id (the
     daemon numbers decisions in the order it commits them, and a restart numbers on from
     the log's last), so a binary search over the primary key finds where seqs reach `seq`
-    in about 30 lookups. Each looks up the first
-    row at or after an id, not that id: retention leaves no row below the oldest. (Each
-    table is asked on its own: through the view, SQLite sorts every row past the id.)"""
+    in about 30 lookups. Each looks up the first row at or after an id, not that id:
+    retention leaves no row below the oldest. (Each table is asked on its own: through
+    the view, SQLite sorts every row past the id.)"""
     tables = _tables(conn)
     low, high = 0, _newest_id(conn) + 1
     while low < high:
