@@ -9,10 +9,10 @@ invariant every path keeps and the module map: docs/architecture.md.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from kvbudget.daemon.core import admission_report, integrity, policies
+from kvbudget.daemon.core.admission_controls import AdmissionControls
 from kvbudget.daemon.core.admission_config import (  # re-exported: see __all__
     POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
 )
@@ -38,8 +38,9 @@ RELEASE = DecisionKind.RELEASE
 FITS, FINISHED, TENANT_QUOTA = Reason.FITS, Reason.FINISHED, Reason.TENANT_QUOTA
 
 
-class AdmissionController:
-    """The requests and their blocks; every change to either is one of its calls."""
+class AdmissionController(AdmissionControls):
+    """The requests and their blocks; every change to either is one of its calls (the
+    live controls, set_policy to number_from: admission_controls.py)."""
 
     def __init__(
         self, layout: KVCacheLayout, num_blocks: int, config: AdmissionConfig, *,
@@ -205,15 +206,6 @@ class AdmissionController:
             )
         return decisions
 
-    def number_from(self, seq: int) -> None:
-        """Number the decisions on from `seq` (a restarted daemon: the log's last), so each
-        seq stays unique in the log. Only before the first decision."""
-        if self._record.seq:
-            raise AdmissionError("seq", f"decisions are already numbered up to {self._record.seq}")
-        if seq < 0:
-            raise AdmissionError("seq", f"must not be negative, got {seq}")
-        self._record.seq = seq
-
     def hold_queue(self, held: bool = True) -> None:
         """Admit nothing from the queue until `release_queue`: one engine step's finishes,
         aborts, progress and grows all land first, as vLLM schedules its running requests
@@ -225,51 +217,6 @@ class AdmissionController:
         """End `hold_queue`: what the held ops made room for is admitted now."""
         self._queue_held = False
         return self.schedule(now)
-
-    def close_admissions(self, now: float) -> list[Decision]:
-        """Drain: admit nothing more, ever. Every waiting request is REJECTed `draining`
-        now (its engine can send it elsewhere rather than wait for good), and so is any
-        later submit or preempted request; running requests keep their promises."""
-        self.admitting = False
-        return self.schedule(now)
-
-    def set_policy(self, policy: str, now: float) -> list[Decision]:
-        """Switch the policy for new admissions; running requests keep their promises.
-
-        The POLICY decision comes first, then what the new policy does to the queue at
-        once (a looser one may admit; naive may REJECT what its charge can never fit).
-        The policy in force already: no decision at all (a no-op is not a switch)."""
-        if policy not in policies.POLICIES:
-            raise AdmissionError("policy", f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-        previous = self.policy.name
-        if policy == previous:
-            return []
-        self.policy = policies.POLICIES[policy]
-        self._dirty = True
-        self._epoch += 1
-        return [self._record.switched(previous, policy, now), *self.schedule(now)]
-
-    def set_tenant_quota(self, tenant: str, max_share: float | None, weight: float = 1.0) -> None:
-        """A tenant's maximum share of the pool (None or 0: no quota) and fair-share weight."""
-        self.ledger.set_quota(tenant, max_share, weight)
-        self._dirty = True
-        self._epoch += 1
-
-    def retune(
-        self, *, max_queue_len: int, backfill_depth: int, max_head_wait_s: float, watermark: float,
-        lookahead_tokens: int, reject_over_quota: bool,
-    ) -> None:
-        """The queue's bounds and the fit margins, live (a config reload): what runs or waits
-        stays, even past a lower max_queue_len. Raises AdmissionError, changing nothing."""
-        config = dataclasses.replace(
-            self.config, max_queue_len=max_queue_len, backfill_depth=backfill_depth, max_head_wait_s=max_head_wait_s,
-            watermark=watermark, lookahead_tokens=lookahead_tokens, reject_over_quota=reject_over_quota,
-        )
-        config.validate()
-        self.config = config
-        self._fit.retune(config)
-        self._dirty = True  # a deeper backfill, a longer head wait or a lower watermark may admit at once
-        self._epoch += 1
 
     def snapshot(self, now: float) -> Snapshot:
         return admission_report.snapshot(now, self.ledger, self._queue, len(self._running), self._record)
