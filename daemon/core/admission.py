@@ -58,6 +58,7 @@ class AdmissionController(AdmissionControls):
         self._num_groups = len(layout.groups)
         self._max_model_len = config.max_model_len  # read on every submit
         self._fit = FitCheck(layout, self.ledger, self.predictor, config)
+        self.set_step_budget = self._fit.set_budget  # what an engine step can still start
         self._requests: dict[str, RequestState] = {}  # never rebound: `find` is its get
         # The dict's own get, not a method around it: every op of every step asks it.
         self.find: Callable[[str], RequestState | None] = self._requests.get
@@ -66,13 +67,16 @@ class AdmissionController(AdmissionControls):
         self._order = 0
         self._dirty = False  # blocks or promises came back since the last queue pass
         self._queue_held = False  # an engine step's frees and grows come first: hold_queue
+        self.preempted_while_held = False  # a PREEMPT since hold_queue: the step admits nothing
+        self._admissions = 0  # admission order (victims: the latest admitted first)
         self.admitting = True  # False once drained: close_admissions
         self._epoch = 0  # bumped when a policy or quota change may change any answer
         self._record = DecisionRecorder(self.pool, self._queue, self._running, self.policy.name)
 
     # ================================================================ public API
-    def submit(self, request: RequestSpec, now: float) -> list[Decision]:
-        """ADMIT (with block ids per group), QUEUE or REJECT, then anything it caused."""
+    def submit(self, request: RequestSpec, now: float, admit: bool = True) -> list[Decision]:
+        """ADMIT (with block ids per group), QUEUE or REJECT, then anything it caused.
+        `admit=False` (a step that preempted): QUEUE or REJECT only."""
         rid = request.request_id
         if not rid:
             raise AdmissionError("request_id", "must not be empty")
@@ -102,6 +106,9 @@ class AdmissionController(AdmissionControls):
         tenant = request.tenant
         if tenant not in self.ledger.tenants:
             self.ledger.tenant(tenant)
+        if not admit:
+            r.wait_reason = Reason.POOL_FULL
+            return [self._wait(r, now)]
         decision = self._try_admit(r, now) if not self._queue.size else self._try_behind_queue(r, now)
         if decision is None:
             decision = self._wait(r, now)
@@ -210,8 +217,11 @@ class AdmissionController(AdmissionControls):
         """Admit nothing from the queue until `release_queue`: one engine step's finishes,
         aborts, progress and grows all land first, as vLLM schedules its running requests
         before its waiting ones (why: docs/architecture.md). `held=False` lifts the hold
-        without a pass: the next `schedule` makes it."""
+        without a pass: the next `schedule` makes it. `preempted_while_held` tells whether
+        a PREEMPT came since (vLLM then admits nothing in the step: apply_step)."""
         self._queue_held = held
+        if held:
+            self.preempted_while_held = False
 
     def release_queue(self, now: float) -> list[Decision]:
         """End `hold_queue`: what the held ops made room for is admitted now."""
@@ -291,6 +301,10 @@ class AdmissionController(AdmissionControls):
         """ADMIT or REJECT `r` now, or None (with `r.wait_reason`) if it must wait."""
         policy = self.policy
         fit = self._fit
+        budget = fit.budget
+        if budget is not None and (budget[0] <= 0 or budget[1] <= 0):  # the step can start no more
+            r.wait_reason = Reason.QUEUE_AHEAD
+            return None
         plan = fit.plan(r, policy)
         refusal = fit.refusal(r, plan, policy, bool(self._running))
         if refusal is not None:
@@ -306,12 +320,18 @@ class AdmissionController(AdmissionControls):
         r.predicted_output = plan.predicted
         self.ledger.admit(r, plan.hit, plan.base, plan.num_tokens, plan.held, plan.charge)
         self._running[r.spec.request_id] = r
+        self._admissions += 1
+        r.admitted = self._admissions
+        if budget is not None:
+            budget[0] -= plan.num_tokens - plan.hit.num_tokens
+            budget[1] -= 1
         return self._record.admitted(r, plan, now)
 
     def _preempt(
         self, v: RequestState, reason: Reason, now: float, detail: str, resume_len: int = 0
     ) -> Decision:
         v.resume_len = resume_length(v, resume_len)
+        self.preempted_while_held = True
         freed = self.ledger.release(v)
         del self._running[v.request_id]
         self._queue.enter(v, self.ledger.tenants[v.tenant], True, now)
