@@ -185,6 +185,9 @@ class SimEngine:
         self.pending_finishes = []
         ops.progress = list(progress.items())
         scheduled = self._schedule_prefills(ops.grows)
+        # What is left of the step for admissions (vLLM admits while its budget lasts).
+        ops.admit_tokens = self.config.max_num_batched_tokens - len(self.decoding) - sum(t for _, t, _ in scheduled)
+        ops.admit_seqs = self.config.max_num_seqs - self.num_running
         return ops, scheduled, decode_grows
 
     def _submit_arrivals(self, submits: list[RequestSpec]) -> None:
