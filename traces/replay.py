@@ -39,9 +39,8 @@ class ControllerBackend:
     """The admission controller in this process. A step goes through the core's
     `apply_step`, as the daemon's Step does, so offline and live count the same decisions."""
 
-    def __init__(self, controller: AdmissionController, engine: EngineConfig | None = None) -> None:
+    def __init__(self, controller: AdmissionController) -> None:
         self.controller = controller
-        self.engine = engine  # an idle engine's pass admits what one of its steps can start
         self.layout = controller.layout
         self.num_blocks = controller.pool.capacity
 
@@ -60,13 +59,7 @@ class ControllerBackend:
         return []
 
     def idle(self, engine_id: str, now: float) -> list[Decision]:
-        if self.engine is None:
-            return self.controller.schedule(now)
-        self.controller.set_step_budget(self.engine.max_num_batched_tokens, self.engine.max_num_seqs)
-        try:
-            return self.controller.schedule(now)
-        finally:
-            self.controller.set_step_budget(None, None)
+        return self.controller.schedule(now)  # unbounded, as the daemon's own pass
 
     def num_free_blocks(self) -> int:
         return self.controller.pool.num_free_blocks
@@ -90,7 +83,7 @@ def run_offline(
     on_progress: ProgressHook | None = None,
 ) -> ReplayResult:
     controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, policy))
-    backend = ControllerBackend(controller, setup.engine)
+    backend = ControllerBackend(controller)
     simulation = Simulation(
         trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,
         sample_interval_s=setup.sample_interval_s, spread_s=setup.spread_s, on_progress=on_progress,
