@@ -104,6 +104,14 @@ def test_cli_offline_json(capsys):
         (["replay", "azure", "--offline", "--step-base-ms", "-1"], "--step-base-ms must be >= 0 and finite"),
         (["replay", "azure", "--offline", "--step-base-ms", "inf"], "--step-base-ms must be >= 0 and finite, got 'inf'"),
         (["replay", "azure", "--offline", "--compare", ""], "--compare: unknown policy (none)"),
+        (["replay", "azure", "--offline", "--set", "admission.nope=1"], "expected admission.KEY=VALUE"),
+        (["replay", "azure", "--offline", "--set", "admission.policy=naive"], "expected admission.KEY=VALUE"),
+        (["replay", "azure", "--offline", "--set", "admission.backfill_depth=x"], "expected an integer"),
+        (["replay", "azure", "--offline", "--limit", "3", "--set", "admission.backfill_depth=-1"],
+         "--set admission.backfill_depth: backfill_depth: must not be negative"),
+        (["replay", "azure", "--offline", "--limit", "3", "--set", "admission.admit_on=later"],
+         "--set admission.admit_on: admit_on: must be one of whole_prompt, first_chunk"),
+        (["replay", "azure", "--set", "admission.backfill_depth=0"], "offline only"),
     ],
 )
 def test_cli_bad_input_is_one_line(argv, message, capsys):
@@ -344,3 +352,18 @@ def test_live_replay_against_a_port_nobody_serves_says_connection_refused(capsys
     err = capsys.readouterr().err
     assert err.startswith(f"kvbudget replay: error: 127.0.0.1:{port}: UNAVAILABLE: ") and "Connection refused" in err
     assert err.count("\n") == 1
+
+
+def test_admission_settings_offline_as_the_daemon_names_them(capsys):
+    """--set takes the daemon's [admission] keys: a strict FCFS queue with no watermark
+    and first-chunk admission are other runs than the defaults."""
+    argv = ["replay", "azure", "--offline", "--limit", "300", "--kv-cache-memory-bytes", "2GiB",
+            "--max-num-batched-tokens", "512", "--json"]  # F 512: prompts longer than a chunk
+    runs = {}
+    strict = ["--set", "admission.backfill_depth=0", "--set", "admission.watermark=0"]
+    for name, extra in (("default", []), ("strict", strict), ("first_chunk", ["--set", "admission.admit_on=first_chunk"])):
+        assert main([*argv, *extra]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert all(r["finished"] == 300 for r in runs.values())
+    seen = {name: (r["preemptions"], r["wait_p50_s"], r["wait_p99_s"], r["makespan_s"]) for name, r in runs.items()}
+    assert len(set(seen.values())) == 3, seen

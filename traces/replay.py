@@ -33,6 +33,7 @@ class ReplaySetup:
     enable_prefix_caching: bool = True
     sample_interval_s: float = 1.0
     spread_s: float = 0.0  # spread requests sharing a timestamp over this many seconds
+    admission: tuple[tuple[str, object], ...] = ()  # AdmissionConfig fields set (the rest: defaults)
 
 
 class ControllerBackend:
@@ -71,6 +72,7 @@ def admission_config(setup: ReplaySetup, policy: str) -> AdmissionConfig:
         max_num_batched_tokens=setup.engine.max_num_batched_tokens,
         policy=policy,
         enable_prefix_caching=setup.enable_prefix_caching,
+        **dict(setup.admission),  # type: ignore[arg-type]
     )
 
 

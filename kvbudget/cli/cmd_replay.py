@@ -48,7 +48,7 @@ blocks, from what it served before.
 # all of that, so one of them given there would be silently ignored (or, --max-model-len,
 # half-applied): refused instead.
 OFFLINE_ONLY = ("model", "num_gpu_blocks", "kv_cache_memory_bytes", "block_size", "max_model_len",
-                "no_prefix_caching", "max_num_batched_tokens")  # fmt: skip
+                "no_prefix_caching", "max_num_batched_tokens", "set")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--block-size", metavar="N", help="tokens per block (16; 64 for MLA models)")
     model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
     model.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    model.add_argument("--set", action="append", metavar="admission.KEY=VALUE",
+                       help="an admission setting, as the daemon's config file names it (repeatable): "
+                       "admission.backfill_depth=0, admission.watermark=0, admission.admit_on=first_chunk")
     engine = parser.add_argument_group("simulated engine")
     engine.add_argument("--engines", metavar="K", default="1", help="engines sharing the pool (1)")
     engine.add_argument("--max-num-seqs", metavar="N", default="256", help="sequences per engine (256)")

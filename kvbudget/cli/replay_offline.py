@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from kvbudget.cli.replay_flags import engine_config, int_flag
+from kvbudget.cli.replay_flags import admission_settings, engine_config, int_flag
 from kvbudget.client.errors import CLIError
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -23,7 +23,9 @@ def run(args: argparse.Namespace, trace, policies: list[str]):
         try:
             results.append(run_offline(trace.requests, setup, policy, trace_name=trace.name))
         except AdmissionError as exc:
-            raise CLIError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+            given = dict(setup.admission)
+            flag = f"--set admission.{exc.field}" if exc.field in given else f"--{exc.field.replace('_', '-')}"
+            raise CLIError(f"{flag}: {exc}") from None
     for r in results:  # the model layout's notes, as `kvbudget estimate` reports them
         r.summary["notes"] = list(setup.layout.notes)
     return results
@@ -76,4 +78,5 @@ def offline_setup(args: argparse.Namespace, trace):
         engines=int_flag(args.engines, "--engines") or 1,
         seed=int_flag(args.seed, "--seed", minimum=0) or 0,
         enable_prefix_caching=not args.no_prefix_caching,
+        admission=admission_settings(args.set),
     )
