@@ -367,3 +367,25 @@ def test_admission_settings_offline_as_the_daemon_names_them(capsys):
     assert all(r["finished"] == 300 for r in runs.values())
     seen = {name: (r["preemptions"], r["wait_p50_s"], r["wait_p99_s"], r["makespan_s"]) for name, r in runs.items()}
     assert len(set(seen.values())) == 3, seen
+
+
+def test_prefix_hits_count_once_a_request_and_recomputed_prefill_is_reported():
+    """A preempted request that comes back finds its own prompt blocks in the cache: that is
+    not a prefix hit (vLLM does not count it either), and what it computes again is
+    `prefill_tokens_recomputed`."""
+    trace = load_trace("mooncake", limit=200)
+    setup = _setup(LLAMA, 1_500, 131_072, spread_s=trace.arrival_quantum_s,
+                   admission=(("admit_on", "first_chunk"),))  # preempts often on this pool
+    busy = run_offline(trace.requests, setup, "optimistic", trace_name=trace.name).summary
+    calm = run_offline(trace.requests, replace(setup, num_blocks=400_000), "optimistic", trace_name=trace.name).summary
+    assert busy["preemptions"] > 0 and busy["prefill_tokens_recomputed"] > 0
+    assert calm["preemptions"] == 0 and calm["prefill_tokens_recomputed"] == 0
+    # Each request's prompt is looked up once, whatever its readmissions.
+    from kvbudget.daemon.core.admission import AdmissionController
+    from kvbudget.traces.replay import ControllerBackend, admission_config
+    from kvbudget.traces.simulation import Simulation
+
+    controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, "optimistic"))
+    run = Simulation(trace.requests, setup.layout, setup.engine, spread_s=setup.spread_s).run(ControllerBackend(controller))
+    assert sum(r.preemptions for r in run.requests) == busy["preemptions"]
+    assert all(r.query_blocks == len(r.hashes) for r in run.requests if r.admitted_s is not None)
