@@ -81,6 +81,28 @@ def test_a_step_that_preempted_admits_nothing_and_its_submits_queue() -> None:
     ctrl.check_integrity()
 
 
+def test_a_pass_between_steps_leaves_to_the_next_step_what_the_last_one_deferred() -> None:
+    # The daemon's tick (schedule outside a step) must not admit what a step that preempted
+    # left waiting while requests run: the engine's next step admits it, so live and
+    # offline replays decide alike whatever the tick's timing.
+    ctrl = make(4, backfill_depth=2)
+    for rid in ("a", "b"):
+        ctrl.submit(RequestSpec(rid, 16, 16), 0.0)
+        ctrl.progress(rid, 16, 0.0)
+    ctrl.submit(RequestSpec("c", 8, 8), 0.0)
+    apply_step(ctrl, StepOps(grows=[("a", 17)]), 1.0)  # preempts b; 1 block free, fits c
+    assert ctrl.deferred and ctrl.schedule(1.5) == []
+    assert kinds(apply_step(ctrl, StepOps(progress=[("a", 17)]), 2.0)) == [("admit", "fits", "c")]
+    assert not ctrl.deferred
+    # Into an idle pool a pass between steps admits (else a queue whose last running
+    # request ended outside a step would wait for a step that never comes).
+    idle = make(2)
+    idle.submit(RequestSpec("a", 8, 8), 0.0)
+    assert kinds(idle.submit(RequestSpec("b", 16, 0), 0.0)) == [("queue", "pool_full", "b")]
+    idle.deferred = True
+    assert kinds(idle.finish("a", 1.0)) == [("release", "finished", "a"), ("admit", "fits", "b")]
+
+
 def test_a_step_admits_no_more_than_it_can_start() -> None:
     ctrl = make(20)
     ops = StepOps(submits=[RequestSpec("x", 40, 8), RequestSpec("y", 8, 8)], admit_tokens=10, admit_seqs=4)
@@ -88,6 +110,7 @@ def test_a_step_admits_no_more_than_it_can_start() -> None:
     assert kinds(out) == [("admit", "fits", "x"), ("queue", "queue_ahead", "y")]
     assert out[0].num_tokens == 10  # the first chunk within the 10 tokens left
     # One sequence left: one admission.
+    assert ctrl.deferred and ctrl.schedule(0.5) == []  # y waits for the next step
     out = apply_step(ctrl, StepOps(progress=[("x", 10)], admit_tokens=100, admit_seqs=1), 1.0)
     assert kinds(out) == [("admit", "fits", "y")]
     # The bound ends with the step: a submit outside one gets a whole first chunk (F = 16).

@@ -68,6 +68,9 @@ class AdmissionController(AdmissionControls):
         self._dirty = False  # blocks or promises came back since the last queue pass
         self._queue_held = False  # an engine step's frees and grows come first: hold_queue
         self.preempted_while_held = False  # a PREEMPT since hold_queue: the step admits nothing
+        # The last engine step left admissions to the next (it preempted, or used up what it
+        # could start): until then a pass outside a step (a tick) admits only into an idle pool.
+        self.deferred = False
         self._admissions = 0  # admission order (victims: the latest admitted first)
         self.admitting = True  # False once drained: close_admissions
         self._epoch = 0  # bumped when a policy or quota change may change any answer
@@ -204,6 +207,8 @@ class AdmissionController(AdmissionControls):
             self._reject(r, Reason.DEADLINE, now, f"deadline {r.spec.deadline_s}")
             for r in self._queue.expired(now)
         ]
+        if self.deferred and self._running:  # the engines' next step admits (apply_step)
+            return decisions
         if decisions or self._dirty or full_pass:
             self._dirty = False
             config = self.config
@@ -222,6 +227,11 @@ class AdmissionController(AdmissionControls):
         self._queue_held = held
         if held:
             self.preempted_while_held = False
+
+    def step_budget_spent(self) -> bool:
+        """The step can start nothing more (set_step_budget's tokens or sequences are out)."""
+        budget = self._fit.budget
+        return budget is not None and (budget[0] <= 0 or budget[1] <= 0)
 
     def release_queue(self, now: float) -> list[Decision]:
         """End `hold_queue`: what the held ops made room for is admitted now."""

@@ -58,10 +58,12 @@ def apply_step(controller: AdmissionController, ops: StepOps, now: float) -> lis
     once the running requests' ops are in, before the submits (the queue is held meanwhile:
     `hold_queue`). As vLLM's scheduler, a step whose grows preempted admits nothing (its
     submits queue), and a step admits no more than its `admit_tokens` / `admit_seqs` can
-    start. An op meets the requests as the engine last heard of them, but for those an
-    earlier op of the step preempted: a grow of a waiting request is answered DENY
-    not_running, its progress is ignored, and a finish ends it in the queue."""
+    start; what it leaves waits for the next step (`deferred`: a tick between steps admits
+    only into an idle pool). An op meets the requests as the engine last heard of them, but
+    for those an earlier op of the step preempted: a grow of a waiting request is answered
+    DENY not_running, its progress is ignored, and a finish ends it in the queue."""
     c = controller
+    c.deferred = False
     decisions: list[Decision] = []
     held = bool(ops.finishes or ops.aborts or ops.progress or ops.grows)
     if held:
@@ -69,8 +71,7 @@ def apply_step(controller: AdmissionController, ops: StepOps, now: float) -> lis
     bounded = ops.admit_tokens is not None or ops.admit_seqs is not None
     if bounded:
         c.set_step_budget(ops.admit_tokens, ops.admit_seqs)
-    admit = True
-    name, i = "", 0  # the op being applied, named only if it fails
+    admit, name, i = True, "", 0  # (name, i: the op being applied, named only if it fails)
     try:
         if ops.finishes:
             name, finish = "finishes", c.finish
@@ -98,6 +99,7 @@ def apply_step(controller: AdmissionController, ops: StepOps, now: float) -> lis
             name, submit = "submits", c.submit
             for i, spec in enumerate(ops.submits):
                 decisions += submit(spec, now, admit)
+        c.deferred = not admit or c.step_budget_spent()
     except AdmissionError as exc:
         if held:  # what was applied stands, and so does what it made room for
             decisions += c.release_queue(now)
