@@ -389,3 +389,27 @@ def test_prefix_hits_count_once_a_request_and_recomputed_prefill_is_reported():
     run = Simulation(trace.requests, setup.layout, setup.engine, spread_s=setup.spread_s).run(ControllerBackend(controller))
     assert sum(r.preemptions for r in run.requests) == busy["preemptions"]
     assert all(r.query_blocks == len(r.hashes) for r in run.requests if r.admitted_s is not None)
+
+
+def test_config_file_admission_settings_offline(tmp_path, capsys):
+    """--config FILE takes the daemon's config file: its [admission] settings as --set
+    would give them, its policy unless --policy says another, --set over the file."""
+    argv = ["replay", "azure", "--offline", "--limit", "200", "--kv-cache-memory-bytes", "2GiB", "--json"]
+    config = tmp_path / "kvbudget.toml"
+    config.write_text('[admission]\npolicy = "predictive"\nbackfill_depth = 0\nwatermark = 0.0\n'
+                      "[tenants.batch]\nmax_share = 0.5\n")  # (no request of it in the trace)
+    assert main([*argv, "--config", str(config)]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--policy", "predictive", "--set", "admission.backfill_depth=0",
+                 "--set", "admission.watermark=0"]) == 0  # fmt: skip
+    from_flags = json.loads(capsys.readouterr().out)
+    assert from_file["policy"] == "predictive"
+    strip = lambda s: {k: v for k, v in s.items() if k != "wall_s"}  # noqa: E731
+    assert strip(from_file) == strip(from_flags)
+    # --policy over the file's policy, --set over its keys
+    assert main([*argv, "--config", str(config), "--policy", "optimistic", "--set", "admission.backfill_depth=16"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "optimistic"
+    config.write_text("[admission]\nbackfill_depth = -1\n")
+    assert main([*argv, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "--config" in err and "backfill_depth" in err and err.count("\n") == 1

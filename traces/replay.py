@@ -34,6 +34,8 @@ class ReplaySetup:
     sample_interval_s: float = 1.0
     spread_s: float = 0.0  # spread requests sharing a timestamp over this many seconds
     admission: tuple[tuple[str, object], ...] = ()  # AdmissionConfig fields set (the rest: defaults)
+    tenants: tuple[tuple[str, float | None, float], ...] = ()  # (name, max_share, weight) quotas
+    policy: str = "optimistic"  # a config file's (the CLI runs it unless told another)
 
 
 class ControllerBackend:
@@ -85,6 +87,8 @@ def run_offline(
     on_progress: ProgressHook | None = None,
 ) -> ReplayResult:
     controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, policy))
+    for name, max_share, weight in setup.tenants:
+        controller.set_tenant_quota(name, max_share, weight)
     backend = ControllerBackend(controller)
     simulation = Simulation(
         trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,
