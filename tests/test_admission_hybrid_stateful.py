@@ -95,13 +95,15 @@ class HybridMachine(RuleBasedStateMachine):
         F=st.sampled_from([4, 8, 10, 13, 32]),
         lookahead=st.sampled_from([0, 5]),
         caching=st.booleans() | st.just(True),
+        admit_on=st.sampled_from(["whole_prompt", "first_chunk"]),
     )
-    def setup(self, layout, num_blocks, F, lookahead, caching):
+    def setup(self, layout, num_blocks, F, lookahead, caching, admit_on):
         self.layout_name = layout
         config = AdmissionConfig(
             max_model_len=MAX_MODEL_LEN,
             max_num_batched_tokens=F,
             policy=self.policy,
+            admit_on=admit_on,
             enable_prefix_caching=caching,
             lookahead_tokens=lookahead,
             watermark=0.0,
@@ -273,6 +275,7 @@ class HybridMachine(RuleBasedStateMachine):
     @invariant()
     def held_and_reserved_within_the_formulas(self):
         F = self.F
+        first_chunk = self.ctrl.config.admit_on == "first_chunk"
         for r in self.ctrl.running_requests():
             L = r.max_len
             for g, group in enumerate(self.ctrl.layout.groups):
@@ -283,8 +286,9 @@ class HybridMachine(RuleBasedStateMachine):
                 assert r.base[g] <= worst, f"{r.request_id} g{g}: base {r.base[g]} > worst {worst}"
                 if r.policy == "guaranteed":
                     assert r.base[g] == worst, (r.request_id, g, r.base[g], worst)
-                elif r.resume_len and r.policy in ("optimistic", "predictive"):
-                    # back from a preemption: its recompute is covered (no self-preemption)
+                elif r.resume_len and (r.policy == "predictive" or (r.policy == "optimistic" and first_chunk)):
+                    # back from a preemption: its recompute is covered (no self-preemption);
+                    # optimistic admitting on the whole prompt reserves nothing (as vLLM)
                     resumed = worst_case_blocks(spec, r.resume_len, F)
                     assert r.base[g] >= resumed, (r.request_id, g, r.base[g], resumed)
                 in_flight = r.num_tokens - r.num_computed  # <= F; 1 while decoding

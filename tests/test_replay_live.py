@@ -144,6 +144,24 @@ def test_live_and_offline_pools_agree_for_the_same_num_gpu_blocks(tmp_path, caps
     assert (live["num_blocks"], live["rejected"]) == (99, 1)
 
 
+def test_live_and_offline_decide_alike_under_pressure(tmp_path, capsys):
+    """A tight pool with preemptions, strict FCFS, as fast as possible: the same decisions
+    live and offline. The daemon's tick between two steps admits nothing a step left to
+    the next (a step that preempted, or ran out of what it could start), so its timing
+    cannot change a decision."""
+    run = ["--limit", "150", "--grow-ahead-blocks", "4", "--json"]
+    with DaemonProcess(tmp_path, "--num-gpu-blocks", "600", "--max-num-batched-tokens", "512",
+                       "--max-model-len", "16384", "--backfill-depth", "0") as daemon:  # fmt: skip
+        assert main(["replay", "azure", "--target", daemon.target, "--as-fast-as-possible", *run]) == 0
+        live = json.loads(capsys.readouterr().out)
+    assert main(["replay", "azure", "--offline", "--num-gpu-blocks", "600", "--max-num-batched-tokens", "512",
+                 "--max-model-len", "16384", "--set", "admission.backfill_depth=0", *run]) == 0  # fmt: skip
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["preemptions"] > 0
+    for key in ("preemptions", "wait_p50_s", "wait_p99_s", "makespan_s", "decisions_by_kind"):
+        assert live[key] == offline[key], key
+
+
 def test_live_summary_names_every_policy_that_decided(tmp_path):
     # The first request runs under optimistic; the policy is switched to guaranteed before
     # the second arrives (3 s later). The daemon's policy at the end alone would say

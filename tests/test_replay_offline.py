@@ -104,6 +104,14 @@ def test_cli_offline_json(capsys):
         (["replay", "azure", "--offline", "--step-base-ms", "-1"], "--step-base-ms must be >= 0 and finite"),
         (["replay", "azure", "--offline", "--step-base-ms", "inf"], "--step-base-ms must be >= 0 and finite, got 'inf'"),
         (["replay", "azure", "--offline", "--compare", ""], "--compare: unknown policy (none)"),
+        (["replay", "azure", "--offline", "--set", "admission.nope=1"], "expected admission.KEY=VALUE"),
+        (["replay", "azure", "--offline", "--set", "admission.policy=naive"], "expected admission.KEY=VALUE"),
+        (["replay", "azure", "--offline", "--set", "admission.backfill_depth=x"], "expected an integer"),
+        (["replay", "azure", "--offline", "--limit", "3", "--set", "admission.backfill_depth=-1"],
+         "--set admission.backfill_depth: backfill_depth: must not be negative"),
+        (["replay", "azure", "--offline", "--limit", "3", "--set", "admission.admit_on=later"],
+         "--set admission.admit_on: admit_on: must be one of whole_prompt, first_chunk"),
+        (["replay", "azure", "--set", "admission.backfill_depth=0"], "offline only"),
     ],
 )
 def test_cli_bad_input_is_one_line(argv, message, capsys):
@@ -344,3 +352,64 @@ def test_live_replay_against_a_port_nobody_serves_says_connection_refused(capsys
     err = capsys.readouterr().err
     assert err.startswith(f"kvbudget replay: error: 127.0.0.1:{port}: UNAVAILABLE: ") and "Connection refused" in err
     assert err.count("\n") == 1
+
+
+def test_admission_settings_offline_as_the_daemon_names_them(capsys):
+    """--set takes the daemon's [admission] keys: a strict FCFS queue with no watermark
+    and first-chunk admission are other runs than the defaults."""
+    argv = ["replay", "azure", "--offline", "--limit", "300", "--kv-cache-memory-bytes", "2GiB",
+            "--max-num-batched-tokens", "512", "--json"]  # F 512: prompts longer than a chunk
+    runs = {}
+    strict = ["--set", "admission.backfill_depth=0", "--set", "admission.watermark=0"]
+    for name, extra in (("default", []), ("strict", strict), ("first_chunk", ["--set", "admission.admit_on=first_chunk"])):
+        assert main([*argv, *extra]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert all(r["finished"] == 300 for r in runs.values())
+    seen = {name: (r["preemptions"], r["wait_p50_s"], r["wait_p99_s"], r["makespan_s"]) for name, r in runs.items()}
+    assert len(set(seen.values())) == 3, seen
+
+
+def test_prefix_hits_count_once_a_request_and_recomputed_prefill_is_reported():
+    """A preempted request that comes back finds its own prompt blocks in the cache: that is
+    not a prefix hit (vLLM does not count it either), and what it computes again is
+    `prefill_tokens_recomputed`."""
+    trace = load_trace("mooncake", limit=200)
+    setup = _setup(LLAMA, 1_500, 131_072, spread_s=trace.arrival_quantum_s,
+                   admission=(("admit_on", "first_chunk"),))  # preempts often on this pool
+    busy = run_offline(trace.requests, setup, "optimistic", trace_name=trace.name).summary
+    calm = run_offline(trace.requests, replace(setup, num_blocks=400_000), "optimistic", trace_name=trace.name).summary
+    assert busy["preemptions"] > 0 and busy["prefill_tokens_recomputed"] > 0
+    assert calm["preemptions"] == 0 and calm["prefill_tokens_recomputed"] == 0
+    # Each request's prompt is looked up once, whatever its readmissions.
+    from kvbudget.daemon.core.admission import AdmissionController
+    from kvbudget.traces.replay import ControllerBackend, admission_config
+    from kvbudget.traces.simulation import Simulation
+
+    controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, "optimistic"))
+    run = Simulation(trace.requests, setup.layout, setup.engine, spread_s=setup.spread_s).run(ControllerBackend(controller))
+    assert sum(r.preemptions for r in run.requests) == busy["preemptions"]
+    assert all(r.query_blocks == len(r.hashes) for r in run.requests if r.admitted_s is not None)
+
+
+def test_config_file_admission_settings_offline(tmp_path, capsys):
+    """--config FILE takes the daemon's config file: its [admission] settings as --set
+    would give them, its policy unless --policy says another, --set over the file."""
+    argv = ["replay", "azure", "--offline", "--limit", "200", "--kv-cache-memory-bytes", "2GiB", "--json"]
+    config = tmp_path / "kvbudget.toml"
+    config.write_text('[admission]\npolicy = "predictive"\nbackfill_depth = 0\nwatermark = 0.0\n'
+                      "[tenants.batch]\nmax_share = 0.5\n")  # (no request of it in the trace)
+    assert main([*argv, "--config", str(config)]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--policy", "predictive", "--set", "admission.backfill_depth=0",
+                 "--set", "admission.watermark=0"]) == 0  # fmt: skip
+    from_flags = json.loads(capsys.readouterr().out)
+    assert from_file["policy"] == "predictive"
+    strip = lambda s: {k: v for k, v in s.items() if k != "wall_s"}  # noqa: E731
+    assert strip(from_file) == strip(from_flags)
+    # --policy over the file's policy, --set over its keys
+    assert main([*argv, "--config", str(config), "--policy", "optimistic", "--set", "admission.backfill_depth=16"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "optimistic"
+    config.write_text("[admission]\nbackfill_depth = -1\n")
+    assert main([*argv, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "--config" in err and "backfill_depth" in err and err.count("\n") == 1

@@ -33,6 +33,9 @@ class ReplaySetup:
     enable_prefix_caching: bool = True
     sample_interval_s: float = 1.0
     spread_s: float = 0.0  # spread requests sharing a timestamp over this many seconds
+    admission: tuple[tuple[str, object], ...] = ()  # AdmissionConfig fields set (the rest: defaults)
+    tenants: tuple[tuple[str, float | None, float], ...] = ()  # (name, max_share, weight) quotas
+    policy: str = "optimistic"  # a config file's (the CLI runs it unless told another)
 
 
 class ControllerBackend:
@@ -59,7 +62,7 @@ class ControllerBackend:
         return []
 
     def idle(self, engine_id: str, now: float) -> list[Decision]:
-        return self.controller.schedule(now)
+        return self.controller.schedule(now)  # unbounded, as the daemon's own pass
 
     def num_free_blocks(self) -> int:
         return self.controller.pool.num_free_blocks
@@ -71,6 +74,7 @@ def admission_config(setup: ReplaySetup, policy: str) -> AdmissionConfig:
         max_num_batched_tokens=setup.engine.max_num_batched_tokens,
         policy=policy,
         enable_prefix_caching=setup.enable_prefix_caching,
+        **dict(setup.admission),  # type: ignore[arg-type]
     )
 
 
@@ -83,6 +87,8 @@ def run_offline(
     on_progress: ProgressHook | None = None,
 ) -> ReplayResult:
     controller = AdmissionController(setup.layout, setup.num_blocks, admission_config(setup, policy))
+    for name, max_share, weight in setup.tenants:
+        controller.set_tenant_quota(name, max_share, weight)
     backend = ControllerBackend(controller)
     simulation = Simulation(
         trace, setup.layout, setup.engine, engines=setup.engines, seed=setup.seed,

@@ -162,7 +162,9 @@ class DaemonBackend:
         client = self.clients[engine_id]
         early: list[Decision] = []
         for attempt in range(MAX_STEP_ATTEMPTS):
-            message = step_message("", ops.submits, ops.grows, ops.progress, ops.finishes, ops.aborts)
+            message = step_message(
+                "", ops.submits, ops.grows, ops.progress, ops.finishes, ops.aborts, ops.admit_tokens, ops.admit_seqs
+            )
             try:
                 response = await client.step_raw(message)  # type: ignore[attr-defined]
                 break
@@ -183,6 +185,8 @@ class DaemonBackend:
                     progress=[p for p in ops.progress if p[0] not in drop],
                     grows=[g for g in ops.grows if g[0] not in drop],
                     submits=ops.submits,
+                    admit_tokens=ops.admit_tokens,
+                    admit_seqs=ops.admit_seqs,
                 )
         self._free = response.num_free_blocks
         return early + self.note(self._replies.read(response.decisions))

@@ -6,7 +6,10 @@ Definitions (all in the replay's virtual seconds, origin = the earliest arrival)
 - makespan: end of the last step (the last request finished or rejected);
 - mean_running / mean_kv_usage: time-weighted over the makespan; kv usage is held blocks
   (the pool minus free and evictable-cached ones) over the pool;
-- prefix_hit_ratio: prefix blocks reused / full prompt blocks looked up, over admissions;
+- prefix_hit_ratio: prefix blocks reused / full prompt blocks looked up, at each request's
+  first admission (a preempted request finding its own blocks again is not a hit);
+- prefill_tokens_recomputed: prefill tokens computed beyond what each request's first
+  admission left to compute (recomputes after preemptions; JSON only);
 - percentiles interpolate linearly between order statistics (numpy's default).
 """
 
@@ -89,6 +92,7 @@ def summarize(
         "makespan_s": round(makespan, 3),
         "output_tokens_per_s": round(output_tokens / makespan, 1) if makespan else 0.0,
         "prefix_hit_ratio": round(hit / queried, 4) if queried else 0.0,
+        "prefill_tokens_recomputed": sum(max(0, r.prefilled - r.first_prefill) for r in requests),
         "steps": run.steps,
         "calls": run.calls,
         "wall_s": round(wall_s, 3),

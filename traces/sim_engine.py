@@ -118,16 +118,17 @@ class SimEngine:
                 # daemon, then re-admitted: the finish on its way releases it.
                 return
             r.state = RUNNING
-            if r.admitted_s is None:
-                r.admitted_s = now
             self.num_queued -= 1
             self.num_running += 1
             r.granted = d.num_tokens
-            r.hit_blocks += d.cached_hit_blocks
-            r.query_blocks += len(r.hashes)
             # Tokens the prefix cache spares: the daemon's count when it gives one.
             groups = self.layout.groups
             r.computed = d.num_computed or cache_hit_tokens(groups, [d.cached_hit_blocks] * len(groups), r.prompt)
+            if r.admitted_s is None:  # hits counted once a request: its own blocks found again are not
+                r.admitted_s = now
+                r.hit_blocks += d.cached_hit_blocks
+                r.query_blocks += len(r.hashes)
+                r.first_prefill = r.prompt - r.computed
             r.version += 1
             self.prefilling[r.request_id] = r
             self.admitted_now.append(r)
@@ -185,6 +186,9 @@ class SimEngine:
         self.pending_finishes = []
         ops.progress = list(progress.items())
         scheduled = self._schedule_prefills(ops.grows)
+        # What is left of the step for admissions (vLLM admits while its budget lasts).
+        ops.admit_tokens = self.config.max_num_batched_tokens - len(self.decoding) - sum(t for _, t, _ in scheduled)
+        ops.admit_seqs = self.config.max_num_seqs - self.num_running
         return ops, scheduled, decode_grows
 
     def _submit_arrivals(self, submits: list[RequestSpec]) -> None:
@@ -314,6 +318,8 @@ class SimEngine:
         now = self.clock
         for r, tokens in batch:
             was_prefill = r.computed + 1 < r.prompt + r.generated or r.generated == 0
+            if was_prefill:
+                r.prefilled += tokens
             r.computed += tokens
             if r.computed < r.prompt + r.generated:
                 self.pending_progress[r.request_id] = r.computed

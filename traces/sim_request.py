@@ -18,7 +18,7 @@ class SimRequest:
         "request_id", "trace", "engine", "arrival_s", "prompt", "output", "max_new", "cap",
         "state", "granted", "computed", "generated", "admitted_s", "first_token_s",
         "finished_s", "preemptions", "hit_blocks", "query_blocks", "decode_anchor",
-        "version", "reject_reason", "hashes", "last_seq",
+        "version", "reject_reason", "hashes", "last_seq", "prefilled", "first_prefill",
     )  # fmt: skip
 
     def __init__(self, request_id: str, trace: TraceRequest, engine: int, arrival_s: float,
@@ -48,6 +48,8 @@ class SimRequest:
         self.reject_reason = ""
         self.hashes: tuple[int, ...] = ()
         self.last_seq = -1  # the newest decision applied to it
+        self.prefilled = 0  # prefill tokens computed, recomputes after preemptions included
+        self.first_prefill = 0  # prefill tokens its first admission left to compute (no hits)
 
 
 def spread_arrivals(requests: Sequence[TraceRequest], seed: int, max_gap_s: float = 3.0) -> list[float]:

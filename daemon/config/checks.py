@@ -20,6 +20,7 @@ from kvbudget.daemon.config.sizing import (
     memory_source_conflict,
 )
 from kvbudget.daemon.core.admission import POLICIES
+from kvbudget.daemon.core.admission_config import ADMIT_ON
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
 from kvbudget.daemon.core.spec import KV_DTYPE_NAMES, KV_DTYPES
 
@@ -118,6 +119,8 @@ def _check_memory_source(c: DaemonConfig, fail: Failure) -> None:
 def _check_admission(c: DaemonConfig, fail: Failure) -> None:
     if c.policy not in POLICIES:
         raise fail("policy", f"unknown policy {c.policy!r} (expected one of {', '.join(POLICIES)})")
+    if c.admit_on not in ADMIT_ON:
+        raise fail("admit_on", f"unknown setting {c.admit_on!r} (expected one of {', '.join(ADMIT_ON)})")
     if not 0.0 <= c.watermark < 1.0:
         raise fail("watermark", f"must be in [0, 1), got {c.watermark}")
     for name, quota in c.tenants.items():  # (TenantQuota values given as such skip _parse_tenants)

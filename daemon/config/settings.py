@@ -63,6 +63,7 @@ class DaemonConfig:
     gpu_probe_interval_s: float = 5.0
     # [admission]
     policy: str = "optimistic"
+    admit_on: str = "whole_prompt"  # optimistic: "whole_prompt" (vLLM's default) or "first_chunk"
     enable_prefix_caching: bool = True
     watermark: float = 0.01
     lookahead_tokens: int = 0
@@ -113,6 +114,7 @@ class DaemonConfig:
             max_model_len=self.max_model_len or max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
             policy=self.policy,
+            admit_on=self.admit_on,
             enable_prefix_caching=self.enable_prefix_caching,
             lookahead_tokens=self.lookahead_tokens,
             watermark=self.watermark,
@@ -154,6 +156,7 @@ KEYS: tuple[Key, ...] = (
     Key("pool", "activation_reserve_bytes", "activation_reserve_bytes", Size, optional=True),
     Key("pool", "gpu_probe_interval_s", "gpu_probe_interval_s", float),
     Key("admission", "policy", "policy", str),
+    Key("admission", "admit_on", "admit_on", str),
     Key("admission", "enable_prefix_caching", "enable_prefix_caching", bool),
     Key("admission", "watermark", "watermark", float),
     Key("admission", "lookahead_tokens", "lookahead_tokens", int),

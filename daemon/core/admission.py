@@ -9,10 +9,10 @@ invariant every path keeps and the module map: docs/architecture/core.md.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from kvbudget.daemon.core import admission_report, integrity, policies
+from kvbudget.daemon.core.admission_controls import AdmissionControls
 from kvbudget.daemon.core.admission_config import (  # re-exported: see __all__
     POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
 )
@@ -38,8 +38,9 @@ RELEASE = DecisionKind.RELEASE
 FITS, FINISHED, TENANT_QUOTA = Reason.FITS, Reason.FINISHED, Reason.TENANT_QUOTA
 
 
-class AdmissionController:
-    """The requests and their blocks; every change to either is one of its calls."""
+class AdmissionController(AdmissionControls):
+    """The requests and their blocks; every change to either is one of its calls (the
+    live controls, set_policy to number_from: admission_controls.py)."""
 
     def __init__(
         self, layout: KVCacheLayout, num_blocks: int, config: AdmissionConfig, *,
@@ -57,6 +58,7 @@ class AdmissionController:
         self._num_groups = len(layout.groups)
         self._max_model_len = config.max_model_len  # read on every submit
         self._fit = FitCheck(layout, self.ledger, self.predictor, config)
+        self.set_step_budget = self._fit.set_budget  # what an engine step can still start
         self._requests: dict[str, RequestState] = {}  # never rebound: `find` is its get
         # The dict's own get, not a method around it: every op of every step asks it.
         self.find: Callable[[str], RequestState | None] = self._requests.get
@@ -65,13 +67,19 @@ class AdmissionController:
         self._order = 0
         self._dirty = False  # blocks or promises came back since the last queue pass
         self._queue_held = False  # an engine step's frees and grows come first: hold_queue
+        self.preempted_while_held = False  # a PREEMPT since hold_queue: the step admits nothing
+        # The last engine step left admissions to the next (it preempted, or used up what it
+        # could start): until then a pass outside a step (a tick) admits only into an idle pool.
+        self.deferred = False
+        self._admissions = 0  # admission order (victims: the latest admitted first)
         self.admitting = True  # False once drained: close_admissions
         self._epoch = 0  # bumped when a policy or quota change may change any answer
         self._record = DecisionRecorder(self.pool, self._queue, self._running, self.policy.name)
 
     # ================================================================ public API
-    def submit(self, request: RequestSpec, now: float) -> list[Decision]:
-        """ADMIT (with block ids per group), QUEUE or REJECT, then anything it caused."""
+    def submit(self, request: RequestSpec, now: float, admit: bool = True) -> list[Decision]:
+        """ADMIT (with block ids per group), QUEUE or REJECT, then anything it caused.
+        `admit=False` (a step that preempted): QUEUE or REJECT only."""
         rid = request.request_id
         if not rid:
             raise AdmissionError("request_id", "must not be empty")
@@ -101,6 +109,9 @@ class AdmissionController:
         tenant = request.tenant
         if tenant not in self.ledger.tenants:
             self.ledger.tenant(tenant)
+        if not admit:
+            r.wait_reason = Reason.POOL_FULL
+            return [self._wait(r, now)]
         decision = self._try_admit(r, now) if not self._queue.size else self._try_behind_queue(r, now)
         if decision is None:
             decision = self._wait(r, now)
@@ -196,6 +207,8 @@ class AdmissionController:
             self._reject(r, Reason.DEADLINE, now, f"deadline {r.spec.deadline_s}")
             for r in self._queue.expired(now)
         ]
+        if self.deferred and self._running:  # the engines' next step admits (apply_step)
+            return decisions
         if decisions or self._dirty or full_pass:
             self._dirty = False
             config = self.config
@@ -205,71 +218,25 @@ class AdmissionController:
             )
         return decisions
 
-    def number_from(self, seq: int) -> None:
-        """Number the decisions on from `seq` (a restarted daemon: the log's last), so each
-        seq stays unique in the log. Only before the first decision."""
-        if self._record.seq:
-            raise AdmissionError("seq", f"decisions are already numbered up to {self._record.seq}")
-        if seq < 0:
-            raise AdmissionError("seq", f"must not be negative, got {seq}")
-        self._record.seq = seq
-
     def hold_queue(self, held: bool = True) -> None:
         """Admit nothing from the queue until `release_queue`: one engine step's finishes,
         aborts, progress and grows all land first, as vLLM schedules its running requests
         before its waiting ones (why: docs/architecture/core.md). `held=False` lifts the hold
-        without a pass: the next `schedule` makes it."""
+        without a pass: the next `schedule` makes it. `preempted_while_held` tells whether
+        a PREEMPT came since (vLLM then admits nothing in the step: apply_step)."""
         self._queue_held = held
+        if held:
+            self.preempted_while_held = False
+
+    def step_budget_spent(self) -> bool:
+        """The step can start nothing more (set_step_budget's tokens or sequences are out)."""
+        budget = self._fit.budget
+        return budget is not None and (budget[0] <= 0 or budget[1] <= 0)
 
     def release_queue(self, now: float) -> list[Decision]:
         """End `hold_queue`: what the held ops made room for is admitted now."""
         self._queue_held = False
         return self.schedule(now)
-
-    def close_admissions(self, now: float) -> list[Decision]:
-        """Drain: admit nothing more, ever. Every waiting request is REJECTed `draining`
-        now (its engine can send it elsewhere rather than wait for good), and so is any
-        later submit or preempted request; running requests keep their promises."""
-        self.admitting = False
-        return self.schedule(now)
-
-    def set_policy(self, policy: str, now: float) -> list[Decision]:
-        """Switch the policy for new admissions; running requests keep their promises.
-
-        The POLICY decision comes first, then what the new policy does to the queue at
-        once (a looser one may admit; naive may REJECT what its charge can never fit).
-        The policy in force already: no decision at all (a no-op is not a switch)."""
-        if policy not in policies.POLICIES:
-            raise AdmissionError("policy", f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-        previous = self.policy.name
-        if policy == previous:
-            return []
-        self.policy = policies.POLICIES[policy]
-        self._dirty = True
-        self._epoch += 1
-        return [self._record.switched(previous, policy, now), *self.schedule(now)]
-
-    def set_tenant_quota(self, tenant: str, max_share: float | None, weight: float = 1.0) -> None:
-        """A tenant's maximum share of the pool (None or 0: no quota) and fair-share weight."""
-        self.ledger.set_quota(tenant, max_share, weight)
-        self._dirty = True
-        self._epoch += 1
-
-    def retune(
-        self, *, max_queue_len: int, backfill_depth: int, max_head_wait_s: float, watermark: float,
-        lookahead_tokens: int, reject_over_quota: bool,
-    ) -> None:
-        """The queue's bounds and the fit margins, live (a config reload): what runs or waits
-        stays, even past a lower max_queue_len. Raises AdmissionError, changing nothing."""
-        config = dataclasses.replace(
-            self.config, max_queue_len=max_queue_len, backfill_depth=backfill_depth, max_head_wait_s=max_head_wait_s,
-            watermark=watermark, lookahead_tokens=lookahead_tokens, reject_over_quota=reject_over_quota,
-        )
-        config.validate()
-        self.config = config
-        self._fit.retune(config)
-        self._dirty = True  # a deeper backfill, a longer head wait or a lower watermark may admit at once
-        self._epoch += 1
 
     def snapshot(self, now: float) -> Snapshot:
         return admission_report.snapshot(now, self.ledger, self._queue, len(self._running), self._record)
@@ -344,6 +311,10 @@ class AdmissionController:
         """ADMIT or REJECT `r` now, or None (with `r.wait_reason`) if it must wait."""
         policy = self.policy
         fit = self._fit
+        budget = fit.budget
+        if budget is not None and (budget[0] <= 0 or budget[1] <= 0):  # the step can start no more
+            r.wait_reason = Reason.QUEUE_AHEAD
+            return None
         plan = fit.plan(r, policy)
         refusal = fit.refusal(r, plan, policy, bool(self._running))
         if refusal is not None:
@@ -359,12 +330,18 @@ class AdmissionController:
         r.predicted_output = plan.predicted
         self.ledger.admit(r, plan.hit, plan.base, plan.num_tokens, plan.held, plan.charge)
         self._running[r.spec.request_id] = r
+        self._admissions += 1
+        r.admitted = self._admissions
+        if budget is not None:
+            budget[0] -= plan.num_tokens - plan.hit.num_tokens
+            budget[1] -= 1
         return self._record.admitted(r, plan, now)
 
     def _preempt(
         self, v: RequestState, reason: Reason, now: float, detail: str, resume_len: int = 0
     ) -> Decision:
         v.resume_len = resume_length(v, resume_len)
+        self.preempted_while_held = True
         freed = self.ledger.release(v)
         del self._running[v.request_id]
         self._queue.enter(v, self.ledger.tenants[v.tenant], True, now)

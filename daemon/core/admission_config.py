@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from kvbudget.daemon.core import policies
 
 POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive", "naive")
+# When optimistic admits a waiting request: once its whole prompt (a preempted request: the
+# length it had reached) fits in the free blocks, as vLLM 0.33 does by default
+# (`scheduler_reserve_full_isl`), or once its first prefill chunk fits (the rest may
+# preempt others as it is computed). Either way only the first chunk is allocated.
+ADMIT_ON = ("whole_prompt", "first_chunk")
 
 
 class AdmissionError(Exception):
@@ -36,6 +41,7 @@ class AdmissionConfig:
     max_model_len: int
     max_num_batched_tokens: int = 8192  # F in the budget formulas
     policy: str = "optimistic"
+    admit_on: str = "whole_prompt"  # optimistic: one of ADMIT_ON
     enable_prefix_caching: bool = True
     lookahead_tokens: int = 0  # optimistic: slots allocated beyond the prompt at admission
     watermark: float = 0.01  # optimistic: share of the pool kept free at admission
@@ -51,6 +57,7 @@ class AdmissionConfig:
             ("max_model_len", self.max_model_len >= 1, "must be at least 1"),
             ("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "must be at least 1"),
             ("policy", self.policy in policies.POLICIES, f"must be one of {', '.join(POLICIES)}"),
+            ("admit_on", self.admit_on in ADMIT_ON, f"must be one of {', '.join(ADMIT_ON)}"),
             ("lookahead_tokens", self.lookahead_tokens >= 0, "must not be negative"),
             ("watermark", 0.0 <= self.watermark < 1.0, "must be in [0, 1)"),
             ("max_queue_len", self.max_queue_len >= 0, "must not be negative"),

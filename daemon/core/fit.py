@@ -78,6 +78,8 @@ class FitCheck:
         self.predictor = predictor
         self.F = config.max_num_batched_tokens
         self.prefix_caching = config.enable_prefix_caching and layout_supports_prefix_cache(layout)
+        self.whole_prompt = config.admit_on == "whole_prompt"
+        self.budget: list[int] | None = None  # [tokens, sequences] the engine's step can still start
         self.capacity = ledger.pool.capacity  # fixed for the pool's life; read on every test
         self.retune(config)
         self.naive_base = request_naive(layout, config.max_model_len).per_group
@@ -138,6 +140,15 @@ class FitCheck:
         return base
 
     # ------------------------------------------------------------------ the test
+    def set_budget(self, tokens: int | None, seqs: int | None) -> None:
+        """Until called again with (None, None): admit while the engine can still start
+        `tokens` tokens and `seqs` sequences in this step, each first chunk within the
+        tokens left (vLLM admits while its step's token budget lasts). None: no bound."""
+        if tokens is None and seqs is None:
+            self.budget = None
+        else:
+            self.budget = [1 << 62 if tokens is None else tokens, 1 << 62 if seqs is None else seqs]
+
     def plan(self, r: RequestState, policy: Policy) -> Plan:
         spec = r.spec
         prompt = spec.prompt_tokens
@@ -154,12 +165,15 @@ class FitCheck:
             base = self.naive_base
         else:  # length 0 (optimistic, not preempted): nothing reserved, no memo lookup
             predicted = 0
-            length = policy.reserved_length(prompt, r.max_len, r.resume_len, 0)
+            whole = policy.checks_admit_on and self.whole_prompt
+            length = 0 if whole else policy.reserved_length(prompt, r.max_len, r.resume_len, 0)
             base = self.worst[length] if length else self._no_base
         target = r.resume_len or prompt
+        full = target  # whole_prompt: this length must fit now, only its first chunk is allocated
         if policy.uses_lookahead:
             target = min(target + self.lookahead_tokens, r.max_len)
-        first_chunk = hit_tokens + self.F
+        budget = self.budget  # the first chunk: F tokens, or what the step has left
+        first_chunk = hit_tokens + (self.F if budget is None or budget[0] > self.F else budget[0])
         num_tokens = target if target < first_chunk else first_chunk
         held = self.held[num_tokens, hit_tokens]
         # Built once here: the charge and, if admitted, the ADMIT decision use it. With no
@@ -175,6 +189,10 @@ class FitCheck:
             reserved = tuple(map(max, held, base))
             charge = sum(reserved)
         need = charge
+        if base is self._no_base and policy.checks_admit_on and self.whole_prompt and full > num_tokens:
+            # vLLM's full-sequence check: the whole length's blocks (a window group's capped
+            # at what chunked prefill holds at once), hits included, must be free now.
+            need = self.worst_total[full]
         if hit.num_blocks:  # window-group hits are not free for good: see ledger.py
             need -= sum(hit.shared[g] for g in self.ledger.prefix_groups)
         return Plan(hit, base, num_tokens, list(held), held, reserved, predicted, charge, need)

@@ -15,6 +15,9 @@ class Policy:
     uses_lookahead = False  # allocate config.lookahead_tokens beyond the prompt
     uses_prediction = False
     charges_naive = False  # base = budget.request_naive(max_model_len), whatever the request
+    # config.admit_on applies: "whole_prompt" admits once the whole prompt fits and reserves
+    # nothing, not even for a preempted request (vLLM 0.33's default)
+    checks_admit_on = False
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
         """Tokens whose worst case (budget.request_worst_case) is the base; 0: none.
@@ -28,9 +31,10 @@ class Optimistic(Policy):
     preempts = True
     uses_watermark = True
     uses_lookahead = True
+    checks_admit_on = True
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
-        return resume_len
+        return resume_len  # admit_on "first_chunk"; with "whole_prompt" FitCheck reserves none
 
 
 class Guaranteed(Policy):

@@ -1,8 +1,9 @@
 """Victims: whom a growth that does not fit preempts, and the length a victim comes back at.
 
 Optimistic and predictive requests only, the worst first (largest priority value, then
-latest arrival); the growing request stops the search and may preempt itself. A victim
-comes back at the length it had reached and reserves its worst case (docs/architecture/core.md).
+the latest admitted, as vLLM's scheduler picks); the growing request stops the search and
+may preempt itself. A victim comes back at the length it had reached and reserves its
+worst case (docs/architecture/core.md).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def victims(running: Iterable[RequestState]) -> list[RequestState]:
     """The running requests a growth may preempt, worst first (see the module docstring)."""
     return sorted(
         (v for v in running if POLICIES[v.policy].preempts),
-        key=lambda v: (v.spec.priority, v.order),
+        key=lambda v: (v.spec.priority, v.admitted),
         reverse=True,
     )
 

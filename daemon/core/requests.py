@@ -32,7 +32,7 @@ class Status(enum.Enum):
 class RequestState:
     spec: RequestSpec
     max_len: int  # L: prompt + max new tokens, capped at max_model_len
-    order: int  # arrival order in this controller (ties and victim choice)
+    order: int  # arrival order in this controller (queue ties)
     num_groups: int
     status: Status = Status.WAITING
     policy: str = ""  # the policy it was admitted under
@@ -55,6 +55,7 @@ class RequestState:
     failed_epoch: int = -1
     queue_key: tuple[int, int, int] = (0, 1, 0)
     predicted_output: int = 0  # predictive policy: the output length reserved for
+    admitted: int = 0  # admission order, renewed on each admission (victim choice)
 
     @property
     def request_id(self) -> str:

@@ -26,6 +26,8 @@ def read_step(step: engine_pb2.StepRequest, engine_id: str, now: float) -> StepO
         [(op.request_id, op.num_computed_tokens) for op in progress[:]] if progress else [],
         [(op.request_id, op.num_tokens) for op in grows[:]] if grows else [],
         [submit_to_spec(op, engine_id, now) for op in submits[:]] if submits else [],
+        step.admit_tokens if step.HasField("admit_tokens") else None,
+        step.admit_seqs if step.HasField("admit_seqs") else None,
     )
 
 

@@ -37,7 +37,8 @@ and its model, pool and limits come from its pool plan (the offline-only flags a
 
 Offline and live decide alike for the same trace, policy, model, pool and
 --grow-ahead-blocks (whose defaults differ: 4 offline, 16 live), on a fresh daemon with
-default admission settings, but for two things a live run cannot replay. The daemon
+the same admission settings (offline: --config with the daemon's file, or --set), but for
+two things a live run cannot replay. The daemon
 keeps time by its own clock: max_head_wait_s (aging: 30 s, after which nothing passes
 the queue's head) counts wall seconds there, trace seconds offline, so at --speed X it
 starts X times later in the trace, and never in a run --as-fast-as-possible. And a
@@ -48,7 +49,7 @@ blocks, from what it served before.
 # all of that, so one of them given there would be silently ignored (or, --max-model-len,
 # half-applied): refused instead.
 OFFLINE_ONLY = ("model", "num_gpu_blocks", "kv_cache_memory_bytes", "block_size", "max_model_len",
-                "no_prefix_caching", "max_num_batched_tokens")  # fmt: skip
+                "no_prefix_caching", "max_num_batched_tokens", "config", "set")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--block-size", metavar="N", help="tokens per block (16; 64 for MLA models)")
     model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
     model.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    model.add_argument("--config", metavar="FILE",
+                       help="the daemon's config file: its [admission] settings (its policy, unless "
+                       "--policy / --compare) and [tenants] quotas; model and pool still from the flags")
+    model.add_argument("--set", action="append", metavar="admission.KEY=VALUE",
+                       help="an admission setting, as the daemon's config file names it (repeatable): "
+                       "admission.backfill_depth=0, admission.watermark=0, admission.admit_on=first_chunk")
     engine = parser.add_argument_group("simulated engine")
     engine.add_argument("--engines", metavar="K", default="1", help="engines sharing the pool (1)")
     engine.add_argument("--max-num-seqs", metavar="N", default="256", help="sequences per engine (256)")

@@ -79,3 +79,31 @@ def engine_config(args: argparse.Namespace, trace, *, max_model_len: int, max_nu
         )
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+
+
+def admission_settings(values: list[str] | None) -> tuple[tuple[str, object], ...]:
+    """`--set admission.KEY=VALUE` (repeatable): the daemon's [admission] keys but those
+    with flags of their own (--policy / --compare, --no-prefix-caching), as
+    (AdmissionConfig field, value) pairs."""
+    from kvbudget.daemon.config.settings import KEYS
+
+    own_flags = ("policy", "enable_prefix_caching")
+    kinds = {k.name: k.kind for k in KEYS if k.section == "admission" and k.name not in own_flags}
+    out: dict[str, object] = {}
+    for value in values or ():
+        key, sep, text = value.partition("=")
+        section, _, name = key.partition(".")
+        if not sep or section != "admission" or name not in kinds:
+            raise CLIError(f"--set {value!r}: expected admission.KEY=VALUE, KEY one of {', '.join(kinds)}")
+        kind = kinds[name]
+        if kind is bool:
+            if text.lower() not in ("true", "false"):
+                raise CLIError(f"--set {key}: expected true or false, got {text!r}")
+            out[name] = text.lower() == "true"
+            continue
+        try:
+            out[name] = kind(text)
+        except ValueError:
+            expected = "an integer" if kind is int else "a number"
+            raise CLIError(f"--set {key}: expected {expected}, got {text!r}") from None
+    return tuple(out.items())

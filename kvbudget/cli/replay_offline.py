@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from kvbudget.cli.replay_flags import engine_config, int_flag
+from kvbudget.cli.replay_flags import admission_settings, engine_config, int_flag
 from kvbudget.client.errors import CLIError
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -18,12 +18,16 @@ def run(args: argparse.Namespace, trace, policies: list[str]):
     from kvbudget.traces.replay import run_offline
 
     setup = replace(offline_setup(args, trace), spread_s=trace.arrival_quantum_s)
+    if args.config and args.policy is None and args.compare is None:
+        policies = [setup.policy]  # the file's, as the daemon would start with
     results = []
     for policy in policies:
         try:
             results.append(run_offline(trace.requests, setup, policy, trace_name=trace.name))
         except AdmissionError as exc:
-            raise CLIError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+            given = dict(setup.admission)
+            flag = f"--set admission.{exc.field}" if exc.field in given else f"--{exc.field.replace('_', '-')}"
+            raise CLIError(f"{flag}: {exc}") from None
     for r in results:  # the model layout's notes, as `kvbudget estimate` reports them
         r.summary["notes"] = list(setup.layout.notes)
     return results
@@ -75,5 +79,32 @@ def offline_setup(args: argparse.Namespace, trace):
         model=model.name,
         engines=int_flag(args.engines, "--engines") or 1,
         seed=int_flag(args.seed, "--seed", minimum=0) or 0,
-        enable_prefix_caching=not args.no_prefix_caching,
+        **_admission(args),
     )
+
+
+# The daemon config's [admission] keys that are AdmissionConfig fields of the same name.
+FILE_ADMISSION = ("admit_on", "watermark", "lookahead_tokens", "max_queue_len", "backfill_depth",
+                  "max_head_wait_s", "reject_over_quota")  # fmt: skip
+
+
+def _admission(args: argparse.Namespace) -> dict[str, object]:
+    """ReplaySetup's admission settings: the daemon's defaults, then --config FILE's
+    [admission] and [tenants], then --set and --no-prefix-caching."""
+    settings: dict[str, object] = {}
+    out: dict[str, object] = {"enable_prefix_caching": not args.no_prefix_caching}
+    if args.config:
+        from kvbudget.daemon.config.loading import load_config
+        from kvbudget.daemon.config.settings import ConfigError
+
+        try:  # (the file's model need not be given, nor be the one replayed: --model is)
+            config = load_config(args.config, {"model": args.model or DEFAULT_MODEL})
+        except (ConfigError, OSError) as exc:
+            raise CLIError(f"--config: {exc}") from None
+        settings = {name: getattr(config, name) for name in FILE_ADMISSION}
+        out["policy"] = config.policy
+        out["enable_prefix_caching"] = config.enable_prefix_caching and not args.no_prefix_caching
+        out["tenants"] = tuple((name, q.max_share, q.weight) for name, q in sorted(config.tenants.items()))
+    settings.update(admission_settings(args.set))
+    out["admission"] = tuple(settings.items())
+    return out

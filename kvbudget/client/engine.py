@@ -233,9 +233,14 @@ class EngineClient:
         progress: Iterable[tuple[str, int]] = (),
         finishes: Iterable[str] = (),
         aborts: Iterable[str] = (),
+        *,
+        admit_tokens: int | None = None,
+        admit_seqs: int | None = None,
     ) -> list[Decision]:
-        """One scheduler step in one call; returns this engine's decisions, in order."""
-        response = await self.step_raw(step_message(self.session_id, submits, grows, progress, finishes, aborts))
+        """One scheduler step in one call; returns this engine's decisions, in order.
+        `admit_tokens` / `admit_seqs`: what the step can still start (None: no bound)."""
+        message = step_message(self.session_id, submits, grows, progress, finishes, aborts, admit_tokens, admit_seqs)
+        response = await self.step_raw(message)
         return [convert.decision_from_proto(d) for d in response.decisions]
 
     async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:

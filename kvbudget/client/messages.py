@@ -54,7 +54,11 @@ def step_message(
     progress: Iterable[tuple[str, int]] = (),
     finishes: Iterable[str] = (),
     aborts: Iterable[str] = (),
+    admit_tokens: int | None = None,
+    admit_seqs: int | None = None,
 ) -> engine_pb2.StepRequest:
+    """`admit_tokens` / `admit_seqs`: what the step can still start (StepRequest's comment);
+    None: unset, no bound. A negative count is sent as 0."""
     # Each op is built in place with the repeated field's `add`: building them apart and
     # handing lists to the constructor copies every one (twice the cost of a replay step).
     message = engine_pb2.StepRequest(session_id=session_id)
@@ -72,6 +76,10 @@ def step_message(
     add = message.aborts.add
     for request_id in aborts:
         add(request_id=request_id)
+    if admit_tokens is not None:
+        message.admit_tokens = max(0, admit_tokens)
+    if admit_seqs is not None:
+        message.admit_seqs = max(0, admit_seqs)
     return message
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvbudget.v1 import common_pb2 as kvbudget_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kvbudget/v1/engine.proto\x12\x0bkvbudget.v1\x1a\x18kvbudget/v1/common.proto\"q\n\x12OpenSessionRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x03 \x01(\r\x12\x18\n\x10replace_existing\x18\x04 \x01(\x08\"c\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x04plan\x18\x02 \x01(\x0b\x32\x15.kvbudget.v1.PoolPlan\x12\x13\n\x0blease_ttl_s\x18\x03 \x01(\r\"\xb5\x01\n\x06Submit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x1b\n\x0emax_new_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rprefix_hashes\x18\x04 \x03(\x04\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x07 \x01(\x01\x42\x11\n\x0f_max_new_tokens\".\n\x04Grow\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\";\n\x08Progress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1b\n\x13num_computed_tokens\x18\x02 \x01(\r\"\x1c\n\x06\x46inish\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xef\x01\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x07submits\x18\x02 \x03(\x0b\x32\x13.kvbudget.v1.Submit\x12 \n\x05grows\x18\x03 \x03(\x0b\x32\x11.kvbudget.v1.Grow\x12\'\n\x08progress\x18\x04 \x03(\x0b\x32\x15.kvbudget.v1.Progress\x12%\n\x08\x66inishes\x18\x05 \x03(\x0b\x32\x13.kvbudget.v1.Finish\x12\"\n\x06\x61\x62orts\x18\x06 \x03(\x0b\x32\x12.kvbudget.v1.Abort\x12\x10\n\x08step_seq\x18\x07 \x01(\x04\"Q\n\x0cStepResponse\x12(\n\tdecisions\x18\x01 \x03(\x0b\x32\x15.kvbudget.v1.Decision\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\r\"#\n\rEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"9\n\x0e\x45ventsResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x15.kvbudget.v1.Decision\"&\n\x10HeartbeatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x11HeartbeatResponse\x12\x13\n\x0blease_ttl_s\x18\x01 \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"1\n\x14\x43loseSessionResponse\x12\x19\n\x11released_requests\x18\x01 \x01(\r2\x84\x03\n\rEngineService\x12P\n\x0bOpenSession\x12\x1f.kvbudget.v1.OpenSessionRequest\x1a .kvbudget.v1.OpenSessionResponse\x12;\n\x04Step\x12\x18.kvbudget.v1.StepRequest\x1a\x19.kvbudget.v1.StepResponse\x12\x43\n\x06\x45vents\x12\x1a.kvbudget.v1.EventsRequest\x1a\x1b.kvbudget.v1.EventsResponse0\x01\x12J\n\tHeartbeat\x12\x1d.kvbudget.v1.HeartbeatRequest\x1a\x1e.kvbudget.v1.HeartbeatResponse\x12S\n\x0c\x43loseSession\x12 .kvbudget.v1.CloseSessionRequest\x1a!.kvbudget.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kvbudget/v1/engine.proto\x12\x0bkvbudget.v1\x1a\x18kvbudget/v1/common.proto\"q\n\x12OpenSessionRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x03 \x01(\r\x12\x18\n\x10replace_existing\x18\x04 \x01(\x08\"c\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x04plan\x18\x02 \x01(\x0b\x32\x15.kvbudget.v1.PoolPlan\x12\x13\n\x0blease_ttl_s\x18\x03 \x01(\r\"\xb5\x01\n\x06Submit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x1b\n\x0emax_new_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rprefix_hashes\x18\x04 \x03(\x04\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x07 \x01(\x01\x42\x11\n\x0f_max_new_tokens\".\n\x04Grow\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\";\n\x08Progress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1b\n\x13num_computed_tokens\x18\x02 \x01(\r\"\x1c\n\x06\x46inish\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xc3\x02\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x07submits\x18\x02 \x03(\x0b\x32\x13.kvbudget.v1.Submit\x12 \n\x05grows\x18\x03 \x03(\x0b\x32\x11.kvbudget.v1.Grow\x12\'\n\x08progress\x18\x04 \x03(\x0b\x32\x15.kvbudget.v1.Progress\x12%\n\x08\x66inishes\x18\x05 \x03(\x0b\x32\x13.kvbudget.v1.Finish\x12\"\n\x06\x61\x62orts\x18\x06 \x03(\x0b\x32\x12.kvbudget.v1.Abort\x12\x10\n\x08step_seq\x18\x07 \x01(\x04\x12\x19\n\x0c\x61\x64mit_tokens\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nadmit_seqs\x18\t \x01(\rH\x01\x88\x01\x01\x42\x0f\n\r_admit_tokensB\r\n\x0b_admit_seqs\"Q\n\x0cStepResponse\x12(\n\tdecisions\x18\x01 \x03(\x0b\x32\x15.kvbudget.v1.Decision\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\r\"#\n\rEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"9\n\x0e\x45ventsResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x15.kvbudget.v1.Decision\"&\n\x10HeartbeatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x11HeartbeatResponse\x12\x13\n\x0blease_ttl_s\x18\x01 \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"1\n\x14\x43loseSessionResponse\x12\x19\n\x11released_requests\x18\x01 \x01(\r2\x84\x03\n\rEngineService\x12P\n\x0bOpenSession\x12\x1f.kvbudget.v1.OpenSessionRequest\x1a .kvbudget.v1.OpenSessionResponse\x12;\n\x04Step\x12\x18.kvbudget.v1.StepRequest\x1a\x19.kvbudget.v1.StepResponse\x12\x43\n\x06\x45vents\x12\x1a.kvbudget.v1.EventsRequest\x1a\x1b.kvbudget.v1.EventsResponse0\x01\x12J\n\tHeartbeat\x12\x1d.kvbudget.v1.HeartbeatRequest\x1a\x1e.kvbudget.v1.HeartbeatResponse\x12S\n\x0c\x43loseSession\x12 .kvbudget.v1.CloseSessionRequest\x1a!.kvbudget.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,21 +47,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ABORT']._serialized_start=606
   _globals['_ABORT']._serialized_end=633
   _globals['_STEPREQUEST']._serialized_start=636
-  _globals['_STEPREQUEST']._serialized_end=875
-  _globals['_STEPRESPONSE']._serialized_start=877
-  _globals['_STEPRESPONSE']._serialized_end=958
-  _globals['_EVENTSREQUEST']._serialized_start=960
-  _globals['_EVENTSREQUEST']._serialized_end=995
-  _globals['_EVENTSRESPONSE']._serialized_start=997
-  _globals['_EVENTSRESPONSE']._serialized_end=1054
-  _globals['_HEARTBEATREQUEST']._serialized_start=1056
-  _globals['_HEARTBEATREQUEST']._serialized_end=1094
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1096
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1136
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1138
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1179
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1181
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1230
-  _globals['_ENGINESERVICE']._serialized_start=1233
-  _globals['_ENGINESERVICE']._serialized_end=1621
+  _globals['_STEPREQUEST']._serialized_end=959
+  _globals['_STEPRESPONSE']._serialized_start=961
+  _globals['_STEPRESPONSE']._serialized_end=1042
+  _globals['_EVENTSREQUEST']._serialized_start=1044
+  _globals['_EVENTSREQUEST']._serialized_end=1079
+  _globals['_EVENTSRESPONSE']._serialized_start=1081
+  _globals['_EVENTSRESPONSE']._serialized_end=1138
+  _globals['_HEARTBEATREQUEST']._serialized_start=1140
+  _globals['_HEARTBEATREQUEST']._serialized_end=1178
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1180
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1220
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1222
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1263
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1265
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1314
+  _globals['_ENGINESERVICE']._serialized_start=1317
+  _globals['_ENGINESERVICE']._serialized_end=1705
 # @@protoc_insertion_point(module_scope)

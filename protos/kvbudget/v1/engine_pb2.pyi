@@ -76,7 +76,7 @@ class Abort(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("session_id", "submits", "grows", "progress", "finishes", "aborts", "step_seq")
+    __slots__ = ("session_id", "submits", "grows", "progress", "finishes", "aborts", "step_seq", "admit_tokens", "admit_seqs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SUBMITS_FIELD_NUMBER: _ClassVar[int]
     GROWS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,8 @@ class StepRequest(_message.Message):
     FINISHES_FIELD_NUMBER: _ClassVar[int]
     ABORTS_FIELD_NUMBER: _ClassVar[int]
     STEP_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_SEQS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     submits: _containers.RepeatedCompositeFieldContainer[Submit]
     grows: _containers.RepeatedCompositeFieldContainer[Grow]
@@ -91,7 +93,9 @@ class StepRequest(_message.Message):
     finishes: _containers.RepeatedCompositeFieldContainer[Finish]
     aborts: _containers.RepeatedCompositeFieldContainer[Abort]
     step_seq: int
-    def __init__(self, session_id: _Optional[str] = ..., submits: _Optional[_Iterable[_Union[Submit, _Mapping]]] = ..., grows: _Optional[_Iterable[_Union[Grow, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., aborts: _Optional[_Iterable[_Union[Abort, _Mapping]]] = ..., step_seq: _Optional[int] = ...) -> None: ...
+    admit_tokens: int
+    admit_seqs: int
+    def __init__(self, session_id: _Optional[str] = ..., submits: _Optional[_Iterable[_Union[Submit, _Mapping]]] = ..., grows: _Optional[_Iterable[_Union[Grow, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., aborts: _Optional[_Iterable[_Union[Abort, _Mapping]]] = ..., step_seq: _Optional[int] = ..., admit_tokens: _Optional[int] = ..., admit_seqs: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("decisions", "num_free_blocks")
