@@ -21,7 +21,7 @@ from kvbudget.daemon.server.service import CoreService
 from kvbudget.daemon.server.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.server.steps import MAX_MESSAGE_BYTES
 from kvbudget.daemon.server.startup import StartupError
-from kvbudget.daemon.config.tls_files import TlsError, read_client_ca, read_pair
+from kvbudget.daemon.config.tls_files import TlsError, key_file_warnings, read_client_ca, read_pair
 from kvbudget.daemon.server.tls import ServedCertificate, warn_if_expired
 from kvbudget.v1 import admin_pb2_grpc, engine_pb2_grpc, observer_pb2_grpc
 
@@ -41,6 +41,8 @@ def served_certificate(config: DaemonConfig) -> ServedCertificate | None:
     if client_ca is not None:
         log.info("tls client certificates required, signed by %s", client_ca.describe())
     warn_if_expired(certificate.pair, client_ca)
+    for warning in key_file_warnings(config.tls_key_file):
+        log.warning("%s", warning)
     return certificate
 
 
