@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.server.auth import Authorizer
@@ -16,7 +15,7 @@ from kvbudget.daemon.server.health import SERVICE_NAMES, Health
 from kvbudget.daemon.server.in_flight import InFlightCalls
 from kvbudget.daemon.server.listeners import Listener, bind
 from kvbudget.daemon.server.malformed import add_checked
-from kvbudget.daemon.server.reflection import reflection_pool
+from kvbudget.daemon.server.reflection import enable_reflection
 from kvbudget.daemon.server.service import CoreService
 from kvbudget.daemon.server.servicers import AdminServicer, EngineServicer, ObserverServicer
 from kvbudget.daemon.server.steps import MAX_MESSAGE_BYTES
@@ -68,10 +67,7 @@ def build_server(
         AdminServicer(core, auth, on_drain=on_drain), server, calls,
     )
     add_checked(health_pb2_grpc.add_HealthServicer_to_server, health, server, calls)  # (bad bytes: INVALID_ARGUMENT)
-    # pool: the served descriptors with the .proto comments, so `grpcurl describe` shows the docs
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-        pool=reflection_pool(),
-    )
+    # The served descriptors with the .proto comments, so `grpcurl describe` shows the docs;
+    # over TCP behind a token, as the observer's calls are (health stays open).
+    enable_reflection((*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server, auth)
     return server, [bind(server, address, certificate) for address in config.listen]
