@@ -25,6 +25,30 @@ from kvbudget.daemon.server.tls import ServedCertificate, warn_if_expired
 from kvbudget.v1 import admin_pb2_grpc, engine_pb2_grpc, observer_pb2_grpc
 
 log = logging.getLogger("kvbudget.daemon")
+_GRPC_CORE_LOG = "grpc._cython.cygrpc"  # (grpc.aio's server logs a handler's failures here)
+
+
+class _CancelledCallFilter(logging.Filter):
+    """A reply gRPC could not send because the caller was gone (cancelled, past its deadline,
+    disconnected) is logged by grpc.aio as `ERROR: ExecuteBatchError raised in core by servicer
+    method` with a traceback, depending on a race with the cancellation. Nothing failed on the
+    daemon's side: it becomes one DEBUG line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if type(error).__name__ != "ExecuteBatchError":
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = "%s: the caller left before its reply was sent", (record.getMessage(),)
+        record.exc_info = record.exc_text = None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_cancelled_calls() -> None:
+    """Installs `_CancelledCallFilter` once (idempotent)."""
+    core_log = logging.getLogger(_GRPC_CORE_LOG)
+    if not any(isinstance(f, _CancelledCallFilter) for f in core_log.filters):
+        core_log.addFilter(_CancelledCallFilter())
 
 
 def served_certificate(config: DaemonConfig) -> ServedCertificate | None:
@@ -50,6 +74,7 @@ def build_server(
     certificate: ServedCertificate | None, on_drain: Callable[[], object],
 ) -> tuple[grpc.aio.Server, list[Listener]]:
     """The server, its services added and its listeners bound (not started yet)."""
+    quiet_cancelled_calls()
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
