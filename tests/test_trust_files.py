@@ -63,6 +63,23 @@ def test_a_symbolic_link_at_the_locks_name_is_refused_and_its_target_left_alone(
     assert not db.exists()
 
 
+@pytest.mark.parametrize("name, why", [(".daemon.lock", "the writer lock is never one"),
+                                       ("-wal", "SQLite would write through it"),
+                                       ("-shm", "SQLite would write through it")])
+def test_a_symbolic_link_beside_the_log_is_refused_by_the_check_and_the_start(tmp_path: Path, name: str,
+                                                                              why: str) -> None:
+    victim = tmp_path / "precious.conf"
+    victim.write_text("do not overwrite me\n")
+    db = tmp_path / "d.db"
+    link = Path(f"{db}{name}")
+    link.symlink_to(victim)
+    problem = f"db_path: cannot use {db}: {link} is a symbolic link; {why} (remove it)"
+    for extra in (("--check-config",), ()):
+        line = _refused_in_one_line(_daemon(db, f"unix://{tmp_path}/k.sock", *extra))
+        assert line == f"kvbudget daemon: error: {problem}", line
+    assert victim.read_text() == "do not overwrite me\n"
+
+
 def test_a_file_of_someone_elses_at_the_locks_name_is_refused_and_left_alone(tmp_path: Path) -> None:
     db = tmp_path / "d.db"
     lock = Path(f"{db}.daemon.lock")

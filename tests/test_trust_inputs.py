@@ -54,7 +54,8 @@ GOOD_ROW = json.dumps({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 1})
 
 @pytest.mark.parametrize("row, problem", [
     ('{"a": ' + DEEP, "not valid JSON (nested too deeply)"),
-    ('{"arrival_s": 1, "prompt_tokens": ' + HUGE + ', "output_tokens": 1}', "not valid JSON (a number with too many digits)"),
+    ('{"arrival_s": 1, "prompt_tokens": ' + HUGE + ', "output_tokens": 1}',
+     "not valid JSON (a number with too many digits)"),
     ('{"arrival_s": 1, "prompt_tokens": ' + BIG + ', "output_tokens": 1}', "prompt_tokens: must be at most "),
     ('{"arrival_s": ' + BIG + ', "prompt_tokens": 5, "output_tokens": 1}', "arrival_s: expected a number, got 999"),
 ], ids=["deep", "5001 digits", "4000 digits", "huge arrival"])
@@ -80,3 +81,19 @@ def test_an_absurd_count_is_one_line_not_a_run_out_of_memory(tmp_path: Path, fla
     line = _one_line(_kvbudget("replay", str(trace), "--offline", "--model", "llama-3.1-8b", "--num-gpu-blocks", "100",
                                flag, value))
     assert line.startswith(f"kvbudget replay: error: {problem}"), line
+
+
+@pytest.mark.parametrize("content, why", [("[model]\nname = " + DEEP + "\n", "nested too deeply"),
+                                         ("[pool]\nnum_gpu_blocks = " + HUGE + "\n",
+                                          "a number in it has too many digits")],
+                         ids=["deep", "5001 digits"])
+def test_a_config_or_tokens_file_that_cannot_be_read_is_one_line(tmp_path: Path, content: str, why: str) -> None:
+    config = tmp_path / "kvbudget.toml"
+    config.write_text(content)
+    line = _one_line(_kvbudget("daemon", "--config", str(config), "--check-config"))
+    assert line == f"kvbudget daemon: error: config file {config} is not valid TOML for kvbudget: {why}"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(content.replace("[model]\nname", "engine").replace("[pool]\nnum_gpu_blocks", "engine"))
+    line = _one_line(_kvbudget("daemon", *DEFAULT_ARGS, "--tokens-file", str(tokens), "--listen", "127.0.0.1:0",
+                               "--db-path", str(tmp_path / "d.db"), "--check-config"))
+    assert line == f"kvbudget daemon: error: tokens_file: tokens file {tokens} is not valid TOML for kvbudget: {why}"

@@ -88,6 +88,9 @@ def db_path_problem(db_path: str) -> str | None:
     from kvbudget.daemon.log.lock import lock_path
 
     for name in (db_path, f"{db_path}-wal", f"{db_path}-shm", str(lock_path(db_path))):
+        if name != db_path and os.path.islink(name):  # (the start's words: daemon/log/store.py, lock.py)
+            what = "the writer lock is never one" if name.endswith(".lock") else "SQLite would write through it"
+            return f"cannot use {db_path}: {name} is a symbolic link; {what} (remove it)"
         try:
             mode = os.stat(name).st_mode
         except FileNotFoundError:

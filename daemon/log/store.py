@@ -50,7 +50,11 @@ def _make_or_check_file(path: Path) -> bool:
     """Creates the log file itself, LOG_MODE whatever the umask (SQLite gives its -wal and
     -shm the file's mode) and never through a symbolic link; or refuses a path already
     there that cannot be a log: a link, not a regular file, or an empty file (SQLite would
-    silently make a log in someone else's empty file). True when it made the file."""
+    silently make a log in someone else's empty file); and a link at its -wal or -shm name,
+    which SQLite would write through. True when it made the file."""
+    for companion in (f"{path}-wal", f"{path}-shm"):
+        if os.path.islink(companion):
+            raise DecisionLogError(f"{companion} is a symbolic link; SQLite would write through it (remove it)")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, LOG_MODE)
     except FileExistsError:

@@ -1,6 +1,7 @@
 """The daemon's listening sockets: unix sockets by default (a stale socket file of this
-user's removed, a live one or another user's refused, no folder made, mode 0660), TCP only when the config allows it (tokens, TLS, or an
-explicit insecure opt-in on a loopback)."""
+user's removed, a live one or another user's refused, no folder made but the default's,
+mode 0660), TCP only when the config allows it (tokens, TLS, or an explicit insecure
+opt-in on a loopback)."""
 
 from __future__ import annotations
 
