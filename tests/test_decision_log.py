@@ -470,9 +470,8 @@ def test_the_newest_id_is_read_without_a_scan(tmp_path: Path) -> None:
         assert upkeep.newest_id(conn) == num_rows
         conn.close()
     assert costs[20_000] <= costs[2_000] + 1, costs
-    empty = sqlite3.connect(tmp_path / "empty.db")
-    with DecisionLog(tmp_path / "empty.db"):
-        pass
+    with DecisionLog(tmp_path / "empty.db"):  # (first: an empty file at db_path is refused)
+        empty = sqlite3.connect(tmp_path / "empty.db")
     assert upkeep.newest_id(empty) == 0
     empty.close()
 

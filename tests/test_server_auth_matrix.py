@@ -3,7 +3,8 @@
 Over TCP with a tokens file: no token or a wrong one is UNAUTHENTICATED, a role too
 small is PERMISSION_DENIED, and the refusal names the problem without echoing what was
 sent. Over the unix socket every caller is trusted (README: "The unix socket (mode 0660,
-group kvbudget) is trusted"). Health and reflection answer without a token. No token
+group kvbudget) is trusted"). Health answers without a token; reflection needs one
+(tests/test_trust_reflection.py). No token
 ever shows in the journal, the decision log, a snapshot or /metrics.
 """
 
@@ -213,7 +214,7 @@ def test_a_malformed_authorization_header_is_named_as_such(daemon) -> None:
         assert TOKENS["admin"] not in details
 
 
-def test_health_and_reflection_answer_without_a_token_over_tcp(daemon) -> None:
+def test_health_answers_without_a_token_over_tcp_and_reflection_with_one(daemon) -> None:
     _, channels, _ = daemon
     for metadata in ((), _bearer(WRONG), (("authorization", "Bearer"),)):
         reply = health_pb2_grpc.HealthStub(channels["tcp"]).Check(health_pb2.HealthCheckRequest(), metadata=metadata,
@@ -224,7 +225,8 @@ def test_health_and_reflection_answer_without_a_token_over_tcp(daemon) -> None:
                                                                  timeout=10)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     stream = reflection_pb2_grpc.ServerReflectionStub(channels["tcp"]).ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=_bearer(TOKENS["observer"]),
+        timeout=10)
     names = {s.name for s in next(iter(stream)).list_services_response.service}
     stream.cancel()
     assert {"kvbudget.v1.EngineService", "grpc.health.v1.Health"} <= names

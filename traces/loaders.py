@@ -15,6 +15,7 @@ from kvbudget.traces.format_azure import AZURE_HEADER, read_azure
 from kvbudget.traces.format_mooncake import read_mooncake
 from kvbudget.traces.format_plain import read_plain_csv, read_plain_jsonl
 from kvbudget.traces.trace_request import Trace, TraceError
+from kvbudget.traces.trace_rows import json_problem
 
 SHIPPED_TRACES: dict[str, str] = {
     "mooncake": "mooncake_fast25_conversation_trace.jsonl",
@@ -74,6 +75,8 @@ def _pick_reader(file: Path, lines: list[str]):
             keys = json.loads(first).keys()
         except (json.JSONDecodeError, AttributeError):
             raise TraceError(f"{file}:{first_index + 1}: not a JSON object") from None
+        except (RecursionError, ValueError) as exc:  # (not a traceback: issue 30)
+            raise TraceError(f"{file}:{first_index + 1}: not valid JSON ({json_problem(exc)})") from None
         if "input_length" in keys:
             return read_mooncake
         if "prompt_tokens" in keys:

@@ -11,35 +11,46 @@ from pathlib import Path
 from kvbudget.traces.trace_request import Trace, TraceError, TraceRequest
 
 
+MAX_INT = 2**64 - 1  # the widest a trace's counts and hashes can be on the wire
+
+
 class BadRow(Exception):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
 
 
+def _shown(value: object) -> str:
+    """`value!r`, cut to a readable length (a 5,001-digit number made a 5,000-character line)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
 def int_field(value: object, field: str, minimum: int) -> int:
     if isinstance(value, bool):
-        raise BadRow(field, f"expected an integer, got {value!r}")
+        raise BadRow(field, f"expected an integer, got {_shown(value)}")
     if isinstance(value, str):
         try:
             value = int(value.strip())
         except ValueError:
-            raise BadRow(field, f"expected an integer, got {value!r}") from None
+            raise BadRow(field, f"expected an integer, got {_shown(value)}") from None
     if not isinstance(value, int):
-        raise BadRow(field, f"expected an integer, got {value!r}")
+        raise BadRow(field, f"expected an integer, got {_shown(value)}")
     if value < minimum:
         raise BadRow(field, f"must be >= {minimum}, got {value}")
+    if value > MAX_INT:  # (a 4,000-digit count went on into the simulation)
+        raise BadRow(field, f"must be at most {MAX_INT:,} (an unsigned 64-bit integer), got {len(str(value))} digits")
     return value
 
 
 def float_field(value: object, field: str) -> float:
     if isinstance(value, bool):
-        raise BadRow(field, f"expected a number, got {value!r}")
+        raise BadRow(field, f"expected a number, got {_shown(value)}")
     try:
         number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise BadRow(field, f"expected a number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):  # (OverflowError: an int past float's range)
+        raise BadRow(field, f"expected a number, got {_shown(value)}") from None
     if not number >= 0.0 or number == float("inf"):
-        raise BadRow(field, f"must be a finite number >= 0, got {value!r}")
+        raise BadRow(field, f"must be a finite number >= 0, got {_shown(value)}")
     return number
 
 
@@ -88,6 +99,12 @@ def request_id(file: Path, line: int) -> str:
     return f"{Path(file.name.removesuffix('.gz')).stem}:{line}"
 
 
+def json_problem(exc: Exception) -> str:
+    """Why json.loads failed beyond a syntax error: nesting deeper than the parser recurses,
+    or an integer of more digits than int() takes (4,300 by default)."""
+    return "nested too deeply" if isinstance(exc, RecursionError) else "a number with too many digits"
+
+
 def json_rows(lines: list[str], out: Collector) -> Iterator[tuple[int, dict]]:
     """(line number, JSON object) for each non-blank line; bad JSON is reported to `out`."""
     for index, text in enumerate(lines):
@@ -98,6 +115,9 @@ def json_rows(lines: list[str], out: Collector) -> Iterator[tuple[int, dict]]:
             row = json.loads(text)
         except json.JSONDecodeError as exc:
             out.bad(line, f"not valid JSON ({exc.msg})")
+            continue
+        except (RecursionError, ValueError) as exc:  # (not a traceback: issue 30)
+            out.bad(line, f"not valid JSON ({json_problem(exc)})")
             continue
         if not isinstance(row, dict):
             out.bad(line, BadRow("row", "expected a JSON object"))

@@ -186,17 +186,25 @@ def _unsendable_tenant_name(name: str) -> tuple[str, str] | None:
                  f"{MAX_TENANT_CHARS} characters ({why})")
 
 
+def _check_ops_per_step(c: DaemonConfig, fail: Failure) -> None:
+    from kvbudget.daemon.core.validation import MAX_OPS_PER_STEP
+
+    if c.max_ops_per_step > MAX_OPS_PER_STEP:  # (the core refuses more, whatever the setting)
+        raise fail("max_ops_per_step", f"at most {MAX_OPS_PER_STEP:,}, got {c.max_ops_per_step:,}")
+
+
 _CHECKS: tuple[Callable[[DaemonConfig, Failure], None], ...] = (
     _check_model,
     _positive("block_size", "max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes",
               "num_gpu_blocks", "gpu_probe_interval_s", "max_head_wait_s", "lease_ttl_s",
-              "watch_max_hz"),
+              "watch_max_hz", "max_ops_per_step"),
     _non_negative("gpu_memory_bytes", "weights_bytes", "activation_reserve_bytes",
                   "lookahead_tokens", "max_queue_len", "backfill_depth", "drain_timeout_s",
                   "retention_days", "retention_max_rows", "retention_max_bytes"),
     _check_pool,
     _check_admission,
     check_server,
+    _check_ops_per_step,
     _check_log,
     _check_metrics,
 )

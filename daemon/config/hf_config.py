@@ -108,6 +108,10 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:  # ('[' * 100000: the parser recurses per level)
+        raise ValueError(f"{path} is not a model config: nested too deeply") from None
+    except ValueError:  # (an integer of more digits than int() takes: 4,300 by default)
+        raise ValueError(f"{path} is not a model config: a number in it has too many digits") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data

@@ -17,6 +17,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbudget.daemon.config.settings import DEFAULT_LISTEN
+
 # File systems where no regular file can be made, whatever the permission bits say (root
 # passes access(2) there): a db_path under /proc passed every check, and the start failed.
 _NO_FILES_FS = frozenset({
@@ -86,6 +88,9 @@ def db_path_problem(db_path: str) -> str | None:
     from kvbudget.daemon.log.lock import lock_path
 
     for name in (db_path, f"{db_path}-wal", f"{db_path}-shm", str(lock_path(db_path))):
+        if name != db_path and os.path.islink(name):  # (the start's words: daemon/log/store.py, lock.py)
+            what = "the writer lock is never one" if name.endswith(".lock") else "SQLite would write through it"
+            return f"cannot use {db_path}: {name} is a symbolic link; {what} (remove it)"
         try:
             mode = os.stat(name).st_mode
         except FileNotFoundError:
@@ -109,9 +114,14 @@ def _log_file_problem(db_path: str) -> str | None:
     from kvbudget.daemon.log.lock import lock_holder
 
     path = Path(db_path)
+    where = str(path)  # (as DecisionLog names it)
+    if path.is_symlink():  # (the start's words: daemon/log/store.py `_make_or_check_file`)
+        return f"cannot use {db_path}: {where} is a symbolic link: give db_path the file itself"
     if not path.is_file() or lock_holder(db_path) is not None:
         return None
-    where = str(path)  # (as DecisionLog names it)
+    if path.stat().st_size == 0:
+        return (f"cannot use {db_path}: {where} exists and is empty, not a KVBudget decision log: remove it, "
+                "or give db_path a file of its own")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
     except sqlite3.Error as exc:
@@ -167,6 +177,16 @@ def is_log_daemon(server: SocketServer, db_path: str) -> bool:
     return server.pid is not None and holder is not None and holder.pid == server.pid
 
 
+# The one socket folder the start makes when it is missing (as systemd's RuntimeDirectory=
+# would): the default listen address's. Any other missing folder is refused.
+DEFAULT_SOCKET_FOLDER = Path(DEFAULT_LISTEN[len("unix://"):]).parent
+
+
+def socket_folder_missing(path: str) -> str:
+    return (f"the folder of the socket {path} does not exist (the daemon makes only "
+            f"{DEFAULT_SOCKET_FOLDER}): create it, or listen elsewhere")
+
+
 def unix_socket_problem(path: str, db_path: str) -> str | None:
     """Why a start would refuse to listen on the unix socket `path` as things stand, in the
     start's words (prepare_unix_socket), found by looking: something other than a socket
@@ -174,14 +194,20 @@ def unix_socket_problem(path: str, db_path: str) -> str | None:
     config's log (`is_log_daemon`): the check is run beside it before a reload, as the log's
     lock is only a note then (kvbudget/cli/cmd_daemon.py prints one for the socket too)."""
     try:
-        mode = os.lstat(path).st_mode
+        st = os.lstat(path)
     except FileNotFoundError:
+        folder = Path(path).parent
+        if not folder.is_dir() and folder != DEFAULT_SOCKET_FOLDER:
+            return socket_folder_missing(path)
         return None
     except OSError as exc:
         return f"cannot reach {path}: {exc.strerror or exc}"
-    if not stat.S_ISSOCK(mode):
+    if not stat.S_ISSOCK(st.st_mode):
         return f"{path} exists and is not a socket"
     server = socket_server(path)
+    if server is None and st.st_uid != os.geteuid():
+        return (f"{path} is a socket of another user's (uid {st.st_uid}) that nobody serves on: not removed; "
+                "remove it, or listen elsewhere")
     if server is None or is_log_daemon(server, db_path):
         return None
     return f"another process is serving on {path}"

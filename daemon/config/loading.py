@@ -34,6 +34,11 @@ def read_toml_file(path: Path, what: str = "config file") -> dict[str, Any]:
         raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:  # (TOML is UTF-8; tomllib lets the codec's error through)
         raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML: not UTF-8 at byte {exc.start}") from None
+    except RecursionError:  # (tomllib recurses per nested array or inline table)
+        raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML for kvbudget: nested too deeply") from None
+    except ValueError:  # (an integer of more digits than int() takes: 4,300 by default)
+        raise ConfigError(FILE_KEY, f"{what} {path} is not valid TOML for kvbudget: a number in it has too many "
+                                    "digits") from None
 
 
 def load_config(

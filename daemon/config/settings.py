@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from kvbudget.daemon.core.admission import AdmissionConfig
 
 DEFAULT_DB_PATH = "/var/lib/kvbudget/decisions.db"  # systemd StateDirectory=kvbudget
+DEFAULT_MAX_OPS_PER_STEP = 10_000  # ~0.2 s of the event loop at most; the core's own cap is 100,000
 DEFAULT_LISTEN = "unix:///run/kvbudget/kvbudget.sock"  # systemd RuntimeDirectory=kvbudget
 LOG_LEVELS = ("debug", "info", "warning", "error")  # of the daemon's own messages (stderr: the journal)
 MEMORY_MODES = ("owned", "accounting")
@@ -84,6 +85,8 @@ class DaemonConfig:
     watch_max_hz: float = 30.0
     drain_timeout_s: float = 10.0
     log_level: str = "info"  # one of LOG_LEVELS
+    # One step's ops (a 100,000-op step held the event loop 2 s: other engines' leases lapsed)
+    max_ops_per_step: int = DEFAULT_MAX_OPS_PER_STEP
     # [log]
     db_path: str = DEFAULT_DB_PATH
     retention_days: float = 30.0  # 0: keep forever
@@ -174,6 +177,7 @@ KEYS: tuple[Key, ...] = (
     Key("server", "watch_max_hz", "watch_max_hz", float),
     Key("server", "drain_timeout_s", "drain_timeout_s", float),
     Key("server", "log_level", "log_level", str),
+    Key("server", "max_ops_per_step", "max_ops_per_step", int),
     Key("log", "db_path", "db_path", str),
     Key("log", "retention_days", "retention_days", float),
     Key("log", "retention_max_rows", "retention_max_rows", int),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import calendar
 import hashlib
+import os
 import re
 import ssl
 import time
@@ -53,6 +54,19 @@ class CertificatePair:
 
     def not_yet_valid(self, now: float) -> bool:
         return self.not_before_unix_s > now
+
+
+def key_file_warnings(key_file: str) -> list[str]:
+    """A private key every user of the host may read, said as a tokens file is (at start, on
+    reload, in --check-config): it is the daemon's identity; the guide asks for mode 0640."""
+    try:
+        mode = os.stat(key_file).st_mode
+    except OSError:
+        return []
+    if mode & 0o004:
+        return [f"tls_key_file: {key_file} is readable by every user (mode {mode & 0o777:04o}): "
+                "make it 0640, owned by root and the daemon's group"]
+    return []
 
 
 def _no_passphrase() -> bytes:

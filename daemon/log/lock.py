@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 LOCK_SUFFIX = ".daemon.lock"
+LOCK_MODE = 0o600  # only the daemon's user: the file holds nothing but a pid
 
 
 def lock_path(db_path: str | os.PathLike[str]) -> Path:
@@ -39,6 +41,43 @@ def _written_pid(fd: int) -> int | None:
         return None
 
 
+def _open_lock_file(path: Path) -> int:
+    """The lock file opened for writing, never through a symbolic link (one pointing at
+    another file had it overwritten with a pid), made LOCK_MODE whatever the umask.
+    Raises OSError naming what is in the way."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE)
+    except FileExistsError:
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            if os.path.islink(path):
+                raise OSError(f"{path} is a symbolic link; the writer lock is never one (remove it)") from None
+            raise OSError(f"cannot open {path}: {exc.strerror or exc}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "is not a regular file" if not stat.S_ISREG(st.st_mode) else "has other hard links"
+            raise OSError(f"{path} {what}: not a kvbudget writer lock (remove it)")
+        return fd
+    try:
+        os.fchmod(fd, LOCK_MODE)  # (a umask such as 0277 takes bits away: the docs say 0600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_lock_content(fd: int, path: Path) -> None:
+    """Refuses a file that is not a lock this daemon left: anything but empty or a pid line
+    (a file of someone else's at that name would be cut to a pid)."""
+    head = os.pread(fd, 64, 0)
+    if head.strip() and not head.split(b"\n", 1)[0].strip().isdigit():
+        raise OSError(f"{path} exists and is not a kvbudget writer lock (it holds no pid): "
+                      "move it away, or give this daemon another db_path")
+
+
 class WriterLock:
     """The writing daemon's claim on a decision log: an exclusive flock on `lock_path`,
     held while the file stays open. The holder's pid is written in it, for the message a
@@ -55,13 +94,18 @@ class WriterLock:
         made. The descriptor is not inherited by child processes (PEP 446)."""
         if self._fd is not None:
             raise RuntimeError("WriterLock.acquire() called twice")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _written_pid(fd)
             os.close(fd)
             raise LogInUse(self.db_path, pid) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            _check_lock_content(fd, self.path)
         except BaseException:
             os.close(fd)
             raise

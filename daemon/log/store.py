@@ -8,7 +8,9 @@ removed WAL; a failed write's decisions are kept to go first in the next one.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +27,7 @@ from kvbudget.daemon.log.unwritten import UnwrittenError, UnwrittenKeeper
 
 _log = logging.getLogger("kvbudget.daemon.log.decision_log")  # (the log's own messages)
 
+LOG_MODE = 0o640  # the daemon writes; its group (operators, `kvbudget log`) reads; others nothing
 PAGE_SIZE = 1024  # for new files: a step's rows make one 1 KiB WAL frame, not 4 KiB (~20% off a commit)
 _INSERT_ONE = rows.INSERT_SQL[1]
 
@@ -41,6 +44,45 @@ def _leave_wal(conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode=DELETE")
     except sqlite3.Error:
         pass
+
+
+def _make_or_check_file(path: Path) -> bool:
+    """Creates the log file itself, LOG_MODE whatever the umask (SQLite gives its -wal and
+    -shm the file's mode) and never through a symbolic link; or refuses a path already
+    there that cannot be a log: a link, not a regular file, or an empty file (SQLite would
+    silently make a log in someone else's empty file); and a link at its -wal or -shm name,
+    which SQLite would write through. True when it made the file."""
+    for companion in (f"{path}-wal", f"{path}-shm"):
+        if os.path.islink(companion):
+            raise DecisionLogError(f"{companion} is a symbolic link; SQLite would write through it (remove it)")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, LOG_MODE)
+    except FileExistsError:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise DecisionLogError(f"{path} is a symbolic link: give db_path the file itself") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise DecisionLogError(f"{path} exists and is not a regular file") from None
+        if st.st_size == 0:
+            raise DecisionLogError(f"{path} exists and is empty, not a KVBudget decision log: remove it, "
+                                   "or give db_path a file of its own") from None
+        return False
+    try:
+        os.fchmod(fd, LOG_MODE)  # (a umask such as 0277 takes bits away: the docs say 0640)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _forget(path: Path, made: bool) -> None:
+    """The empty file `open` made, removed when the log could not be made in it (so that the
+    next start does not find an empty file and refuse it)."""
+    if made:
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
 
 
 class LogStore:
@@ -91,15 +133,18 @@ class LogStore:
         """Open (WAL, synchronous=NORMAL), create, upgrade or check the schema, fold rows a
         crash left unfolded. Raises DecisionLogError."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        made = _make_or_check_file(self.path)
         # isolation_level=None: transactions are explicit (BEGIN/COMMIT) and nothing else.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._prepare(conn)
         except sqlite3.DatabaseError as exc:
             conn.close()
+            _forget(self.path, made)
             raise DecisionLogError(f"{self.path}: {exc}") from exc
         except DecisionLogError:
             conn.close()
+            _forget(self.path, made)
             raise
         self._files.opened()  # (the reads above opened the WAL)
         self._conn = conn

@@ -271,7 +271,7 @@ class Daemon:
             gpu=gpu,
             options=CoreOptions(
                 tick_s=core_tick_s(self.core_options.tick_s, config.lease_ttl_s),
-                gpu_refresh_s=config.gpu_probe_interval_s,
+                gpu_refresh_s=config.gpu_probe_interval_s, max_ops_per_step=config.max_ops_per_step,
             ),
             pool_bytes=pool_bytes,
             started_unix_s=started_unix_s,

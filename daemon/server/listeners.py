@@ -1,6 +1,7 @@
-"""The daemon's listening sockets: unix sockets by default (a stale socket file removed, a
-live one refused, mode 0660), TCP only when the config allows it (tokens, TLS, or an
-explicit insecure opt-in on a loopback)."""
+"""The daemon's listening sockets: unix sockets by default (a stale socket file of this
+user's removed, a live one or another user's refused, no folder made but the default's,
+mode 0660), TCP only when the config allows it (tokens, TLS, or an explicit insecure
+opt-in on a loopback)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from kvbudget.daemon.config.host import DEFAULT_SOCKET_FOLDER, socket_folder_missing
 from kvbudget.daemon.config.listen import listen_kind, parse_host_port
 from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.server.startup import StartupError
@@ -36,27 +38,42 @@ def unix_path(address: str) -> str | None:
     return address[len("unix:") :]
 
 
+def _make_the_default_folder(folder: Path, path: str) -> None:
+    """The one socket folder the daemon makes, as the docs say (systemd's RuntimeDirectory=
+    when run by hand): the default's. Any other is refused: a mistyped one was made."""
+    if folder != DEFAULT_SOCKET_FOLDER:
+        raise StartupError(f"listen: {socket_folder_missing(path)}")
+    try:
+        folder.mkdir(mode=0o750)
+        os.chmod(folder, 0o750)  # (whatever the umask, as RuntimeDirectoryMode= would)
+    except FileExistsError:
+        pass
+    except OSError as exc:  # (a folder this user may not write in)
+        raise StartupError(f"listen: cannot create {folder} for the socket {path}: {exc.strerror or exc}") from None
+
+
 def prepare_unix_socket(path: str) -> None:
-    """Create the parent folder; remove a stale socket; refuse a live one or a non-socket."""
+    """Refuse a missing folder (the daemon makes none: a mistyped one was made), anything
+    but a socket, a live socket, or a stale one another user left (another program's);
+    remove a stale socket of this user's, left by a killed daemon."""
     target = Path(path)
     try:
-        mode = target.lstat().st_mode
+        st = target.lstat()
     except FileNotFoundError:
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # (/proc, a folder this user may not write in)
-            raise StartupError(
-                f"listen: cannot create {target.parent} for the socket {path}: {exc.strerror or exc}"
-            ) from None
+        if not target.parent.is_dir():
+            _make_the_default_folder(target.parent, path)
         return
     except OSError as exc:  # (a file in the way; as --check-config words it: daemon/config/host.py)
         raise StartupError(f"listen: cannot reach {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISSOCK(mode):
+    if not stat.S_ISSOCK(st.st_mode):
         raise StartupError(f"listen: {path} exists and is not a socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
     except OSError:
+        if st.st_uid != os.geteuid():
+            raise StartupError(f"listen: {path} is a socket of another user's (uid {st.st_uid}) that nobody "
+                               "serves on: not removed; remove it, or listen elsewhere") from None
         try:
             target.unlink()  # nobody answers: stale, left by a killed daemon
         except OSError as exc:

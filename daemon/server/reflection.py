@@ -1,6 +1,8 @@
 """Server reflection that carries the contract's documentation: the generated *_pb2 modules
 have no source comments, so reflection is handed the documented copy of each file from the
-bundled descriptor set. A missing or stale set is a warning, never a stop."""
+bundled descriptor set. A missing or stale set is a warning, never a stop. Over TCP it needs
+a role, as the observer's calls do (it listed every service to anyone who reached the
+port); health stays open, as load balancers expect."""
 
 from __future__ import annotations
 
@@ -9,9 +11,13 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import DecodeError
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+
+from kvbudget.daemon.server.auth import Authorizer, Role
 
 log = logging.getLogger("kvbudget.daemon")
 
@@ -72,6 +78,26 @@ class DocumentedPool:
 
     def __getattr__(self, attribute: str):  # message and extension lookups: the served pool's
         return getattr(self._served, attribute)
+
+
+class GuardedReflection(reflection.aio.ReflectionServicer):
+    """grpcio's reflection servicer, with the caller's role checked first (`Authorizer.require`:
+    unix-socket callers are trusted; a TCP caller without a token is UNAUTHENTICATED)."""
+
+    def __init__(self, service_names: Iterable[str], auth: Authorizer, pool: object) -> None:
+        super().__init__(tuple(service_names), pool=pool)
+        self._auth = auth
+
+    async def ServerReflectionInfo(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802
+        await self._auth.require(context, Role.OBSERVER)
+        async for response in super().ServerReflectionInfo(request_iterator, context):
+            yield response
+
+
+def enable_reflection(service_names: Iterable[str], server: grpc.aio.Server, auth: Authorizer) -> None:
+    """Reflection on `server` for `service_names` (and itself), documented, behind `auth`."""
+    servicer = GuardedReflection((*service_names, reflection.SERVICE_NAME), auth, reflection_pool())
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
 
 
 def reflection_pool(

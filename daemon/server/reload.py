@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from kvbudget.daemon.config.settings import ConfigError, DaemonConfig, TenantQuota
 from kvbudget.daemon.config.tokens_file import Roles, load_roles, tokens_file_warnings
-from kvbudget.daemon.config.tls_files import CertificatePair, ClientAuthority, TlsError, read_client_ca, read_pair
+from kvbudget.daemon.config.tls_files import (
+    CertificatePair, ClientAuthority, TlsError, key_file_warnings, read_client_ca, read_pair,
+)
 
 # AdmissionController.retune's keyword arguments, the config's field names
 RETUNE_KEYS = ("watermark", "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s",
@@ -87,6 +89,7 @@ class _Planning:
                                    if getattr(running, k) != getattr(loaded, k))
         elif loaded.tls_enabled:
             self.certificate = _certificate_to_serve(loaded, served)
+            self.warnings.extend(key_file_warnings(loaded.tls_key_file))
             if self.certificate is not None:
                 self.changes.append(f"tls certificate {self.certificate.describe()}")
             self.live.update(tls_cert_file=loaded.tls_cert_file, tls_key_file=loaded.tls_key_file)

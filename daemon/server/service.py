@@ -47,6 +47,7 @@ class CoreOptions:
     metrics_refresh_s: float = 1.0
     snapshot_cache_s: float = 0.02  # watchers at 10 Hz share one snapshot
     replay_stale_s: float = 30.0  # a replay not reported for this long is marked done
+    max_ops_per_step: int | None = None  # server.max_ops_per_step; None: the core's cap only
 
 
 class CoreService:

@@ -8,18 +8,23 @@ more than the loop's body); a slice is a plain list.
 from __future__ import annotations
 
 from kvbudget.daemon.core.step import StepOps
-from kvbudget.daemon.core.validation import check_op_count
+from kvbudget.daemon.core.validation import Problem, StepRejected, check_op_count
 from kvbudget.daemon.wire.convert import submit_to_spec
 from kvbudget.v1 import engine_pb2
 
 
-def read_step(step: engine_pb2.StepRequest, engine_id: str, now: float) -> StepOps:
+def read_step(step: engine_pb2.StepRequest, engine_id: str, now: float, max_ops: int | None = None) -> StepOps:
     """The step's ops, as sent (`core.validation` judges them); `now` is the submits' arrival.
 
-    Raises StepRejected (too many ops) before reading any. The submits as
+    Raises StepRejected (too many ops: the core's cap, or `max_ops`, the daemon's
+    server.max_ops_per_step) before reading any. The submits as
     `wire.convert.submit_to_spec` reads them."""
     finishes, aborts, progress, grows, submits = step.finishes, step.aborts, step.progress, step.grows, step.submits
-    check_op_count(len(finishes) + len(aborts) + len(progress) + len(grows) + len(submits))
+    total = len(finishes) + len(aborts) + len(progress) + len(grows) + len(submits)
+    check_op_count(total)
+    if max_ops is not None and total > max_ops:  # (one step holds the event loop while it is applied)
+        raise StepRejected(Problem.INVALID, "submits", f"at most {max_ops:,} operations per step "
+                           f"(server.max_ops_per_step), got {total:,}: send them in smaller steps")
     return StepOps(
         [op.request_id for op in finishes[:]] if finishes else [],
         [op.request_id for op in aborts[:]] if aborts else [],

@@ -40,6 +40,7 @@ class Steps:
         self._block_size = core.plan.block_size_tokens
         self._session = core.sessions.get
         self._lease_now = core.sessions.clock.now  # (the table's clock for its life)
+        self._max_ops = core.options.max_ops_per_step
 
     async def step(self, request: engine_pb2.StepRequest, started: float) -> engine_pb2.StepResponse:
         """The step's reply, once its decisions are in the log; Refused otherwise.
@@ -66,7 +67,7 @@ class Steps:
         engine_id = session.engine_id
         now = time.time()
         try:
-            ops = read_step(request, engine_id, now)
+            ops = read_step(request, engine_id, now, self._max_ops)
             validate_step(ops, engine_id, self._find, self._block_size)
         except StepRejected as problem:
             raise rejected(problem) from None

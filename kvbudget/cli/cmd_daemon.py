@@ -218,6 +218,11 @@ def run(args: argparse.Namespace) -> int:
 
             for warning in tokens_file_warnings(config.tokens_file, daemon.roles):
                 print(f"warning: {warning}")
+        if config.tls_key_file:
+            from kvbudget.daemon.config.tls_files import key_file_warnings
+
+            for warning in key_file_warnings(config.tls_key_file):
+                print(f"warning: {warning}")
         for note in (_log_in_use(config.db_path), *_sockets_in_use(config)):
             if note:
                 print(note)

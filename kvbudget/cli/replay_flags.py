@@ -10,16 +10,29 @@ from kvbudget.client.errors import CLIError
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 
 
+# Counts past these are mistakes, not what-ifs: `--engines 2147483648` built engines until
+# memory ran out. Any other integer flag stops at the wire's int64.
+MAXIMUMS = {"--engines": 1024}
+MAX_INT64 = 2**63 - 1
+
+
 def int_flag(text: str | None, flag: str, *, minimum: int = 1) -> int | None:
     if text is None:
         return None
     try:
         value = int(text)
-    except ValueError:
-        raise CLIError(f"{flag} {text!r}: expected an integer") from None
+    except ValueError:  # (also an integer of more than 4,300 digits)
+        raise CLIError(f"{flag} {_shown(text)}: expected an integer") from None
     if value < minimum:
-        raise CLIError(f"{flag} must be >= {minimum}, got {text!r}")
+        raise CLIError(f"{flag} must be >= {minimum}, got {_shown(text)}")
+    maximum = MAXIMUMS.get(flag, MAX_INT64)
+    if value > maximum:
+        raise CLIError(f"{flag} must be at most {maximum:,}, got {_shown(text)}")
     return value
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:30]!r}... ({len(text):,} characters)"
 
 
 def float_flag(text: str | None, flag: str, *, positive: bool = False) -> float | None:
