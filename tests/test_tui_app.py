@@ -1041,3 +1041,17 @@ async def test_a_terminal_too_short_for_the_panels_still_says_why_no_decision_sh
         await wait_until(pilot, lambda: "too small" not in decisions_title(app), "not said",
                          limit=120)
         assert app.query_one("#panels").region.height == 11  # the 60x20 layout's two rows of panels, 6 + 5
+
+
+async def test_no_daemon_is_said_as_the_other_commands_say_it(tmp_path: Path):
+    # Issue 32: `kvbudget tui` with no daemon showed grpc's "No such file or directory"
+    # where `admin`, `doctor` and `replay` say "no daemon socket at ... (is ... running?)".
+    # A real WatchSource on a socket path that does not exist: no daemon is needed.
+    from kvbudget.client.target import no_socket
+
+    path = tmp_path / "none.sock"
+    app = KVBudgetApp(f"unix://{path}", launcher=FakeLauncher())
+    async with app.run_test(size=(240, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED, "down")
+        text = await shown(pilot, f"● disconnected: {no_socket(str(path))}, retrying")
+        assert "No such file" not in text
