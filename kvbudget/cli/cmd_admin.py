@@ -267,12 +267,12 @@ def status(daemon: AdminConnection) -> Outcome:
 def status_fields(s: Any) -> dict[str, Any]:
     """The snapshot's operator-facing figures, as plain JSON values.
 
-    "blocks": "parts" is the pool split as the dashboard's pool panel splits it (held,
-    reserved, cached, free: they add up to "total"; kvbudget.client.pool_parts). "not_held" is the
-    daemon's free count, which takes in reserved and evictable cached blocks. "free" and
-    "evictable" are kept as older scripts read them: "free" is "not_held" (not the parts'
-    free), "evictable" every evictable block (a promise may have taken some: "parts"
-    "cached" is what is left)."""
+    "blocks": held, reserved, cached and free are the text's four figures, the pool split as
+    the dashboard's pool panel splits it (they add up to "total"; kvbudget.client.pool_parts),
+    under the same words: "free" was the daemon's free count once, 4,095 in JSON where the
+    text said 350 free. That count is "not_held" (it takes in reserved and evictable cached
+    blocks); "evictable" is every evictable block (a promise may have taken some: "cached"
+    is what is left). "parts" repeats the four, for scripts that read it."""
     from kvbudget.daemon.wire import convert
 
     folded = tenants_folded(s)
@@ -283,11 +283,9 @@ def status_fields(s: Any) -> dict[str, Any]:
         "draining": s.draining,
         "blocks": {
             "total": s.num_blocks,
-            "free": s.num_free_blocks,
-            "held": s.num_held_blocks,
-            "reserved": s.num_reserved_blocks,
-            "evictable": s.num_evictable_blocks,
+            **parts._asdict(),  # held, reserved, cached, free: the text's words and numbers
             "not_held": s.num_free_blocks,
+            "evictable": s.num_evictable_blocks,
             "parts": parts._asdict(),
         },
         "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions,
