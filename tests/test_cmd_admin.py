@@ -120,8 +120,19 @@ async def test_switching_to_naive_says_which_waiting_requests_it_rejected(tmp_pa
             [r1, r2] = await engine.step(submits=[RequestSpec("r1", 16, 1008), RequestSpec("r2", 16, 16)])
             assert (r1.kind, r2.kind) == (DecisionKind.ADMIT, DecisionKind.QUEUE)
 
+            # Asked first (issue 32: naive rejected 251 waiting requests at once, unasked):
+            # without --yes, one line that says how many, a non-zero exit, nothing changed.
             code, out, err = await asyncio.to_thread(
                 admin, capsys, "--target", process.target, "set-policy", "naive")
+            assert (code, out) == (2, "")
+            assert err == ("kvbudget admin: error: set-policy naive: all 1 waiting request would be rejected at "
+                           "once (never_fits: a request of max_model_len, 2048 tokens, cannot fit this pool "
+                           "under naive); pass --yes to switch anyway\n")
+            before = await asyncio.to_thread(status, capsys, process.target)
+            assert (before["policy"], before["requests"]["waiting"]) == ("guaranteed", 1)
+
+            code, out, err = await asyncio.to_thread(
+                admin, capsys, "--target", process.target, "set-policy", "naive", "--yes")
 
             assert (code, err) == (0, "")
             assert out == "policy: guaranteed -> naive; 1 waiting request rejected (never_fits 1)\n"
