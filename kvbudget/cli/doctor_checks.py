@@ -46,6 +46,16 @@ def check_pool_size(samples: Sequence[PoolSample], expected: PoolExpectation | N
         # which figures were compared: the model and its block size too, when worked out
         what = f"{expected.model}, {expected.block_size}-token blocks, " if expected.model else ""
         summary += f" and as the config implies ({what}{expected.source})"
+    if plan.blocks_at_max_model_len > plan.num_blocks:
+        # It serves short requests and rejects every long one: the daemon warns at start too.
+        data["blocks_at_max_model_len"] = plan.blocks_at_max_model_len
+        return Finding(
+            "pool size", Status.WARN,
+            f"{summary}; but no request of max_model_len fits: {plan.max_model_len} tokens need "
+            f"{plan.blocks_at_max_model_len} blocks, the pool has {plan.num_blocks} (rejected never_fits)",
+            knob="give the pool more memory (num_gpu_blocks / kv_cache_memory_bytes / gpu_memory_utilization) "
+            "or lower max_model_len", data=data,
+        )  # fmt: skip
     return Finding("pool size", Status.OK, summary, data=data)
 
 
