@@ -1055,3 +1055,16 @@ async def test_no_daemon_is_said_as_the_other_commands_say_it(tmp_path: Path):
         await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED, "down")
         text = await shown(pilot, f"● disconnected: {no_socket(str(path))}, retrying")
         assert "No such file" not in text
+
+
+async def test_a_filter_says_it_searches_only_the_newest_decisions():
+    # Issue 32: `/preempt` showed 1 row, then 0, while the Queue panel counted 116
+    # preemptions: the filter reads the table's buffer, and nothing said so. Here the
+    # buffer keeps 50 of the stream's 200 decisions.
+    app = recorded_app(limits=Limits(max_decisions=50))
+    async with app.run_test(size=(200, 40)) as pilot:
+        await played(pilot)
+        assert "searches the newest" not in screen_text(app)  # no filter: nothing to say
+        await pilot.press("slash", *"never_fits", "enter")
+        await wait_until(pilot, lambda: app.filter_text == "never_fits", "filter applied")
+        await shown(pilot, "filter never_fits (searches the newest 50 only; all of them: kvbudget log)")
