@@ -571,12 +571,12 @@ def test_a_selected_row_stays_in_the_table_past_the_rows_that_fit():
     keep = decisions.visible_decisions(state, "", 10)[7]  # seq 3, key 2
     # 3 rows fit, the selected one is further down: the rows go on down to it.
     assert [r.row.seq for r in decisions.visible_decisions(state, "", 3, keep)] == [10, 9, 8, 7, 6, 5, 4, 3]
-    # It left the buffer: kept as the last row.
+    # A filter it does not match drops it.
+    assert [r.row.seq for r in decisions.visible_decisions(state, "r1", 3, keep)] == [10, 1]
+    # It left the buffer: dropped, not pinned at the bottom out of order (issue 32).
     later = state.with_response(observer_pb2.WatchResponse(
         decisions=[decision(seq, 1, "fits", f"r{seq}") for seq in range(11, 600)]))
-    assert [r.row.seq for r in decisions.visible_decisions(later, "", 3, keep)] == [599, 598, 597, 3]
-    # A filter it does not match drops it.
-    assert [r.row.seq for r in decisions.visible_decisions(later, "r59", 3, keep)] == [599, 598, 597]
+    assert [r.row.seq for r in decisions.visible_decisions(later, "", 3, keep)] == [599, 598, 597]
 
 
 def test_the_record_shows_brackets_as_sent():
