@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from kvbudget.daemon.wire import convert
-from kvbudget.daemon.wire.layout import layout_from_plan
 from kvbudget.client.pressure import POOL_FULL_SHARE
 from kvbudget.v1 import common_pb2
 
@@ -293,14 +292,7 @@ def expectation_from_config(
 
 
 def _blocks_at_max_model_len(plan: common_pb2.PoolPlan) -> int:
-    """What the daemon charges a request of max_model_len tokens, summed over the plan's
-    groups (its admission formulas: budget.request_worst_case); 0 when it cannot say."""
-    from kvbudget.daemon.core.budget import request_worst_case
+    """The dashboard's figure too (kvbudget.client.pool_parts), so the two say the same."""
+    from kvbudget.client.pool_parts import blocks_at_max_model_len
 
-    if not plan.groups or not plan.max_model_len_tokens:
-        return 0
-    try:
-        layout = layout_from_plan(plan)
-    except ValueError:
-        return 0
-    return request_worst_case(layout, plan.max_model_len_tokens, plan.max_num_batched_tokens or 8192).total
+    return blocks_at_max_model_len(plan)
