@@ -222,6 +222,15 @@ def test_physical_panel_without_a_gpu_says_so_plainly():
     ])
 
 
+def test_physical_panel_gives_the_whole_reason_there_is_no_gpu():
+    # Issue 32: the panel cut it to "no GPU (NVML unavailable (NVM…", which said nothing of why.
+    note = "NVML unavailable (NVML Shared Library Not Found)"
+    state = state_of(snapshot(gpu=common_pb2.GpuState(present=False, note=note)))
+    text = text_of(panels.physical_panel(state), width=40)
+    assert "…" not in text
+    assert " ".join(text.split()).startswith(f"GPU no GPU ({note}) pool 100 blocks")
+
+
 def test_physical_panel_says_first_when_the_decision_log_cannot_write():
     failing = common_pb2.DecisionLogState(num_unwritten_decisions=21, write_error="disk full")
     state = state_of(snapshot(gpu=common_pb2.GpuState(present=False, note="NVML not available"),
