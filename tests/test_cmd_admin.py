@@ -78,6 +78,9 @@ def test_set_policy_prints_the_switch_status_shows_it_and_the_log_has_it(daemon,
     assert rows[-1]["kind"] == DecisionKind.POLICY.value
     assert rows[-1]["policy"] == target
     assert rows[-1]["detail"] == f"{before} -> {target}"
+    # And in the daemon's own log (the journal): who asked, what, before -> after (issue 32).
+    assert f"admin change by unix: (admin): policy {before} -> {target}; waiting requests: 0 admitted, 0 rejected" \
+        in daemon.stderr()
 
 
 def test_set_policy_json_gives_previous_and_new(daemon, capsys) -> None:
@@ -120,8 +123,19 @@ async def test_switching_to_naive_says_which_waiting_requests_it_rejected(tmp_pa
             [r1, r2] = await engine.step(submits=[RequestSpec("r1", 16, 1008), RequestSpec("r2", 16, 16)])
             assert (r1.kind, r2.kind) == (DecisionKind.ADMIT, DecisionKind.QUEUE)
 
+            # Asked first (issue 32: naive rejected 251 waiting requests at once, unasked):
+            # without --yes, one line that says how many, a non-zero exit, nothing changed.
             code, out, err = await asyncio.to_thread(
                 admin, capsys, "--target", process.target, "set-policy", "naive")
+            assert (code, out) == (2, "")
+            assert err == ("kvbudget admin: error: set-policy naive: all 1 waiting request would be rejected at "
+                           "once (never_fits: a request of max_model_len, 2048 tokens, cannot fit this pool "
+                           "under naive); pass --yes to switch anyway\n")
+            before = await asyncio.to_thread(status, capsys, process.target)
+            assert (before["policy"], before["requests"]["waiting"]) == ("guaranteed", 1)
+
+            code, out, err = await asyncio.to_thread(
+                admin, capsys, "--target", process.target, "set-policy", "naive", "--yes")
 
             assert (code, err) == (0, "")
             assert out == "policy: guaranteed -> naive; 1 waiting request rejected (never_fits 1)\n"
@@ -204,6 +218,18 @@ def test_set_quota_shows_in_the_snapshot_and_zero_clears_it(daemon, capsys) -> N
     assert json.loads(out)["quota_blocks"] == 0
     row = _tenant(status(capsys, daemon.target), "team-a")
     assert (row["quota_blocks"], row["weight"]) == (0, 1.0)  # cleared; weight back to the default 1
+
+
+def test_every_quota_change_is_in_the_daemons_log_with_before_and_after(daemon, capsys) -> None:
+    # Issue 32: admin changes appeared in neither log; a quota lasts only until a restart
+    # or reload, so the journal must say who set what, from what.
+    for share, weight in (("0.5", "3"), ("0", "1")):
+        code, out, err = admin(capsys, "--target", daemon.target, "set-quota", "team-j", "--max-share", share,
+                               "--weight", weight)
+        assert code == 0, err
+    journal = daemon.stderr()
+    assert "admin change by unix: (admin): tenant 'team-j' no quota weight 1 -> max_share 0.5 weight 3" in journal
+    assert "admin change by unix: (admin): tenant 'team-j' max_share 0.5 weight 3 -> no quota weight 1" in journal
 
 
 @pytest.mark.parametrize("share", ["-0.1", "1.5", "nan", "half"])
@@ -326,6 +352,8 @@ async def test_drain_refuses_new_submits_lets_running_ones_finish(tmp_path, caps
 
             code, out, err = await asyncio.to_thread(run, "drain")
             assert (code, out, err) == (0, "draining: 1 request still running\n", "")
+            assert "admin change by unix: (admin): draining: 0 waiting requests rejected, 1 running" \
+                in process.stderr()
 
             assert _health(target) == health_pb2.HealthCheckResponse.NOT_SERVING
             with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -496,3 +496,17 @@ def test_the_verdict_line_says_why_the_exit_status_is_1_when_healthy() -> None:
     assert verdict_line == ["verdict: healthy (nothing limits admission), but 1 check found a problem: pool size (above)"]
     fine = doctor.diagnose(samples)
     assert fine.ok and "verdict: healthy" in render(fine, "unix:///k.sock").splitlines()
+
+
+def test_a_queue_waiting_for_free_blocks_under_promises_gets_advice_that_follows() -> None:
+    # Issue 32: predictive, 251 waiting "with 51% of the pool held ... waiting for free
+    # blocks", then "the pool is really full: give it more memory", while 98% was held or
+    # promised. The line says both shares, and the advice names the promises.
+    samples = series(held=510, reserved=470, waiting=251, policy="predictive", waiting_by_reason={"pool_full": 251})
+    diagnosis = doctor.diagnose(samples)
+    queue = finding(diagnosis, "queue")
+    assert queue.summary == ("251 requests waiting with 51% of the pool held (mean of 5 samples under pressure) "
+                             "and 47% promised (98% in all), waiting for free blocks")
+    assert "really full" not in diagnosis.knob
+    assert diagnosis.knob.startswith("the pool's free blocks are promised to running requests (470 reserved): "
+                                     "reserve less")

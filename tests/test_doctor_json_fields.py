@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,13 @@ CONFIG_GPU = doctor_samples.expectation_from_config(
 STAGED: dict[str, tuple[list[PoolSample], doctor_samples.PoolExpectation | None]] = {
     "healthy, config with a block count": (series(), CONFIG_BLOCKS),
     "healthy, config from GPU memory": (series(), CONFIG_GPU),
+    # --config worked out from its own model (kvbudget.cli.doctor_config), and one it could not
+    "healthy, config of its own model": (series(), replace(CONFIG_BLOCKS, model="llama-3.1-8b", block_size=16,
+                                                           bytes_per_block=BYTES_PER_BLOCK)),
+    # 32768 tokens in 16-token blocks: 2048 blocks a request, on a 1,000-block pool
+    "no request of max_model_len fits": (series(plan=replace(PLAN, blocks_at_max_model_len=2048)), None),
+    "config that cannot be worked out": (series(), doctor_samples.PoolExpectation(
+        source="", unavailable="kvbudget.toml: no GPU; size the pool with num_gpu_blocks, ...")),
     "pool-bound": (series(held=950, waiting=3), None),
     "budget-bound": (series(held=500, reserved=450, waiting=3), None),
     "budget-bound (tenant quota)": (

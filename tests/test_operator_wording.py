@@ -13,6 +13,7 @@ Every figure is worked out by hand in the comment above it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -47,14 +48,20 @@ def test_admin_status_splits_the_pool_as_the_dashboard_does() -> None:
     assert dashboard[1:3] == ["held 4  reserved 50", "cached 10  free 0 /64"]
 
 
-def test_admin_status_json_keeps_its_keys_and_adds_the_split() -> None:
-    blocks = json.loads(json.dumps(status_fields(_promised_pool())))["blocks"]
-    # the parts, as above; they add up to the total: 4 + 50 + 10 + 0 = 64
+def test_admin_status_json_uses_the_texts_words_for_the_texts_numbers() -> None:
+    # Issue 32: the text said "350 free, 3,745 cached" where JSON's blocks.free was 4,095
+    # (the daemon's free count). Each figure the text names has the JSON key of that name.
+    s = _promised_pool()
+    blocks = json.loads(json.dumps(status_fields(s)))["blocks"]
+    line = render_status(s, "unix:///x.sock").splitlines()[2]
+    said = {word: int(number) for number, word in re.findall(r"(\d+) ([a-z]+)", line)}
+    assert said == {"total": 64, "held": 4, "reserved": 50, "cached": 10, "free": 0}
+    assert {key: blocks[key] for key in said} == said
+    # the parts, as above, still given apart; they add up to the total: 4 + 50 + 10 + 0 = 64
     assert blocks["parts"] == {"held": 4, "reserved": 50, "cached": 10, "free": 0}
     assert sum(blocks["parts"].values()) == blocks["total"] == 64
-    # the keys older scripts read, with their meaning: free is every block not held
-    assert (blocks["free"], blocks["evictable"], blocks["held"], blocks["reserved"]) == (60, 12, 4, 50)
-    assert blocks["not_held"] == 60
+    # the daemon's own counts, under names of their own: 60 not held, 12 evictable
+    assert (blocks["not_held"], blocks["evictable"]) == (60, 12)
 
 
 def test_the_shared_pool_split_imports_nothing_of_the_project() -> None:

@@ -1041,3 +1041,54 @@ async def test_a_terminal_too_short_for_the_panels_still_says_why_no_decision_sh
         await wait_until(pilot, lambda: "too small" not in decisions_title(app), "not said",
                          limit=120)
         assert app.query_one("#panels").region.height == 11  # the 60x20 layout's two rows of panels, 6 + 5
+
+
+async def test_no_daemon_is_said_as_the_other_commands_say_it(tmp_path: Path):
+    # Issue 32: `kvbudget tui` with no daemon showed grpc's "No such file or directory"
+    # where `admin`, `doctor` and `replay` say "no daemon socket at ... (is ... running?)".
+    # A real WatchSource on a socket path that does not exist: no daemon is needed.
+    from kvbudget.client.target import no_socket
+
+    path = tmp_path / "none.sock"
+    app = KVBudgetApp(f"unix://{path}", launcher=FakeLauncher())
+    async with app.run_test(size=(240, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.connection.link is Link.DISCONNECTED, "down")
+        text = await shown(pilot, f"● disconnected: {no_socket(str(path))}, retrying")
+        assert "No such file" not in text
+
+
+async def test_a_filter_says_it_searches_only_the_newest_decisions():
+    # Issue 32: `/preempt` showed 1 row, then 0, while the Queue panel counted 116
+    # preemptions: the filter reads the table's buffer, and nothing said so. Here the
+    # buffer keeps 50 of the stream's 200 decisions.
+    app = recorded_app(limits=Limits(max_decisions=50))
+    async with app.run_test(size=(200, 40)) as pilot:
+        await played(pilot)
+        assert "searches the newest" not in screen_text(app)  # no filter: nothing to say
+        await pilot.press("slash", *"never_fits", "enter")
+        await wait_until(pilot, lambda: app.filter_text == "never_fits", "filter applied")
+        await shown(pilot, "filter never_fits (searches the newest 50 only; all of them: kvbudget log)")
+
+
+async def test_a_selection_clears_once_its_row_left_the_buffer():
+    # Issue 32: a selected row stayed pinned at the bottom of the table, out of order, for
+    # minutes after it had left the buffer. It follows its row while buffered, then clears.
+    source = QueueSource()
+    app = recorded_app(source=source, limits=Limits(max_decisions=20, sample_period_s=0.0))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await source.queue.put(Connected())
+        for response in STREAM[:4]:  # decisions 1..20: the buffer is full
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [20], "first rows")
+        await pilot.press("down", "down", "down")  # seq 17 selected
+        table = app.query_one("#decisions", DataTable)
+        await wait_until(pilot, lambda: int(table.get_row_at(table.cursor_row)[0].plain) == 17, "17 selected")
+        await source.queue.put(Update(STREAM[4]))  # 21..25: 17 is still buffered, and followed
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [25], "more rows")
+        assert int(table.get_row_at(table.cursor_row)[0].plain) == 17
+        for response in STREAM[5:8]:  # up to 40: 1..20 leave the buffer
+            await source.queue.put(Update(response))
+        await wait_until(pilot, lambda: table_seqs(app)[:1] == [40], "newest rows")
+        await pilot.pause(0.4)
+        assert 17 not in table_seqs(app)
+        assert table_seqs(app) == sorted(table_seqs(app), reverse=True)  # in order, nothing pinned

@@ -132,3 +132,19 @@ async def test_dashboard_follows_the_daemon_restarting(tmp_path: Path):
             assert "not held 64" in screen_text(app)  # a fresh pool: 64 usable, all free
     finally:
         daemon.stop()
+
+
+async def test_the_dashboard_says_when_no_request_of_max_model_len_fits(tmp_path: Path):
+    # Issue 32: a pool that serves nothing of max_model_len started and ran without a word;
+    # a replay's rejections showed it only in its final table. The harness's pool: 64 usable
+    # blocks of 16 tokens, max_model_len 2048 = 128 blocks.
+    daemon = DaemonProcess(tmp_path)
+    await asyncio.to_thread(daemon.start)
+    try:
+        app = KVBudgetApp(daemon.target, launcher=NoLauncher())
+        async with app.run_test(size=(200, 40)) as pilot:
+            await wait_until(pilot, lambda: app.state.snapshot is not None, "first snapshot")
+            await shown(pilot, "⚠ no request of max_model_len fits (2,048 tokens need 128 blocks)",
+                        "the warning on the top line")
+    finally:
+        daemon.stop()

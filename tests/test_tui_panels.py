@@ -222,6 +222,15 @@ def test_physical_panel_without_a_gpu_says_so_plainly():
     ])
 
 
+def test_physical_panel_gives_the_whole_reason_there_is_no_gpu():
+    # Issue 32: the panel cut it to "no GPU (NVML unavailable (NVM…", which said nothing of why.
+    note = "NVML unavailable (NVML Shared Library Not Found)"
+    state = state_of(snapshot(gpu=common_pb2.GpuState(present=False, note=note)))
+    text = text_of(panels.physical_panel(state), width=40)
+    assert "…" not in text
+    assert " ".join(text.split()).startswith(f"GPU no GPU ({note}) pool 100 blocks")
+
+
 def test_physical_panel_says_first_when_the_decision_log_cannot_write():
     failing = common_pb2.DecisionLogState(num_unwritten_decisions=21, write_error="disk full")
     state = state_of(snapshot(gpu=common_pb2.GpuState(present=False, note="NVML not available"),
@@ -571,12 +580,12 @@ def test_a_selected_row_stays_in_the_table_past_the_rows_that_fit():
     keep = decisions.visible_decisions(state, "", 10)[7]  # seq 3, key 2
     # 3 rows fit, the selected one is further down: the rows go on down to it.
     assert [r.row.seq for r in decisions.visible_decisions(state, "", 3, keep)] == [10, 9, 8, 7, 6, 5, 4, 3]
-    # It left the buffer: kept as the last row.
+    # A filter it does not match drops it.
+    assert [r.row.seq for r in decisions.visible_decisions(state, "r1", 3, keep)] == [10, 1]
+    # It left the buffer: dropped, not pinned at the bottom out of order (issue 32).
     later = state.with_response(observer_pb2.WatchResponse(
         decisions=[decision(seq, 1, "fits", f"r{seq}") for seq in range(11, 600)]))
-    assert [r.row.seq for r in decisions.visible_decisions(later, "", 3, keep)] == [599, 598, 597, 3]
-    # A filter it does not match drops it.
-    assert [r.row.seq for r in decisions.visible_decisions(later, "r59", 3, keep)] == [599, 598, 597]
+    assert [r.row.seq for r in decisions.visible_decisions(later, "", 3, keep)] == [599, 598, 597]
 
 
 def test_the_record_shows_brackets_as_sent():

@@ -225,7 +225,7 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
         # The daemon's note often starts with "no GPU" itself: say it once.
         note = gpu.note.removeprefix("no GPU").lstrip(":;, ")
         gpu_line = Text.assemble(("GPU   ", "dim"), ("no GPU", "bold"), (f" ({note})" if note else "", ""))
-        gpu_line.no_wrap, gpu_line.overflow = True, "ellipsis"
+        gpu_line.no_wrap = False  # wrapped, not cut ("(NVML unavailable (NVM…"): 2 lines spare here
         lines.append(gpu_line)
         lines.append(
             Text.assemble(

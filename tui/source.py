@@ -13,11 +13,13 @@ of responses (tests, screenshots, the offline demo) through the same interface.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from kvbudget.client.target import no_socket, unix_socket_path
 from kvbudget.v1 import observer_pb2
 
 if TYPE_CHECKING:
@@ -123,7 +125,7 @@ class WatchSource:
                         yield Connected()
                     yield Update(response)
             except grpc.aio.AioRpcError as exc:
-                detail = _short_error(exc)
+                detail = _missing_socket(self.target) or _short_error(exc)
             except Exception as exc:  # noqa: BLE001 - the dashboard must outlive any one stream
                 detail = f"{type(exc).__name__}: {exc}"[:100]
             finally:
@@ -132,6 +134,15 @@ class WatchSource:
             failures += 1
             yield Disconnected(detail, delay)
             await asyncio.sleep(delay)
+
+
+def _missing_socket(target: str) -> str | None:
+    """The other commands' words for a unix socket that is not there, instead of grpc's
+    "No such file or directory": the operator sees one message for one cause."""
+    path = unix_socket_path(target)
+    if path is None or os.path.exists(path):
+        return None
+    return no_socket(path)
 
 
 def _short_error(exc) -> str:

@@ -9,6 +9,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvbudget.client.pool_parts import blocks_at_max_model_len
 from kvbudget.daemon.wire.convert import policy_name
 from kvbudget.tui.state import Connection, DashboardState, Link, daemon_uptime_s
 from kvbudget.units import format_duration
@@ -57,6 +58,9 @@ def status_line(
         identity = daemon_identity(s)
         if identity:
             text.append(f"  {identity}", style="dim")
+        unfit = unservable(s)
+        if unfit:
+            text.append(f"  ⚠ {unfit}", style="bold yellow")
     text.append(f"  {c.target}")
     if paused:
         text.append("  ⏸ PAUSED", style="bold yellow")
@@ -65,6 +69,18 @@ def status_line(
     if c.link is Link.DISCONNECTED and c.detail and c.detail != cause:
         text.append(f"  ({c.detail})", style="red")
     return text
+
+
+def unservable(s: common_pb2.Snapshot) -> str:
+    """"no request of max_model_len fits": such a pool serves short requests and rejects
+    every long one never_fits, which a replay showed only in its final table. The daemon
+    warns at start and doctor says it too (the same figure: pool_parts)."""
+    if not s.HasField("plan"):
+        return ""
+    need = blocks_at_max_model_len(s.plan)
+    if need <= s.plan.num_blocks:
+        return ""
+    return f"no request of max_model_len fits ({s.plan.max_model_len_tokens:,} tokens need {need:,} blocks)"
 
 
 def daemon_identity(s: common_pb2.Snapshot) -> str:

@@ -81,3 +81,23 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             f"the pool gets {sized.num_blocks} blocks{short}; it needs at least 2 (one is the null block): {lower}"
         )
     return PoolSetup(model, sized, max_model_len)
+
+
+def unservable(setup: PoolSetup, max_num_batched_tokens: int) -> str:
+    """The warning for a pool where no request of max_model_len fits ("" when one fits).
+
+    Such a pool starts and serves short requests, and rejects every long one `never_fits`:
+    gemma-3-27b on 7 blocks passed --check-config ("6 usable") and a replay lost half its
+    requests before anything said why. Said at start, in --check-config and by doctor.
+    """
+    from kvbudget.daemon.core.budget import request_worst_case
+
+    need = request_worst_case(setup.model.layout, setup.max_model_len, max_num_batched_tokens).total
+    usable = setup.num_blocks - 1  # (the null block is never handed out)
+    if need <= usable:
+        return ""
+    return (
+        f"no request of max_model_len fits this pool: {setup.max_model_len} tokens need {need} blocks, "
+        f"the pool has {usable} usable; such requests are rejected (never_fits): give the pool more "
+        "memory or lower max_model_len"
+    )

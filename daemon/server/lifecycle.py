@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from kvbudget import __version__
-from kvbudget.daemon.config.pool_setup import PoolSetup, setup_pool
+from kvbudget.daemon.config.pool_setup import PoolSetup, setup_pool, unservable
 from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.server import sdnotify
 from kvbudget.daemon.server.auth import Authorizer
@@ -235,6 +235,8 @@ class Daemon:
             setup = setup_pool(self.config, gpu)
         except Exception as exc:
             raise StartupError(str(exc)) from None
+        if unfit := unservable(setup, self.config.max_num_batched_tokens):  # starts, but warns
+            log.warning("%s", unfit)
         # A large pool can take a while to map; ask systemd for more start time rather than
         # be killed mid-allocation (a no-op outside systemd).
         sdnotify.extend_timeout(120)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import time
 
@@ -35,6 +36,7 @@ MAX_WATCH_INTERVAL_MS = 60_000
 MAX_WATCH_DECISIONS = 10_000
 MAX_QUERY_LIMIT = 10_000
 _ENGINE = Role.ENGINE  # enum member lookups are slow on Python 3.11; Step reads it per call
+log = logging.getLogger("kvbudget.daemon")
 STATUS_CODES = {status: grpc.StatusCode[status.name] for status in Status}
 
 
@@ -223,7 +225,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @answers
     async def SetPolicy(self, request, context):
-        await self.auth.require(context, Role.ADMIN)
+        role = await self.auth.require(context, Role.ADMIN)
         policy = convert.policy_from_proto(request.policy)
         if policy is None:
             await context.abort(INVALID, f"policy: unspecified or unknown value {request.policy}")
@@ -238,19 +240,43 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 reply.num_admitted += 1
             elif decision.kind is DecisionKind.REJECT:
                 reply.rejected_by_reason[decision.reason.value] += 1
+        if decisions:  # (the policy in force already: nothing changed, nothing said)
+            rejected = sum(reply.rejected_by_reason.values())
+            _journal(context, role, f"policy {previous} -> {policy}; waiting requests: "
+                     f"{reply.num_admitted} admitted, {rejected} rejected")
         return reply
 
     @answers
     async def SetTenantQuota(self, request, context):
-        await self.auth.require(context, Role.ADMIN)
+        role = await self.auth.require(context, Role.ADMIN)
+        account = self.core.controller.ledger.tenants.get(request.tenant)
+        before = _quota(account.max_share, account.weight) if account is not None else _quota(None, 1.0)
         self.core.set_tenant_quota(request.tenant, request.max_share, request.weight)
+        after = _quota(request.max_share or None, request.weight or 1.0)
+        _journal(context, role, f"tenant {request.tenant!r} {before} -> {after}")
         return admin_pb2.SetTenantQuotaResponse()
 
     @answers
     async def Drain(self, request, context):
-        await self.auth.require(context, Role.ADMIN)
+        role = await self.auth.require(context, Role.ADMIN)
         self.core.check_writable("the drain")
-        await self.core.commit(self.core.drain())  # the waiting requests' REJECTs, on their engines' Events
+        was_draining = self.core.draining
+        decisions = self.core.drain()
+        await self.core.commit(decisions)  # the waiting requests' REJECTs, on their engines' Events
         if self.on_drain is not None:
             await self.on_drain()
-        return admin_pb2.DrainResponse(running=self.core.snapshot().num_running)
+        running = self.core.snapshot().num_running
+        if not was_draining:
+            _journal(context, role, f"draining: {len(decisions)} waiting requests rejected, {running} running")
+        return admin_pb2.DrainResponse(running=running)
+
+
+def _journal(context, role: Role, change: str) -> None:
+    """Every admin change in the daemon's log (the journal): who asked (peer and role),
+    what, before -> after. A live change lasts until a restart or reload, so the journal is
+    where an operator finds why the daemon runs otherwise than its config file says."""
+    log.info("admin change by %s (%s): %s", context.peer() or "unknown peer", role.value, change)
+
+
+def _quota(max_share: float | None, weight: float) -> str:
+    return f"max_share {max_share:g} weight {weight:g}" if max_share else f"no quota weight {weight:g}"

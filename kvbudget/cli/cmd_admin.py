@@ -41,16 +41,18 @@ EPILOG = """\
     kvbudget admin status                              # one screen: policy, blocks, requests, tenants
     kvbudget admin set-policy guaranteed               # prints "policy: optimistic -> guaranteed"
                                                        #   and what the switch did to the queue
+    kvbudget admin set-policy naive --yes              # even if it rejects waiting requests
     kvbudget admin set-quota team-a --max-share 0.25 --weight 2
     kvbudget admin set-quota team-a --max-share 0      # clears team-a's quota
     kvbudget admin drain --wait --timeout 120          # stop admitting, wait for running requests
-    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --json set-policy naive
+    kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --json set-policy predictive
     kvbudget admin --target gpu7:50051 --token $ADMIN_TOKEN --tls-ca ca.pem \\
         --tls-cert me.pem --tls-key me.key status      # a daemon with tls_client_ca_file
 
 Over the unix socket every caller may do everything (the socket's file mode is the guard);
 over TCP the token must have the admin role (`status` only needs an observer token).
-A drain cannot be undone: restart the daemon to admit again.
+A drain cannot be undone: restart the daemon to admit again. A policy or quota set here
+lasts until the daemon restarts, or a reload whose config file changes that value.
 
 Exit status: 0 done; 1 `drain --wait` timed out with requests still running; 2 bad
 arguments, or the daemon could not be reached or refused the call."""
@@ -109,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     policy = actions.add_parser("set-policy", help="switch the admission policy for new requests")
     policy.add_argument("policy", choices=POLICY_NAMES, help="the new policy")
+    policy.add_argument(
+        "--yes", action="store_true",
+        help="switch even if the new policy would reject waiting requests at once",
+    )  # fmt: skip
     _connection_options(policy, defaults=False)
 
     quota = actions.add_parser("set-quota", help="a tenant's maximum pool share and fair-share weight")
@@ -139,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "status":
             result, text, code = status(daemon)
         elif args.action == "set-policy":
+            from kvbudget.cli.admin_policy import confirm_switch, set_policy
+
+            if not args.yes:
+                confirm_switch(daemon, args.policy)
             result, text, code = set_policy(daemon, args.policy)
         elif args.action == "set-quota":
             result, text, code = set_quota(daemon, args.tenant, args.max_share, args.weight)
@@ -185,36 +195,6 @@ class AdminConnection:
 
 # Each action returns (JSON fields, text for a person, exit status).
 Outcome = tuple[dict[str, Any], str, int]
-
-
-def set_policy(daemon: AdminConnection, policy: str) -> Outcome:
-    from kvbudget.daemon.wire import convert
-    from kvbudget.v1 import admin_pb2
-
-    from kvbudget.client import policy_switch
-
-    response = daemon.call(daemon.admin.SetPolicy, admin_pb2.SetPolicyRequest(policy=convert.policy_to_proto(policy)))
-    switch = policy_switch(policy, response)
-    previous = switch.previous or "unknown"
-    result = {
-        "previous": previous, "policy": policy, "changed": switch.changed,
-        "admitted": switch.num_admitted, "rejected_by_reason": switch.rejected_by_reason,
-    }  # fmt: skip
-    if not switch.changed:
-        return result, f"policy: {policy} already (nothing changed)", 0
-    return result, f"policy: {previous} -> {policy}{_queue_moves(switch.num_admitted, switch.rejected_by_reason)}", 0
-
-
-def _queue_moves(admitted: int, rejected_by_reason: dict[str, int]) -> str:
-    """What a switch did to the waiting queue, said after the switch ("" when nothing)."""
-    parts = []
-    if admitted:
-        parts.append(f"{admitted} waiting request{'s' if admitted != 1 else ''} admitted")
-    rejected = sum(rejected_by_reason.values())
-    if rejected:
-        reasons = ", ".join(f"{reason} {count}" for reason, count in rejected_by_reason.items())
-        parts.append(f"{rejected} waiting request{'s' if rejected != 1 else ''} rejected ({reasons})")
-    return "; " + "; ".join(parts) if parts else ""
 
 
 def set_quota(daemon: AdminConnection, tenant: str, max_share: float, weight: float) -> Outcome:
@@ -267,12 +247,12 @@ def status(daemon: AdminConnection) -> Outcome:
 def status_fields(s: Any) -> dict[str, Any]:
     """The snapshot's operator-facing figures, as plain JSON values.
 
-    "blocks": "parts" is the pool split as the dashboard's pool panel splits it (held,
-    reserved, cached, free: they add up to "total"; kvbudget.client.pool_parts). "not_held" is the
-    daemon's free count, which takes in reserved and evictable cached blocks. "free" and
-    "evictable" are kept as older scripts read them: "free" is "not_held" (not the parts'
-    free), "evictable" every evictable block (a promise may have taken some: "parts"
-    "cached" is what is left)."""
+    "blocks": held, reserved, cached and free are the text's four figures, the pool split as
+    the dashboard's pool panel splits it (they add up to "total"; kvbudget.client.pool_parts),
+    under the same words: "free" was the daemon's free count once, 4,095 in JSON where the
+    text said 350 free. That count is "not_held" (it takes in reserved and evictable cached
+    blocks); "evictable" is every evictable block (a promise may have taken some: "cached"
+    is what is left). "parts" repeats the four, for scripts that read it."""
     from kvbudget.daemon.wire import convert
 
     folded = tenants_folded(s)
@@ -283,11 +263,9 @@ def status_fields(s: Any) -> dict[str, Any]:
         "draining": s.draining,
         "blocks": {
             "total": s.num_blocks,
-            "free": s.num_free_blocks,
-            "held": s.num_held_blocks,
-            "reserved": s.num_reserved_blocks,
-            "evictable": s.num_evictable_blocks,
+            **parts._asdict(),  # held, reserved, cached, free: the text's words and numbers
             "not_held": s.num_free_blocks,
+            "evictable": s.num_evictable_blocks,
             "parts": parts._asdict(),
         },
         "requests": {"running": s.num_running, "waiting": s.num_waiting, "preemptions": s.num_preemptions,

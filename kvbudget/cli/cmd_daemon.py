@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(config, on_ready=_settle_heap,
                     reload_config=functools.partial(load_config, args.config, _overrides(args)), owns_process=True)
     if args.check_config:
-        from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool
+        from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool, unservable
 
         try:
             setup = setup_pool(config, daemon.probe_gpu())
@@ -213,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
             f"listen {', '.join(config.listen)}{tcp_access(config)}, log {config.db_path} "
             f"(kept: {_retention(config)})"
         )
+        unfit = unservable(setup, config.max_num_batched_tokens)
+        if unfit:  # on stderr, as the start logs it (and the block-size notes of setup_pool)
+            logging.getLogger("kvbudget.daemon").warning("%s", unfit)
         if config.tokens_file:
             from kvbudget.daemon.config.tokens_file import tokens_file_warnings
 

@@ -51,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
     credentials = channel_credentials(resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key))
     messages = sample_snapshots(target, resolve_token(args.token), credentials, args.samples, args.interval)
     samples = [doctor_samples.sample_from_snapshot(m) for m in messages]
-    expected = _expectation(args.config, samples[-1]) if args.config else None
+    expected = None
+    if args.config:
+        from kvbudget.cli.doctor_config import config_expectation
+
+        expected = config_expectation(args.config, samples[-1])
     diagnosis = doctor.diagnose(samples, expected)
     if args.json:
         print(json.dumps(json_report(diagnosis, target), indent=2))
@@ -90,30 +94,6 @@ def sample_snapshots(
     finally:
         to_daemon.close()
     return messages
-
-
-def _expectation(path: str, last: doctor_samples.PoolSample) -> doctor_samples.PoolExpectation | None:
-    from kvbudget.daemon.config.loading import load_config
-    from kvbudget.daemon.config.settings import ConfigError
-
-    try:
-        config = load_config(path, {})
-    except ConfigError as exc:
-        raise CLIError(str(exc)) from None
-    except OSError as exc:
-        raise CLIError(f"--config: cannot read {path}: {exc.strerror}") from None
-    plan = last.plan
-    if plan is None or plan.bytes_per_block <= 0:
-        return None
-    return doctor_samples.expectation_from_config(
-        bytes_per_block=plan.bytes_per_block,
-        num_gpu_blocks=config.num_gpu_blocks,
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        gpu_total_bytes=config.gpu_memory_bytes or last.gpu.total_bytes or None,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        weights_bytes=config.weights_bytes,
-        activation_reserve_bytes=config.activation_reserve_bytes,
-    )
 
 
 def render(diagnosis: doctor_samples.Diagnosis, target: str) -> str:

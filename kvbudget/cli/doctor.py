@@ -223,13 +223,20 @@ def _budget_outcome(w: _Window) -> _Outcome:
 
 def _pool_outcome(w: _Window, t: Thresholds) -> _Outcome:
     # Full, or too full for the requests at the head of the queue: room is the limit.
-    knob = (
-        "the pool is really full: give it more memory (kv_cache_memory_bytes or "
-        "gpu_memory_utilization, kv_dtype fp8), lower max_model_len, or send less to this GPU"
-    )
+    more_memory = ("give it more memory (kv_cache_memory_bytes or gpu_memory_utilization, kv_dtype fp8), "
+                   "lower max_model_len, or send less to this GPU")
+    knob = f"the pool is really full: {more_memory}"
+    promised = w.committed_share - w.held_share
+    if w.held_share < t.full_share and w.committed_share >= t.full_share:
+        # Free blocks ran out under promises, not holdings ("51% held", then "really full",
+        # while 98% was held or promised): say which, and that promising less frees room too.
+        knob = (f"the pool's free blocks are promised to running requests ({w.last.reserved} reserved): "
+                f"reserve less (lower max new tokens, or a policy that reserves less), or {more_memory}")
     summary = (
         f"{_pressure_text(w.last.waiting, w.peak_waiting, w.preempted)} with {w.held_share:.0%} "
         f"of the pool held{_judged_text(w.judged)}"
+        + (f" and {promised:.0%} promised ({w.committed_share:.0%} in all)"
+           if promised >= 0.005 and w.held_share < t.full_share else "")  # (held past the bar: that binds)
         + (", waiting for free blocks" if w.pool_waits and w.held_share < t.full_share else "")
     )
     return _Outcome(Verdict.POOL_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvbudget.cli.doctor_samples import MiB, Finding, PoolExpectation, PoolSample, Status, Thresholds
+from kvbudget.cli.doctor_samples import MiB, Finding, PlanView, PoolExpectation, PoolSample, Status, Thresholds
 from kvbudget.units import format_bytes
 
 
@@ -29,22 +29,7 @@ def check_pool_size(samples: Sequence[PoolSample], expected: PoolExpectation | N
     if last.gpu.pool_bytes and last.gpu.pool_bytes < plan_bytes:
         problems.append(f"the GPU pool occupies {last.gpu.pool_bytes} B, less than the plan's {plan_bytes} B")
     if expected is not None:
-        data["config_source"] = expected.source
-        data["config_explanation"] = expected.explanation
-        if expected.num_blocks is not None:
-            data["config_num_blocks"] = expected.num_blocks
-            if expected.num_blocks != plan.num_blocks:
-                problems.append(
-                    f"the config implies {expected.num_blocks} blocks ({expected.explanation}), "
-                    f"the daemon runs {plan.num_blocks}"
-                )
-        if expected.max_pool_bytes is not None:
-            data["config_max_pool_bytes"] = expected.max_pool_bytes
-            if plan_bytes > expected.max_pool_bytes:
-                problems.append(
-                    f"the pool ({plan_bytes} B) is larger than the config allows "
-                    f"({expected.max_pool_bytes} B: {expected.explanation})"
-                )
+        problems += _config_problems(expected, plan, plan_bytes, data)
     if problems:
         return Finding(
             "pool size",
@@ -58,8 +43,52 @@ def check_pool_size(samples: Sequence[PoolSample], expected: PoolExpectation | N
         f"{plan.num_blocks} blocks x {format_bytes(plan.bytes_per_block)} = {format_bytes(plan_bytes)}, as planned"
     )
     if expected is not None:
-        summary += f" and as the config implies ({expected.source})"
+        # which figures were compared: the model and its block size too, when worked out
+        what = f"{expected.model}, {expected.block_size}-token blocks, " if expected.model else ""
+        summary += f" and as the config implies ({what}{expected.source})"
+    if plan.blocks_at_max_model_len > plan.num_blocks:
+        # It serves short requests and rejects every long one: the daemon warns at start too.
+        data["blocks_at_max_model_len"] = plan.blocks_at_max_model_len
+        return Finding(
+            "pool size", Status.WARN,
+            f"{summary}; but no request of max_model_len fits: {plan.max_model_len} tokens need "
+            f"{plan.blocks_at_max_model_len} blocks, the pool has {plan.num_blocks} (rejected never_fits)",
+            knob="give the pool more memory (num_gpu_blocks / kv_cache_memory_bytes / gpu_memory_utilization) "
+            "or lower max_model_len", data=data,
+        )  # fmt: skip
     return Finding("pool size", Status.OK, summary, data=data)
+
+
+def _config_problems(expected: PoolExpectation, plan: PlanView, plan_bytes: int, data: dict) -> list[str]:
+    """Where the daemon differs from what --config means (or why that could not be told)."""
+    if expected.unavailable:
+        data["config_unavailable"] = expected.unavailable
+        return [f"could not compare with the config: {expected.unavailable}"]
+    data["config_source"] = expected.source
+    data["config_explanation"] = expected.explanation
+    problems = []
+    if expected.model:
+        data.update(config_model=expected.model, config_block_size=expected.block_size)
+        if plan.model and expected.model != plan.model:
+            problems.append(f"the config names model {expected.model}, the daemon runs {plan.model}")
+        if expected.block_size != plan.block_size:
+            problems.append(f"the config means {expected.block_size}-token blocks, "
+                            f"the daemon runs {plan.block_size}-token blocks")
+    if expected.num_blocks is not None:
+        data["config_num_blocks"] = expected.num_blocks
+        if expected.num_blocks != plan.num_blocks:
+            problems.append(
+                f"the config implies {expected.num_blocks} blocks ({expected.explanation}), "
+                f"the daemon runs {plan.num_blocks}"
+            )
+    if expected.max_pool_bytes is not None:
+        data["config_max_pool_bytes"] = expected.max_pool_bytes
+        if plan_bytes > expected.max_pool_bytes:
+            problems.append(
+                f"the pool ({plan_bytes} B) is larger than the config allows "
+                f"({expected.max_pool_bytes} B: {expected.explanation})"
+            )
+    return problems
 
 
 def check_block_accounting(samples: Sequence[PoolSample]) -> Finding:

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from kvbudget.daemon.wire import convert
-from kvbudget.daemon.wire.layout import layout_from_plan
 from kvbudget.client.pressure import POOL_FULL_SHARE
 from kvbudget.v1 import common_pb2
 
@@ -59,6 +58,7 @@ class PlanView:
     # What one request at max_model_len commits, in every KV-cache group (a window caps a
     # sliding group's share); 0: the plan does not say (no groups, or one not understood).
     blocks_at_max_model_len: int = 0
+    model: str = ""  # the model the daemon serves (its plan's name); "": not said
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,15 @@ class PoolSample:
 class PoolExpectation:
     """What the configuration implies for the pool (see `expectation_from_config`)."""
 
-    source: str  # "num_gpu_blocks" | "kv_cache_memory_bytes" | "gpu_memory"
+    source: str  # "num_gpu_blocks" | "kv_cache_memory_bytes" | "gpu_memory" | "" (unavailable)
     num_blocks: int | None = None  # exact, when the config pins it
     max_pool_bytes: int | None = None  # upper bound, when sized from GPU memory
     explanation: str = ""
+    # What the config itself means, worked out from its own model (kvbudget.cli.doctor_config):
+    model: str = ""  # "": not worked out (compare the pool size only)
+    block_size: int = 0
+    bytes_per_block: int = 0
+    unavailable: str = ""  # why the config could not be compared: a problem of its own
 
 
 @dataclass(frozen=True)
@@ -224,6 +229,7 @@ def _plan_view(plan: common_pb2.PoolPlan) -> PlanView:
         max_model_len=int(plan.max_model_len_tokens),
         memory_bytes=int(plan.memory.size_bytes) if plan.HasField("memory") else 0,
         blocks_at_max_model_len=_blocks_at_max_model_len(plan),
+        model=plan.model,
     )
 
 
@@ -286,14 +292,7 @@ def expectation_from_config(
 
 
 def _blocks_at_max_model_len(plan: common_pb2.PoolPlan) -> int:
-    """What the daemon charges a request of max_model_len tokens, summed over the plan's
-    groups (its admission formulas: budget.request_worst_case); 0 when it cannot say."""
-    from kvbudget.daemon.core.budget import request_worst_case
+    """The dashboard's figure too (kvbudget.client.pool_parts), so the two say the same."""
+    from kvbudget.client.pool_parts import blocks_at_max_model_len
 
-    if not plan.groups or not plan.max_model_len_tokens:
-        return 0
-    try:
-        layout = layout_from_plan(plan)
-    except ValueError:
-        return 0
-    return request_worst_case(layout, plan.max_model_len_tokens, plan.max_num_batched_tokens or 8192).total
+    return blocks_at_max_model_len(plan)

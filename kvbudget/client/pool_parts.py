@@ -43,3 +43,21 @@ def pool_parts(s: PoolCounts) -> PoolParts:
     cached = min(s.num_evictable_blocks, max(0, s.num_blocks - held - reserved))
     free = max(0, s.num_blocks - held - reserved - cached)
     return PoolParts(held, reserved, cached, free)
+
+
+def blocks_at_max_model_len(plan: object) -> int:
+    """What the daemon charges one request of max_model_len tokens, summed over the plan's
+    KV-cache groups (its admission formula, budget.request_worst_case); 0 when the plan does
+    not say (no groups, or one not understood). More than the pool's blocks: no request of
+    max_model_len fits, and each is rejected never_fits (doctor and the dashboard say so).
+    `plan`: a PoolPlan message. Imports lazily: this module loads nothing of the project."""
+    from kvbudget.daemon.core.budget import request_worst_case
+    from kvbudget.daemon.wire.layout import layout_from_plan
+
+    if not plan.groups or not plan.max_model_len_tokens:  # type: ignore[attr-defined]
+        return 0
+    try:
+        layout = layout_from_plan(plan)  # type: ignore[arg-type]
+    except ValueError:
+        return 0
+    return request_worst_case(layout, plan.max_model_len_tokens, plan.max_num_batched_tokens or 8192).total  # type: ignore[attr-defined]

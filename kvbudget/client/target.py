@@ -37,6 +37,11 @@ def unix_socket_path(target: str) -> str | None:
     return path[2:] if path.startswith("//") else path
 
 
+def no_socket(path: str) -> str:
+    """What every client command (the dashboard too) says when a unix socket is missing."""
+    return f"no daemon socket at {path} (is `kvbudget daemon` running?)"
+
+
 def check_target(target: str, *, require_socket: bool = True) -> str:
     """The target, stripped, if grpc can make sense of it; CLIError in one line if not.
 
@@ -57,7 +62,7 @@ def check_target(target: str, *, require_socket: bool = True) -> str:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
             if require_socket:
-                raise CLIError(f"--target {target}: no daemon socket at {path} (is `kvbudget daemon` running?)")
+                raise CLIError(f"--target {target}: {no_socket(path)}")
             return target
         except OSError as exc:
             raise CLIError(f"--target {target}: cannot look at {path}: {exc.strerror}") from None
