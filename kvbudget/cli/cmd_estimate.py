@@ -24,6 +24,7 @@ from kvbudget.client.errors import CLIError
 
 if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays light
     from kvbudget.daemon.config.hf_config import ModelInfo
+    from kvbudget.daemon.config.parallel import Parallel
     from kvbudget.daemon.config.sizing import PoolSizing
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default for its V1 engine
@@ -78,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu-memory-utilization", metavar="F", help="fraction of GPU memory to use (0.9)"
     )
     memory.add_argument(
-        "--weights-bytes", metavar="SIZE", help="model weights (default: estimated from config)"
+        "--weights-bytes", metavar="SIZE", help="model weights on one GPU (default: estimated from config, split over tp x pp)"
     )
     memory.add_argument(
         "--activation-reserve-bytes", metavar="SIZE", help="activation peak to keep free (0)"
@@ -105,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token-cap", metavar="N", help="engine caps every attention layer at N tokens"
     )
+    parallel = parser.add_argument_group(
+        "parallel layout (vLLM's names; memory sizes above are per GPU)",
+        "data-parallel replicas are separate engines, each with its own pool",
+    )
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
+        parallel.add_argument(flag, metavar="N", help="(1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -132,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
             message = "--token-cap " + message.removeprefix("token_cap ")
         raise CLIError(message) from None
 
-    sizing = _size_pool(args, model)
+    parallel = _parallel(args)
+    model = _rank_model(model, parallel)
+    sizing = _size_pool(args, model, parallel)
     if not sizing.fits:
         raise CLIError(_does_not_fit(sizing))
     least = least_blocks(model.layout, F)
@@ -141,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(_no_usable_block(sizing, least))
     lengths = _lengths(args, model, sizing.num_blocks, F)
     trace = trace_lengths(args.trace, lengths.max_model_len) if args.trace else None
-    report = build_report(model, sizing, lengths, F, trace)
+    report = build_report(model, sizing, lengths, F, trace, parallel)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -149,7 +158,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size_pool(args: argparse.Namespace, model: ModelInfo) -> PoolSizing:
+def _parallel(args: argparse.Namespace) -> Parallel:
+    from kvbudget.daemon.config.parallel import Parallel
+
+    def size(flag: str) -> int:
+        text = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        return 1 if text is None else parse_count(text, flag)
+
+    return Parallel(
+        size("--tensor-parallel-size"), size("--pipeline-parallel-size"), size("--data-parallel-size")
+    )
+
+
+def _rank_model(model: ModelInfo, parallel: Parallel) -> ModelInfo:
+    """The model as one GPU of the engine holds it (parallel.rank_layout)."""
+    import dataclasses
+
+    from kvbudget.daemon.config.parallel import SETTINGS, rank_layout
+
+    try:
+        layout = rank_layout(model.layout, parallel)
+    except ValueError as exc:  # (the message names the setting; here it is a flag)
+        message = str(exc)
+        for name in SETTINGS:
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise CLIError(message) from None
+    return dataclasses.replace(model, layout=layout)
+
+
+def _size_pool(args: argparse.Namespace, model: ModelInfo, parallel: Parallel) -> PoolSizing:
     from kvbudget.daemon.config import sizing as sz
 
     layout = model.layout
@@ -183,7 +220,9 @@ def _size_pool(args: argparse.Namespace, model: ModelInfo) -> PoolSizing:
     if args.weights_bytes is not None:
         weights = parse_size(args.weights_bytes, "--weights-bytes", allow_zero=True)
     else:
-        weights = model.weights.weight_bytes
+        from kvbudget.daemon.config.parallel import rank_weights
+
+        weights = rank_weights(model.weights.weight_bytes, parallel)  # per GPU, as the memory
     total, gpu_name = _gpu_memory(args)
     return sz.size_from_gpu_memory(
         layout,

@@ -14,6 +14,7 @@ from kvbudget.client.errors import CLIError
 
 if TYPE_CHECKING:  # imported lazily at run time, so `kvbudget --help` stays light
     from kvbudget.daemon.config.hf_config import ModelInfo
+    from kvbudget.daemon.config.parallel import Parallel
     from kvbudget.daemon.config.sizing import PoolSizing
     from kvbudget.daemon.core.spec import KVCacheLayout
 
@@ -78,9 +79,12 @@ def daemon_usable_blocks(num_blocks: int) -> int:
 
 
 def build_report(
-    model: ModelInfo, sizing: PoolSizing, lengths: Lengths, F: int, trace: TraceLengths | None
+    model: ModelInfo, sizing: PoolSizing, lengths: Lengths, F: int, trace: TraceLengths | None,
+    parallel: Parallel | None = None,
 ) -> dict[str, Any]:
-    """Everything `--json` prints; the tables show the same numbers."""
+    """Everything `--json` prints; the tables show the same numbers. With `parallel`, the
+    model's layout is one GPU's (parallel.rank_layout) and `parallel` says per what."""
+    from kvbudget.daemon.config.parallel import Parallel, parallel_report
     from kvbudget.daemon.core import budget
 
     layout = model.layout
@@ -121,6 +125,9 @@ def build_report(
         "daemon_naive_max_concurrency": budget.naive_max_concurrency(usable, layout, tokens),
         "sizing": sizing_dict,
         "trace": None if trace is None else _trace_entry(trace, layout, sizing.num_blocks, F),
+        "parallel": parallel_report(
+            parallel or Parallel(), layout, sizing.num_blocks, sizing.kv_cache_bytes, vllm_concurrency
+        ),
         "notes": list(layout.notes),
     }
 

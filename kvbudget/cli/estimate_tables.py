@@ -57,6 +57,8 @@ def print_tables(report: dict[str, Any], least: int) -> None:
     # path is text.
     console = cli_console(markup=True, wide_when_piped=False)
     _print_header(console, report)
+    if report["parallel"]["gpus"] > 1:
+        console.print(_parallel_table(report["parallel"]), soft_wrap=True)
     console.print(_groups_table(report))
     console.print(_concurrency_table(report))
     console.print(
@@ -107,6 +109,43 @@ def _print_pool_source(console: Console, s: dict[str, Any]) -> None:
         console.print(f"[bold]pool[/]    kv_cache_memory_bytes {_fmt_gb(s['kv_cache_bytes'])}")
     else:
         console.print("[bold]pool[/]    num_gpu_blocks override")
+
+
+def _parallel_table(p: dict[str, Any]) -> Any:
+    """Per GPU, per engine, all engines: vLLM makes num_gpu_blocks the same on every worker
+    of an engine, and data-parallel replicas are separate engines with separate pools."""
+    from rich.table import Table
+
+    title = (
+        f"tensor {p['tensor_parallel_size']} x pipeline {p['pipeline_parallel_size']} = "
+        f"{p['gpus_per_engine']} GPUs per engine, data parallel {p['data_parallel_size']}: "
+        f"{p['engines']} engine{'s, each with' if p['engines'] > 1 else ' with'} its own pool"
+    )
+    table = Table(title=title)
+    for name in ("", "per GPU", "per engine", f"all engines (dp {p['engines']})"):
+        table.add_column(name, justify="left" if not name else "right")
+    blocks = f"{p['num_blocks_per_engine']:,}"
+    table.add_row("blocks", blocks, blocks, f"{p['num_blocks_all_engines']:,}")
+    table.add_row(
+        "bytes per block", f"{p['bytes_per_block_per_gpu']:,} B",
+        f"{p['bytes_per_block_per_engine']:,} B", "",
+    )  # fmt: skip
+    table.add_row(
+        "KV cache", _fmt_gb(p["kv_cache_bytes_per_gpu"]), _fmt_gb(p["kv_cache_bytes_per_engine"]),
+        _fmt_gb(p["kv_cache_bytes_per_engine"] * p["engines"]),
+    )  # fmt: skip
+    table.add_row(
+        "requests at once", "", _fmt_x(p["max_concurrency_per_engine"]),
+        _fmt_x(p["max_concurrency_all_engines"]),
+    )  # fmt: skip
+    heads = ", ".join(str(h) for h in p["kv_heads_per_rank"]) or "- (latent, replicated)"
+    stages = "; ".join(f"{a}-{b}" for a, b in p["stage_layers"])
+    table.caption = (
+        f"one pool per engine: every GPU of it has the same block count (vLLM takes the "
+        f"minimum over its workers), each block spread over all of them; engines do not share "
+        f"blocks. KV heads per rank: {heads}; layers per pipeline stage: {stages}"
+    )
+    return table
 
 
 def _groups_table(report: dict[str, Any]) -> Any:

@@ -1,0 +1,154 @@
+"""Tensor, pipeline and data parallel layouts: what one GPU of an engine holds.
+
+vLLM sizes a parallel pool per worker and then takes the smallest: each worker holds the
+KV of its own shard, and `num_gpu_blocks` is made the same on every worker (the minimum
+over them, `get_kv_cache_configs`). So the layout that sizes the pool is the per-rank one
+of the stage with the most bytes per block:
+
+- tensor parallel splits the KV heads across ranks, `max(1, heads // tp)` per rank
+  (replicated when there are fewer KV heads than ranks, as `ModelConfig.get_num_kv_heads`);
+- MLA's latent cache has one "head" and is replicated on every rank;
+- pipeline parallel gives each stage only its layers (`get_pp_indices`: an even split,
+  the remainder to the stages before the last); the KV-cache groups are the model's, each
+  stage's block spans its share of each group's layers.
+
+Data-parallel replicas are separate engines with separate pools: nothing here splits.
+Blocks per request depend only on the groups' specs, never on how many layers a GPU holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvbudget.daemon.core.spec import KVCacheGroup, KVCacheLayout, LayerKind
+
+
+# Each message starts with the setting's config name, so a caller can spell it its way.
+SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+_MAMBA_TP = (
+    "tensor_parallel_size {}: how vLLM splits a Mamba layer's state across ranks is not "
+    "modelled; plan with tensor_parallel_size 1 and pipeline parallel only"
+)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+
+    @property
+    def gpus_per_engine(self) -> int:
+        return self.tensor * self.pipeline
+
+    @property
+    def is_single(self) -> bool:
+        return self.gpus_per_engine == 1 and self.data == 1
+
+
+def stage_layers(num_layers: int, pp: int) -> list[range]:
+    """vLLM's `get_pp_indices`: each stage's model layers. 10 layers on 4 stages: 2, 3, 3, 2."""
+    if pp > num_layers:
+        raise ValueError(f"pipeline_parallel_size {pp} exceeds the model's {num_layers} layers")
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    starts = [sum(parts[:i]) for i in range(pp)]
+    return [range(s, s + n) for s, n in zip(starts, parts)]
+
+
+def rank_kv_heads(total: int, tp: int) -> int:
+    """KV heads one tensor-parallel rank holds. vLLM's QKV projection needs the heads to
+    split evenly or to be replicated whole, so anything else is refused here as there."""
+    if total % tp and tp % total:
+        raise ValueError(
+            f"tensor_parallel_size {tp} neither divides the model's {total} KV heads nor is "
+            "a multiple of them (vLLM refuses such a layout)"
+        )
+    return max(1, total // tp)
+
+
+def _rank_spec(spec: object, tp: int) -> object:
+    kind = spec.kind  # type: ignore[attr-defined]
+    if kind == LayerKind.MLA or tp == 1:
+        return spec  # one latent per token: every rank holds all of it
+    if kind == LayerKind.MAMBA:
+        raise ValueError(_MAMBA_TP.format(tp))
+    heads = rank_kv_heads(spec.num_kv_heads, tp)  # type: ignore[attr-defined]
+    return dataclasses.replace(spec, num_kv_heads=heads)  # type: ignore[type-var]
+
+
+def stage_group_sizes(layout: KVCacheLayout, pp: int) -> list[int]:
+    """Each stage's tensors per block: the most layers any group has on that stage."""
+    stages = stage_layers(layout.num_layers, pp)
+    return [
+        max(sum(1 for i in g.layer_ids if i in stage) for g in layout.groups) for stage in stages
+    ]
+
+
+def rank_layout(layout: KVCacheLayout, parallel: Parallel) -> KVCacheLayout:
+    """The layout one GPU of the engine sizes its pool by: per-rank pages, and the block of
+    the stage with the most layers (the fewest blocks: the one every worker gets)."""
+    if parallel.is_single:
+        return layout
+    if any(g.kind == LayerKind.MAMBA for g in layout.groups) and parallel.tensor > 1:
+        raise ValueError(_MAMBA_TP.format(parallel.tensor))
+    groups = tuple(
+        KVCacheGroup(_rank_spec(g.spec, parallel.tensor), g.layer_ids)  # type: ignore[arg-type]
+        for g in layout.groups
+    )
+    # Pages padded to the largest, as group_layers does; a Mamba page (pp only) keeps its own.
+    page = max(g.spec.page_size_bytes for g in groups)
+    if parallel.tensor == 1:
+        page = layout.page_size_bytes
+    group_size = max(stage_group_sizes(layout, parallel.pipeline))
+    note = (
+        f"one GPU of tensor {parallel.tensor} x pipeline {parallel.pipeline}: its pages, the "
+        "block of its fullest stage; estimated weights split evenly over the engine's GPUs"
+    )
+    return dataclasses.replace(
+        layout, groups=groups, group_size=group_size, page_size_bytes=page, notes=(*layout.notes, note)
+    )
+
+
+def rank_weights(weights_bytes: int, parallel: Parallel) -> int:
+    """Weights one GPU holds, split evenly over tp x pp ranks: an estimate (the first and
+    last stages also hold the embeddings and the LM head, replicated norms are small)."""
+    return -(-weights_bytes // parallel.gpus_per_engine)
+
+
+def parallel_report(
+    parallel: Parallel, layout: KVCacheLayout, num_blocks: int, kv_cache_bytes: int, concurrency: float
+) -> dict[str, object]:
+    """What is per GPU and what is per engine, for `kvbudget estimate`'s report. `layout`
+    is the rank layout; `num_blocks` and `kv_cache_bytes` one GPU's; `concurrency` one
+    engine's (the blocks are the same on every worker, so one GPU's count is the engine's)."""
+    stages = stage_layers(layout.num_layers, parallel.pipeline)
+    return {
+        "tensor_parallel_size": parallel.tensor,
+        "pipeline_parallel_size": parallel.pipeline,
+        "data_parallel_size": parallel.data,
+        "gpus_per_engine": parallel.gpus_per_engine,
+        "engines": parallel.data,
+        "gpus": parallel.gpus_per_engine * parallel.data,
+        "stage_layers": [[r.start, r.stop - 1] for r in stages],
+        "stage_group_sizes": stage_group_sizes(layout, parallel.pipeline),
+        "kv_heads_per_rank": sorted({
+            g.spec.num_kv_heads for g in layout.groups if hasattr(g.spec, "num_kv_heads")
+        }),
+        # per GPU
+        "kv_cache_bytes_per_gpu": kv_cache_bytes,
+        "bytes_per_block_per_gpu": layout.bytes_per_block,
+        # per engine: one pool of num_blocks, each block spread over every GPU of the engine
+        "num_blocks_per_engine": num_blocks,
+        # a block is a page on each of the tp ranks of every stage, for that stage's layers
+        "bytes_per_block_per_engine": (
+            layout.page_size_bytes * parallel.tensor * sum(stage_group_sizes(layout, parallel.pipeline))
+        ),
+        "kv_cache_bytes_per_engine": kv_cache_bytes * parallel.gpus_per_engine,
+        "max_concurrency_per_engine": concurrency,
+        # data parallel: separate engines, separate pools; a request lives in one of them
+        "num_blocks_all_engines": num_blocks * parallel.data,
+        "max_concurrency_all_engines": concurrency * parallel.data,
+    }
