@@ -104,8 +104,8 @@ def rank_layout(layout: KVCacheLayout, parallel: Parallel) -> KVCacheLayout:
         page = layout.page_size_bytes
     group_size = max(stage_group_sizes(layout, parallel.pipeline))
     note = (
-        f"one GPU of tensor {parallel.tensor} x pipeline {parallel.pipeline}: its pages, the "
-        "block of its fullest stage; estimated weights split evenly over the engine's GPUs"
+        f"one GPU of tensor {parallel.tensor} x pipeline {parallel.pipeline}: pages of one "
+        "rank's KV heads, blocks of the fullest pipeline stage's layers"
     )
     return dataclasses.replace(
         layout, groups=groups, group_size=group_size, page_size_bytes=page, notes=(*layout.notes, note)

@@ -139,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
             message = "--token-cap " + message.removeprefix("token_cap ")
         raise CLIError(message) from None
 
-    parallel = _parallel(args)
-    model = _rank_model(model, parallel)
+    parallel = parallel_flags(args)
+    model = rank_model(model, parallel)
     sizing = _size_pool(args, model, parallel)
     if not sizing.fits:
         raise CLIError(_does_not_fit(sizing))
@@ -158,11 +158,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parallel(args: argparse.Namespace) -> Parallel:
+def parallel_flags(args: argparse.Namespace) -> Parallel:
     from kvbudget.daemon.config.parallel import Parallel
 
-    def size(flag: str) -> int:
-        text = getattr(args, flag.removeprefix("--").replace("-", "_"))
+    def size(flag: str) -> int:  # (replay has no --data-parallel-size: one engine's pool)
+        text = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
         return 1 if text is None else parse_count(text, flag)
 
     return Parallel(
@@ -170,7 +170,7 @@ def _parallel(args: argparse.Namespace) -> Parallel:
     )
 
 
-def _rank_model(model: ModelInfo, parallel: Parallel) -> ModelInfo:
+def rank_model(model: ModelInfo, parallel: Parallel) -> ModelInfo:
     """The model as one GPU of the engine holds it (parallel.rank_layout)."""
     import dataclasses
 

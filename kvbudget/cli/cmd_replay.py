@@ -49,7 +49,8 @@ blocks, from what it served before.
 # all of that, so one of them given there would be silently ignored (or, --max-model-len,
 # half-applied): refused instead.
 OFFLINE_ONLY = ("model", "num_gpu_blocks", "kv_cache_memory_bytes", "block_size", "max_model_len",
-                "no_prefix_caching", "max_num_batched_tokens", "config", "set")  # fmt: skip
+                "no_prefix_caching", "max_num_batched_tokens", "config", "set",
+                "tensor_parallel_size", "pipeline_parallel_size")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pool size in blocks, the null block included, as the daemon's flag")  # fmt: skip
     model.add_argument("--kv-cache-memory-bytes", metavar="SIZE", help="pool size in bytes (16GiB)")
     model.add_argument("--block-size", metavar="N", help="tokens per block (16; 64 for MLA models)")
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):  # (--kv-cache-memory-bytes is per GPU)
+        model.add_argument(flag, metavar="N", help="as kvbudget estimate's (1): one GPU's pool")
     model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
     model.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     model.add_argument("--config", metavar="FILE",

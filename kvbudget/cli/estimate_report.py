@@ -96,6 +96,8 @@ def build_report(
     vllm_concurrency = budget.max_concurrency(sizing.num_blocks, layout, tokens, F)
     sizing_dict = sizing.as_dict()
     sizing_dict["weights_note"] = model.weights.note if sizing.weights_estimated else None
+    if sizing.weights_estimated and parallel is not None and parallel.gpus_per_engine > 1:
+        sizing_dict["weights_note"] += f"; split evenly over the engine's {parallel.gpus_per_engine} GPUs"
     return {
         **_model_fields(model),
         # vLLM's count (num_gpu_blocks), the null block included; the daemon hands out one fewer

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, trace, policies: list[str]):
 
 
 def offline_setup(args: argparse.Namespace, trace):
-    from kvbudget.cli.cmd_estimate import parse_count, parse_size
+    from kvbudget.cli.cmd_estimate import parallel_flags, parse_count, parse_size, rank_model
     from kvbudget.daemon.config import sizing
     from kvbudget.daemon.config.hf_config import load_model, resolve_max_model_len
     from kvbudget.traces.replay import ReplaySetup
@@ -44,6 +44,9 @@ def offline_setup(args: argparse.Namespace, trace):
         model = load_model(args.model or DEFAULT_MODEL, block_size=block_size)
     except ValueError as exc:
         raise CLIError(f"--model: {exc}") from None
+    # One GPU's layout (as estimate's): only the bytes per block change, so only a pool
+    # given in bytes comes out different; a request's blocks are the model's.
+    model = rank_model(model, parallel_flags(args))
     layout = model.layout
     if args.num_gpu_blocks and args.kv_cache_memory_bytes:
         raise CLIError("--num-gpu-blocks and --kv-cache-memory-bytes exclude each other")
