@@ -110,8 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "parallel layout (vLLM's names; memory sizes above are per GPU)",
         "data-parallel replicas are separate engines, each with its own pool",
     )
-    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
-        parallel.add_argument(flag, metavar="N", help="(1)")
+    for flag, what in (
+        ("--tensor-parallel-size", "GPUs the KV heads are split over (1)"),
+        ("--pipeline-parallel-size", "stages the layers are split over (1)"),
+        ("--data-parallel-size", "replicas, each an engine with its own pool (1)"),
+    ):
+        parallel.add_argument(flag, metavar="N", help=what)
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
