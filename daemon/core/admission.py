@@ -327,6 +327,7 @@ class AdmissionController(AdmissionControls):
         if r.queued:
             self._queue.leave(r, self.ledger.tenants[r.tenant])
         r.policy = policy.name
+        r.ahead_limit = fit.F if policy.bounds_ahead else 0
         r.predicted_output = plan.predicted
         self.ledger.admit(r, plan.hit, plan.base, plan.num_tokens, plan.held, plan.charge)
         self._running[r.spec.request_id] = r

@@ -18,6 +18,9 @@ class Policy:
     # config.admit_on applies: "whole_prompt" admits once the whole prompt fits and reserves
     # nothing, not even for a preempted request (vLLM 0.33's default)
     checks_admit_on = False
+    # Holds the engine to its contract: slots at most F ahead of computed tokens, what the
+    # window groups' worst case assumes; a grow past that is refused, never denied.
+    bounds_ahead = False
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
         """Tokens whose worst case (budget.request_worst_case) is the base; 0: none.
@@ -39,6 +42,7 @@ class Optimistic(Policy):
 
 class Guaranteed(Policy):
     name = "guaranteed"
+    bounds_ahead = True
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
         return max_len
@@ -60,6 +64,15 @@ class Naive(Policy):
 
     def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
         return 0
+
+
+def contract_broken(num_tokens: int, computed: int, limit: int) -> str:
+    """Why a grow of a `bounds_ahead` request is refused (validation.py: INVALID_ARGUMENT)."""
+    return (
+        f"{num_tokens} slots are {num_tokens - computed} ahead of the {computed} computed tokens: "
+        f"the engine contract for a guaranteed request is at most max_num_batched_tokens ({limit}) "
+        "ahead (report progress in this step or before it)"
+    )
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (Optimistic(), Guaranteed(), Predictive(), Naive())}

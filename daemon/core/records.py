@@ -43,7 +43,9 @@ class Reason(str, enum.Enum):
     ABORTED = "aborted"
     LEASE_EXPIRED = "lease_expired"
     DRAINING = "draining"
-    OVER_RESERVATION = "over_reservation"  # grew past what was reserved (guaranteed)
+    # Grew past what was reserved, nothing spare. Never a guaranteed request's over the
+    # wire: a grow past the engine contract is refused there (validation.py), not denied.
+    OVER_RESERVATION = "over_reservation"
     SWITCH = "switch"
     NOT_RUNNING = "not_running"  # grow for a request that is waiting (e.g. preempted this step)
 

@@ -56,6 +56,9 @@ class RequestState:
     queue_key: tuple[int, int, int] = (0, 1, 0)
     predicted_output: int = 0  # predictive policy: the output length reserved for
     admitted: int = 0  # admission order, renewed on each admission (victim choice)
+    # Most slots it may hold past its computed tokens (0: no bound). Guaranteed: F, what its
+    # reservation was sized for; a grow further ahead is the engine's error (validation.py).
+    ahead_limit: int = 0
 
     @property
     def request_id(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from kvbudget.daemon.core.policies import contract_broken
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
 from kvbudget.daemon.core.requests import RequestState, Status
 from kvbudget.daemon.core.step import StepOps
@@ -66,7 +67,9 @@ def validate_step(ops: StepOps, engine_id: str, find: Find, block_size: int) -> 
     Each request id appears once among finishes, aborts, progress and grows (a progress
     report and a grow of one request in one step are allowed: report, then grow). A grow
     or progress of a waiting (preempted) request is not a problem: the controller answers
-    DENY not_running and ignores the progress, as the engine may not know yet.
+    DENY not_running and ignores the progress, as the engine may not know yet. A running
+    guaranteed request may not grow more than F slots ahead of its computed tokens (this
+    step's progress counts): the engine contract its reservation is sized for.
     """
     check_op_count(len(ops))
     ended: set[str] = set()  # finished or aborted in this step
@@ -74,10 +77,11 @@ def validate_step(ops: StepOps, engine_id: str, find: Find, block_size: int) -> 
         _check_ends("finishes", ops.finishes, ended, engine_id, find)
     if ops.aborts:
         _check_ends("aborts", ops.aborts, ended, engine_id, find)
+    reported: dict[str, int] = {}  # computed tokens reported in this step, applied before grows
     if ops.progress:
-        _check_progress(ops.progress, ended, engine_id, find)
+        _check_progress(ops.progress, ended, reported, engine_id, find)
     if ops.grows:
-        _check_grows(ops.grows, ended, engine_id, find)
+        _check_grows(ops.grows, ended, reported, engine_id, find)
     if ops.submits:
         _check_submits(ops, find, block_size)
 
@@ -101,15 +105,16 @@ def _check_ends(name: str, ids: list[str], ended: set[str], engine_id: str, find
         ended.add(request_id)
 
 
-def _check_progress(progress: list[tuple[str, int]], ended: set[str], engine_id: str, find: Find) -> None:
-    reported: set[str] = set()
+def _check_progress(
+    progress: list[tuple[str, int]], ended: set[str], reported: dict[str, int], engine_id: str, find: Find
+) -> None:
     for i, (request_id, computed) in enumerate(progress):
         live = find(request_id)
         if live is None or live.spec.engine_id != engine_id:
             raise _not_owned("progress", i, request_id)
         if request_id in ended or request_id in reported:
             raise _invalid(f"progress[{i}].request_id", f"{request_id!r} appears twice in this step")
-        reported.add(request_id)
+        reported[request_id] = computed
         if live.status is not _RUNNING or live.num_computed <= computed <= live.num_tokens:
             continue
         if computed > live.num_tokens:
@@ -119,7 +124,9 @@ def _check_progress(progress: list[tuple[str, int]], ended: set[str], engine_id:
                        f"{computed} is below the {live.num_computed} already reported")
 
 
-def _check_grows(grows: list[tuple[str, int]], ended: set[str], engine_id: str, find: Find) -> None:
+def _check_grows(
+    grows: list[tuple[str, int]], ended: set[str], reported: dict[str, int], engine_id: str, find: Find
+) -> None:
     grown: set[str] = set()
     for i, (request_id, num_tokens) in enumerate(grows):
         live = find(request_id)
@@ -134,8 +141,17 @@ def _check_grows(grows: list[tuple[str, int]], ended: set[str], engine_id: str, 
                 f"{num_tokens} is past the request's maximum length {live.max_len} "
                 "(prompt + max_new_tokens, capped at max_model_len)",
             )
-        if num_tokens < live.num_tokens and live.status is _RUNNING:
+        if live.status is not _RUNNING:
+            continue
+        if num_tokens < live.num_tokens:
             raise _invalid(f"grows[{i}].num_tokens", f"{num_tokens} is below the {live.num_tokens} slots the request holds")
+        # Guaranteed: its window groups' reservation covers slots at most F ahead of what is
+        # computed (budget._worst_sliding); further is refused, so it is never denied instead.
+        limit = live.ahead_limit
+        if limit:
+            computed = reported.get(request_id, live.num_computed)
+            if num_tokens - computed > limit:
+                raise _invalid(f"grows[{i}].num_tokens", contract_broken(num_tokens, computed, limit))
 
 
 def _check_submits(ops: StepOps, find: Find, block_size: int) -> None:
