@@ -113,3 +113,15 @@ def test_a_malformed_engines_entry_names_its_key(tmp_path, entry, key) -> None:
     with pytest.raises(ConfigError) as info:
         load_roles(path)
     assert key in str(info.value)
+
+
+def test_a_certificate_name_carries_its_engine_ids(tmp_path) -> None:
+    from kvbudget.daemon.server.auth import Authorizer, Role
+
+    path = tmp_path / "tokens.toml"
+    path.write_text('[certificates]\nengine = [{ name = "vllm-0.gpu-3", engines = ["vllm-0"] }, "any-host"]\n')
+    roles = load_roles(path)
+    auth = Authorizer(roles.tokens, certificate_names=roles.certificate_names, engines=roles.engines)
+    caller = auth.check_caller("ipv4:127.0.0.1:5000", [], Role.ENGINE, [b"vllm-0.gpu-3"])
+    assert (caller.credential, caller.engines) == ("certificate:vllm-0.gpu-3", ("vllm-0",))
+    assert auth.check_caller("ipv4:127.0.0.1:5000", [], Role.ENGINE, [b"any-host"]).engines is None
