@@ -10,6 +10,8 @@ meaning (any engine id).
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -18,7 +20,7 @@ from kvbudget.daemon.config.settings import ConfigError
 from kvbudget.daemon.config.tokens_file import load_roles
 from kvbudget.v1 import engine_pb2, engine_pb2_grpc
 
-from daemon_harness import DaemonProcess
+from daemon_harness import DEFAULT_ARGS, DaemonProcess
 
 pytestmark = pytest.mark.slow
 Code = grpc.StatusCode
@@ -125,3 +127,16 @@ def test_a_certificate_name_carries_its_engine_ids(tmp_path) -> None:
     caller = auth.check_caller("ipv4:127.0.0.1:5000", [], Role.ENGINE, [b"vllm-0.gpu-3"])
     assert (caller.credential, caller.engines) == ("certificate:vllm-0.gpu-3", ("vllm-0",))
     assert auth.check_caller("ipv4:127.0.0.1:5000", [], Role.ENGINE, [b"any-host"]).engines is None
+
+
+def test_check_config_says_a_bad_engines_list_in_one_line(tmp_path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('engine = [{ token = "engine-A-token-1", engines = "engine-A" }]\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbudget", "daemon", *DEFAULT_ARGS, "--db-path", str(tmp_path / "d.db"),
+         "--listen", f"unix://{tmp_path}/s.sock", "--tokens-file", str(tokens), "--check-config"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "engine[0].engines: must be a list of engine ids" in line
