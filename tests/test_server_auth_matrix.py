@@ -157,7 +157,9 @@ def test_tcp_every_rpc_gets_exactly_what_the_callers_role_allows(daemon, caller)
         code, details = _outcome(channels["tcp"], rpc, metadata)
         expected = Code.UNAUTHENTICATED if role is None else (None if needed in _GRANTS[role] else Code.PERMISSION_DENIED)
         if expected is None:
-            if code in AUTH_CODES:
+            # (Past the role check, the identity check may refuse: the callers here take turns
+            # replacing one engine id's session. Its own test: test_server_identity.py.)
+            if code in AUTH_CODES and not details.startswith("replace_existing:"):
                 wrong.append(f"{rpc}: {code.name} {details!r}, expected to pass the role check")
         elif code != expected:
             wrong.append(f"{rpc}: {code.name} {details!r}, expected {expected.name}")

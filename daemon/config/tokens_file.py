@@ -1,6 +1,7 @@
 """The tokens file (`server.tokens_file`): who may call the daemon over TCP, in which role,
-by token or (mutual TLS) by client certificate name. Every mistake is a `ConfigError`
-naming the file's own key (`admin[1]`); read at start and on SIGHUP."""
+by token or (mutual TLS) by client certificate name, and which engine ids each may open.
+Every mistake is a `ConfigError` naming the file's own key (`admin[1]`); read at start and
+on SIGHUP."""
 
 from __future__ import annotations
 
@@ -24,11 +25,16 @@ class Roles:
 
     tokens: dict[str, str]
     certificate_names: dict[str, str] = field(default_factory=dict)
+    # ("token", token) or ("certificate", name) -> the engine ids it may open (fnmatch
+    # patterns, `pfx-*`); a credential not here may open any (the meaning before the list).
+    engines: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
 
 def load_roles(path: str | os.PathLike[str]) -> Roles:
     """The tokens file: `engine = [...]`, `observer = [...]`, `admin = [...]` tokens, and
-    optionally a `[certificates]` table of the same three lists of certificate names.
+    optionally a `[certificates]` table of the same three lists of certificate names. An
+    entry is a string, or a table that also says which engine ids it may open:
+    `{ token = "...", engines = ["engine-A", "pfx-*"] }` (`name = ` under [certificates]).
 
     Keys of the error are the file's own keys (`engine`, `admin[1]`,
     `certificates.observer[0]`) so the operator knows which line to fix; a token or name
@@ -40,8 +46,10 @@ def load_roles(path: str | os.PathLike[str]) -> Roles:
     if not isinstance(names, dict):
         raise ConfigError(CERTIFICATES_TABLE, 'must be a table: [certificates] then engine = ["NAME", ...]',
                           source=source)
-    tokens = _by_role(document, "", "token", _token_problem, source)
-    return Roles(tokens, _by_role(names, f"{CERTIFICATES_TABLE}.", "certificate name", _name_problem, source))
+    engines: dict[tuple[str, str], tuple[str, ...]] = {}
+    tokens = _by_role(document, "", "token", _token_problem, source, engines)
+    certificate_names = _by_role(names, f"{CERTIFICATES_TABLE}.", "certificate name", _name_problem, source, engines)
+    return Roles(tokens, certificate_names, engines)
 
 
 def tokens_file_warnings(path: str | os.PathLike[str], roles: Roles) -> list[str]:
@@ -76,17 +84,23 @@ def _name_problem(name: str) -> str | None:
 
 
 def _by_role(
-    table: Mapping[str, object], prefix: str, what: str, problem: Callable[[str], str | None], source: str
+    table: Mapping[str, object], prefix: str, what: str, problem: Callable[[str], str | None], source: str,
+    engines: dict[tuple[str, str], tuple[str, ...]],
 ) -> dict[str, str]:
-    """value -> role from `role = [values]` lines; ConfigError names the line's key."""
+    """value -> role from `role = [values]` lines, and into `engines` what the table entries
+    allow; ConfigError names the line's key."""
     found: dict[str, str] = {}
+    kind, field_name = ("certificate", "name") if prefix else ("token", "token")
     for role, listed in table.items():
         if role not in ROLES:
             raise ConfigError(f"{prefix}{role}", f"unknown role {role!r} (expected: {', '.join(ROLES)})", source=source)
-        if not isinstance(listed, list) or not all(isinstance(value, str) for value in listed):
+        if not isinstance(listed, list) or not all(isinstance(value, (str, dict)) for value in listed):
             raise ConfigError(f"{prefix}{role}", f"must be a list of {what} strings", source=source)
-        for index, value in enumerate(listed):
+        for index, entry in enumerate(listed):
             key = f"{prefix}{role}[{index}]"
+            value, allowed = _entry(entry, key, field_name, what, source)
+            if allowed is not None:
+                engines[(kind, value)] = allowed
             why = problem(value)
             if why is not None:
                 raise ConfigError(key, why, source=source)
@@ -94,3 +108,24 @@ def _by_role(
                 raise ConfigError(key, f"{what} already listed for role {found[value]!r}", source=source)
             found[value] = role
     return found
+
+
+def _entry(entry: object, key: str, field_name: str, what: str, source: str) -> tuple[str, tuple[str, ...] | None]:
+    """(value, engine id patterns or None) of one list entry: a string, or a table
+    `{ token = "...", engines = [...] }`."""
+    if isinstance(entry, str):
+        return entry, None
+    assert isinstance(entry, dict)
+    unknown = sorted(set(entry) - {field_name, "engines"})
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", f"unknown key (expected: {field_name}, engines)", source=source)
+    value = entry.get(field_name)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}.{field_name}", f"required: the {what} string", source=source)
+    allowed = entry.get("engines")
+    if allowed is None:
+        return value, None
+    if not isinstance(allowed, list) or not all(isinstance(p, str) and p.strip() == p and p for p in allowed):
+        raise ConfigError(f"{key}.engines", 'must be a list of engine ids or patterns ("engine-A", "pfx-*")',
+                          source=source)
+    return value, tuple(allowed)

@@ -1,12 +1,16 @@
 """Who may call what: unix-socket callers are trusted (the socket's mode is the guard); a
 TCP caller needs a role, from a bearer token (compared in constant time) or, with mutual
-TLS, from its client certificate's name. A malformed or doubled header is UNAUTHENTICATED."""
+TLS, from its client certificate's name. A malformed or doubled header is UNAUTHENTICATED.
+The credential that let a caller in is its identity (`Caller`): which engine ids it may open
+and which sessions it may use (`identity.py`)."""
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import grpc
 
@@ -25,7 +29,21 @@ _GRANTS: dict[Role, frozenset[Role]] = {
 }
 
 
-_ADMIN = Role.ADMIN  # enum member lookups are slow on Python 3.11; this runs per call
+TRUSTED = "trusted"  # the credential of every unix-socket caller (and of TCP with no tokens file)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who called: the role, the credential that let it in (`TRUSTED`, `token:<digest>`,
+    `certificate:<name>`: never the token itself), and the engine ids it may open (fnmatch
+    patterns; None: any, a token listed without `engines`)."""
+
+    role: Role
+    credential: str
+    engines: tuple[str, ...] | None = None
+
+
+_TRUSTED_CALLER = Caller(Role.ADMIN, TRUSTED)
 
 
 class AuthError(Exception):
@@ -71,20 +89,20 @@ class Authorizer:
 
     def __init__(
         self, tokens: Mapping[str, str] | None, *, certificate_names: Mapping[str, str] | None = None,
-        trust_tcp: bool = False,
+        engines: Mapping[tuple[str, str], tuple[str, ...]] | None = None, trust_tcp: bool = False,
     ) -> None:
         """`trust_tcp`: TCP callers get full access without a token (no tokens file: TLS,
         or mutual TLS, or the explicit allow_insecure_tcp opt-in; the config refuses TCP
-        otherwise). `certificate_names`: client certificate name -> role (mutual TLS)."""
-        self._tokens = [(token.encode(), Role(role)) for token, role in (tokens or {}).items()]
-        self._names = _by_name(certificate_names)
+        otherwise). `certificate_names`: client certificate name -> role (mutual TLS).
+        `engines`: ("token" | "certificate", value) -> the engine ids it may open."""
+        self._tokens, self._names = _tables(tokens, certificate_names, engines)
         self._trust_tcp = trust_tcp
 
-    def replace_tokens(self, tokens: Mapping[str, str], certificate_names: Mapping[str, str] | None = None) -> None:
+    def replace_tokens(self, tokens: Mapping[str, str], certificate_names: Mapping[str, str] | None = None,
+                       engines: Mapping[tuple[str, str], tuple[str, ...]] | None = None) -> None:
         """New tokens and certificate names from now on (a reload); calls already let in
         keep going. A call checks against the old tables or the new, never a mix."""
-        self._tokens, self._names = [(token.encode(), Role(role)) for token, role in tokens.items()], _by_name(
-            certificate_names)
+        self._tokens, self._names = _tables(tokens, certificate_names, engines)
 
     @property
     def trusts_everyone(self) -> bool:
@@ -93,8 +111,11 @@ class Authorizer:
 
     def role_of(self, peer: str, metadata: object, peer_names: Iterable[bytes] = ()) -> Role:
         """`peer_names`: the names in the caller's verified client certificate (mutual TLS)."""
+        return self.caller_of(peer, metadata, peer_names).role
+
+    def caller_of(self, peer: str, metadata: object, peer_names: Iterable[bytes] = ()) -> Caller:
         if self._trust_tcp or is_local_peer(peer):
-            return Role.ADMIN
+            return _TRUSTED_CALLER
         problem = _header_problem(metadata)
         if problem is not None:
             # Refused before a certificate's name is looked at: a credential sent decides,
@@ -104,57 +125,77 @@ class Authorizer:
         if token is None:
             names = self._names
             for name in peer_names if names else ():
-                role = names.get(name)
-                if role is not None:
-                    return role
+                known = names.get(name)
+                if known is not None:
+                    return known
             if names:
                 raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: bearer token required "
                                 f"(or a client certificate the tokens file's [certificates] names; {_shown(peer_names)})")
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: bearer token required")
-        found: Role | None = None
+        found: Caller | None = None
         candidate = token.encode()
-        for known, role in self._tokens:  # no early exit: constant time over the table
+        for known, caller in self._tokens:  # no early exit: constant time over the table
             if hmac.compare_digest(known, candidate):
-                found = role
+                found = caller
         if found is None:
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: unknown token")
         return found
 
     def check(self, peer: str, metadata: object, needed: Role, peer_names: Iterable[bytes] = ()) -> Role:
-        role = self.role_of(peer, metadata, peer_names)
-        if needed not in _GRANTS[role]:
+        return self.check_caller(peer, metadata, needed, peer_names).role
+
+    def check_caller(self, peer: str, metadata: object, needed: Role, peer_names: Iterable[bytes] = ()) -> Caller:
+        caller = self.caller_of(peer, metadata, peer_names)
+        if needed not in _GRANTS[caller.role]:
             raise AuthError(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"authorization: role {role.value!r} may not call this ({needed.value} role needed)",
+                f"authorization: role {caller.role.value!r} may not call this ({needed.value} role needed)",
             )
-        return role
+        return caller
 
     async def require(self, context: grpc.aio.ServicerContext, needed: Role) -> Role:
+        return (await self.caller(context, needed)).role
+
+    async def caller(self, context: grpc.aio.ServicerContext, needed: Role) -> Caller:
         """Aborts the call with UNAUTHENTICATED / PERMISSION_DENIED when not allowed.
 
         Runs before every call: a trusted caller (every one when TCP is trusted, else a
         unix socket peer) is let through before the peer address or the metadata is read;
         grpc builds each on request (the metadata costs a few microseconds)."""
         if self._trust_tcp:
-            return _ADMIN
+            return _TRUSTED_CALLER
         peer = context.peer()
         if is_local_peer(peer):
-            return _ADMIN
+            return _TRUSTED_CALLER
         try:
             metadata = context.invocation_metadata()
             # The certificate's names only when they can decide (no token sent): grpc
             # builds the auth context anew on every request for it (~4 us).
             wants_names = self._names and bearer_token(metadata) is None
             names = _certificate_names(context.auth_context()) if wants_names else ()
-            return self.check(peer, metadata, needed, names)
+            return self.check_caller(peer, metadata, needed, names)
         except AuthError as exc:
             await context.abort(exc.code, str(exc))
             raise  # unreachable: abort raises
 
 
-def _by_name(certificate_names: Mapping[str, str] | None) -> dict[bytes, Role]:
-    # (bytes: as gRPC's auth context gives them)
-    return {name.encode(): Role(role) for name, role in (certificate_names or {}).items()}
+def _tables(
+    tokens: Mapping[str, str] | None, certificate_names: Mapping[str, str] | None,
+    engines: Mapping[tuple[str, str], tuple[str, ...]] | None,
+) -> tuple[list[tuple[bytes, Caller]], dict[bytes, Caller]]:
+    """The callers each token and certificate name (bytes: as gRPC's auth context gives
+    them) lets in. A token's credential is a digest of it: sessions keep it, never the token."""
+    engines = engines or {}
+    by_token = [
+        (token.encode(), Caller(Role(role), "token:" + hashlib.sha256(token.encode()).hexdigest()[:16],
+                                engines.get(("token", token))))
+        for token, role in (tokens or {}).items()
+    ]
+    by_name = {
+        name.encode(): Caller(Role(role), f"certificate:{name}", engines.get(("certificate", name)))
+        for name, role in (certificate_names or {}).items()
+    }
+    return by_token, by_name
 
 
 def _certificate_names(auth_context: Mapping[str, Iterable[bytes]]) -> list[bytes]:

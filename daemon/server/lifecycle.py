@@ -309,7 +309,7 @@ class Daemon:
         # TCP without a tokens file is trusted: only TLS (mutual or not) or allow_insecure_tcp
         # get here. With one, even one that lists no token, a TCP caller needs a role.
         roles = self.roles
-        auth = self._auth = Authorizer(roles.tokens, certificate_names=roles.certificate_names,
+        auth = self._auth = Authorizer(roles.tokens, certificate_names=roles.certificate_names, engines=roles.engines,
                                        trust_tcp=not config.tokens_file)
         server, self._listeners = build_server(config, core, health, auth, self._calls, self._certificate,
                                                on_drain=lambda: health.set_serving(False))

@@ -18,6 +18,7 @@ class Status(enum.Enum):
     NOT_FOUND = "not_found"
     ALREADY_EXISTS = "already_exists"
     FAILED_PRECONDITION = "failed_precondition"
+    PERMISSION_DENIED = "permission_denied"  # (identity.py: a credential using what is not its own)
     RESOURCE_EXHAUSTED = "resource_exhausted"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"

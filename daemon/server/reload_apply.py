@@ -40,7 +40,7 @@ async def apply_reload(
     core.log.max_bytes = target.retention_bytes
     core.sessions.default_ttl_s = target.lease_ttl_s  # new sessions; open ones keep theirs
     if plan.roles is not None and auth is not None:
-        auth.replace_tokens(plan.roles.tokens, plan.roles.certificate_names)
+        auth.replace_tokens(plan.roles.tokens, plan.roles.certificate_names, plan.roles.engines)
     if certificate is not None and (plan.certificate or plan.client_ca) is not None:
         certificate.replace(plan.certificate, plan.client_ca)  # new connections get them
     warn_if_expired(plan.certificate, plan.client_ca)

@@ -17,6 +17,7 @@ import grpc
 
 from kvbudget.daemon.core.records import DecisionKind
 from kvbudget.daemon.server.auth import Authorizer, Role
+from kvbudget.daemon.server.identity import check_may_open, check_owner
 from kvbudget.daemon.server.refusal import Refused, Status
 from kvbudget.daemon.server.service import CoreService
 from kvbudget.daemon.server.watch import TooManyWatchers
@@ -62,10 +63,14 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     @answers
     async def OpenSession(self, request, context):
-        await self.auth.require(context, Role.ENGINE)
+        caller = await self.auth.caller(context, Role.ENGINE)
+        sessions = self.core.sessions
+        check_may_open(caller, request.engine_id, sessions.of_engine(request.engine_id), request.replace_existing,
+                       sessions.clock.now())
         session = await self.core.open_session(
             request.engine_id, request.lease_ttl_s, request.model_fingerprint, request.replace_existing
         )
+        session.owner = caller.credential  # (no await since it opened: no call has seen it yet)
         return engine_pb2.OpenSessionResponse(
             session_id=session.session_id,
             plan=self.core.plan,
@@ -74,16 +79,17 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     async def Step(self, request, context):
         started = time.perf_counter()
-        if self._check_callers:
-            await self.auth.require(context, _ENGINE)
         try:
+            if self._check_callers:
+                check_owner(await self.auth.caller(context, _ENGINE), self.core.sessions.get(request.session_id))
             return await self._steps.step(request, started)
         except Refused as refused:
             await context.abort(STATUS_CODES[refused.status], refused.message)
 
     @answers
     async def Events(self, request, context):
-        await self.auth.require(context, Role.ENGINE)
+        caller = await self.auth.caller(context, Role.ENGINE)
+        check_owner(caller, self.core.sessions.get(request.session_id))
         session = self.core.live_session(request.session_id)
         replaced = asyncio.ensure_future(session.take_events().wait())
         get = None
@@ -118,13 +124,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     @answers
     async def Heartbeat(self, request, context):
-        await self.auth.require(context, Role.ENGINE)
+        caller = await self.auth.caller(context, Role.ENGINE)
+        check_owner(caller, self.core.sessions.get(request.session_id))
         session = self.core.live_session(request.session_id)
         return engine_pb2.HeartbeatResponse(lease_ttl_s=math.ceil(session.lease_ttl_s))
 
     @answers
     async def CloseSession(self, request, context):
-        await self.auth.require(context, Role.ENGINE)
+        caller = await self.auth.caller(context, Role.ENGINE)
+        check_owner(caller, self.core.sessions.get(request.session_id))
         session = self.core.live_session(request.session_id)
         decisions = await self.core.close_session(session)
         released = sum(1 for d in decisions if d.engine_id == session.engine_id and d.kind == DecisionKind.RELEASE)

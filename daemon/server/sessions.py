@@ -110,6 +110,9 @@ class Session:
     unanswered: UnansweredStep | None = None
     # The last numbered step (step_seq > 0) applied: a resend of it gets the same outcome
     last_step: KeptStep | None = None
+    # The credential that opened it (`auth.Caller.credential`): only it may use or replace
+    # the session (identity.py). "trusted": a unix-socket caller, or TCP without tokens.
+    owner: str = "trusted"
 
     def renew(self, lease_now: float) -> None:
         self.expires_at = lease_now + self.lease_ttl_s

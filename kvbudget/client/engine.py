@@ -17,6 +17,7 @@ import grpc
 
 from kvbudget.client.channel import open_channel, task_cancelling
 from kvbudget.client.messages import step_message
+from kvbudget.client.ordering import DecisionOrder
 from kvbudget.client.target import call_metadata
 from kvbudget.daemon.core.records import Decision, RequestSpec
 from kvbudget.daemon.wire import convert
@@ -135,11 +136,10 @@ class EngineClient:
         self._max_backoff = max_backoff_s
         self._step_resends = step_resends
         self._last_step_seq = 0  # steps are numbered (StepRequest.step_seq) so a resend is safe
-        # (session id, seq) of the last event yielded: the decision the daemon sends again,
-        # first, on the next stream (the last one ended as it wrote it) is heard once. Only
-        # that one: seqs on a stream need not grow (a too-large reply's decisions are put
-        # on it after others may have been)
-        self._event_seen: tuple[str, int] = ("", 0)
+        # What step() and events() return is in the daemon's order per request: one older
+        # than a decision already returned (an Events one overtaken by a Step reply), or
+        # heard twice (sent again first by a stream after a reconnect), is dropped.
+        self._order = DecisionOrder()
         # One step at a time, its resends included: the daemon keeps only the last numbered
         # step, so an overlapping step would be refused for its number (a lower one sent
         # second), or make the resend of the one before it "below this session's last step".
@@ -179,6 +179,7 @@ class EngineClient:
             request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
         )
         self.session_id = response.session_id
+        self._order.forget()  # (the old session's requests are gone)
         self.lease_ttl_s = response.lease_ttl_s
         self.plan = response.plan
         self.sessions_opened += 1
@@ -237,11 +238,12 @@ class EngineClient:
         admit_tokens: int | None = None,
         admit_seqs: int | None = None,
     ) -> list[Decision]:
-        """One scheduler step in one call; returns this engine's decisions, in order.
+        """One scheduler step in one call; returns this engine's decisions, in order, less
+        any older than one events() already returned for the same request.
         `admit_tokens` / `admit_seqs`: what the step can still start (None: no bound)."""
         message = step_message(self.session_id, submits, grows, progress, finishes, aborts, admit_tokens, admit_seqs)
         response = await self.step_raw(message)
-        return [convert.decision_from_proto(d) for d in response.decisions]
+        return self._order.fresh(convert.decision_from_proto(d) for d in response.decisions)
 
     async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
         """Sends one Step (numbered unless `request.step_seq` is set). Steps called while
@@ -328,7 +330,8 @@ class EngineClient:
                     backoff = min(self._max_backoff, backoff * 2)
 
     async def events(self) -> AsyncIterator[Decision]:
-        """Decisions taken later for this engine's requests, across reconnects, until close().
+        """Decisions taken later for this engine's requests, across reconnects, until close();
+        one older than a decision step() or events() returned for its request is dropped.
 
         One reader per session, as on the daemon: a newer `events()` iteration of this
         client takes over, and this one ends. close() ends it too (it does not raise)."""
@@ -339,16 +342,10 @@ class EngineClient:
                 engine_pb2.EventsRequest(session_id=self.session_id), metadata=self._metadata, wait_for_ready=True
             )
             try:
-                first = True
                 async for message in call:
                     backoff = 0.05
-                    seq = message.decision.seq
-                    if first and self._event_seen == (self.session_id, seq):
-                        first = False
-                        continue  # the last one heard, sent again first after a reconnect
-                    first = False
-                    self._event_seen = (self.session_id, seq)
-                    yield convert.decision_from_proto(message.decision)
+                    for decision in self._order.fresh((convert.decision_from_proto(message.decision),)):
+                        yield decision
             except grpc.aio.AioRpcError as error:
                 if self._closed:
                     return
