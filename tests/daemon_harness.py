@@ -7,6 +7,7 @@ and log are ready) and always stops the process when the test ends.
 from __future__ import annotations
 
 import os
+import socket
 import signal
 import sqlite3
 import subprocess
@@ -98,6 +99,13 @@ class DaemonProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    """A TCP port on the loopback nobody listens on now (the daemon binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05):

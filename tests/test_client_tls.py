@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from kvbudget.tui.source import Connected, Disconnected, Update, WatchSource
 from kvbudget.v1 import common_pb2, engine_pb2_grpc, observer_pb2, observer_pb2_grpc
 
 from certificates import make_ca, make_signed
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, free_port
 
 CLIENT_NAME = "kvbudget-client"  # the common name of the client certificate the CA signs
 TLS_VARIABLES = ("KVBUDGET_TLS_CA", "KVBUDGET_TLS_CERT", "KVBUDGET_TLS_KEY")
@@ -466,17 +465,12 @@ def test_the_replay_launcher_hands_its_tls_files_to_the_child(
 # ------------------------------------------------------------ a real daemon, TLS on TCP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_admin_and_a_live_replay_reach_a_real_daemon_over_tls(certs: Certificates, tmp_path: Path, capsys) -> None:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('admin = ["admin-token-123"]\n')
-    address = f"localhost:{_free_port()}"
+    address = f"localhost:{free_port()}"
     cert, key = certs.server
     listen = (f"unix://{tmp_path}/kvbudget.sock", address)
     daemon = DaemonProcess(tmp_path, "--tls-cert-file", str(cert), "--tls-key-file", str(key),

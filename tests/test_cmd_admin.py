@@ -20,7 +20,7 @@ from kvbudget.cli import main as cli
 from kvbudget.client import EngineClient
 from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, free_port
 
 pytestmark = pytest.mark.slow
 TOKENS = {"observer": "observer-token-123", "admin": "admin-token-123"}
@@ -380,18 +380,13 @@ async def test_drain_refuses_new_submits_lets_running_ones_finish(tmp_path, caps
 # ---------------------------------------------------------------- roles over TCP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def tcp(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("admin-tcp")
     tokens = workdir / "tokens.toml"
     tokens.write_text("".join(f'{role} = ["{token}"]\n' for role, token in TOKENS.items()))
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with DaemonProcess(workdir, "--tokens-file", str(tokens), listen=(f"unix://{workdir}/kvbudget.sock", address)) as p:
         yield p, address
 

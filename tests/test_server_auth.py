@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 
 import grpc
 import pytest
@@ -19,17 +18,12 @@ from kvbudget.v1 import (
 )
 
 from certificates import make_pair
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, free_port
 
 pytestmark = pytest.mark.slow
 Code = grpc.StatusCode
 TOKENS = {"engine": "engine-token-123", "observer": "observer-token-123", "admin": "admin-token-123"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def tcp(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("auth")
     tokens = workdir / "tokens.toml"
     tokens.write_text("".join(f'{role} = ["{token}"]\n' for role, token in TOKENS.items()))
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     process = DaemonProcess(workdir, "--tokens-file", str(tokens), listen=(f"unix://{workdir}/kvbudget.sock", address))
     with process:
         channel = grpc.insecure_channel(address)
@@ -112,7 +106,7 @@ def test_tls_listener_with_tokens(tmp_path) -> None:
     cert, key = make_pair(tmp_path, "daemon")  # (skipped, with its reason, where openssl is missing)
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(f'observer = ["{TOKENS["observer"]}"]\n')
-    address = f"localhost:{_free_port()}"
+    address = f"localhost:{free_port()}"
     with DaemonProcess(tmp_path, "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tokens-file",
                        str(tokens), listen=(f"unix://{tmp_path}/kvbudget.sock", address)):
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())

@@ -10,7 +10,6 @@ ever shows in the journal, the decision log, a snapshot or /metrics.
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import Callable
 
@@ -29,7 +28,7 @@ from kvbudget.v1 import (
     observer_pb2_grpc,
 )
 
-from daemon_harness import DaemonProcess, wait_until
+from daemon_harness import DaemonProcess, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 Code = grpc.StatusCode
@@ -39,11 +38,6 @@ SECRETS = (*TOKENS.values(), WRONG)
 AUTH_CODES = (Code.UNAUTHENTICATED, Code.PERMISSION_DENIED)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
@@ -51,7 +45,7 @@ def daemon(tmp_path_factory):
     tokens = workdir / "tokens.toml"
     tokens.write_text("".join(f'{role} = ["{token}"]\n' for role, token in TOKENS.items()))
     tokens.chmod(0o640)
-    tcp, metrics = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    tcp, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     process = DaemonProcess(workdir, "--tokens-file", str(tokens), "--metrics-address", metrics,
                             listen=(f"unix://{workdir}/kvbudget.sock", tcp))
     with process:

@@ -9,7 +9,6 @@ meaning (any engine id).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from kvbudget.daemon.config.settings import ConfigError
 from kvbudget.daemon.config.tokens_file import load_roles
 from kvbudget.v1 import engine_pb2, engine_pb2_grpc
 
-from daemon_harness import DEFAULT_ARGS, DaemonProcess
+from daemon_harness import DEFAULT_ARGS, DaemonProcess, free_port
 
 pytestmark = pytest.mark.slow
 Code = grpc.StatusCode
@@ -32,18 +31,13 @@ TOKENS_FILE = """engine = [
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("identity")
     tokens = workdir / "tokens.toml"
     tokens.write_text(TOKENS_FILE)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with DaemonProcess(workdir, "--tokens-file", str(tokens), listen=(f"unix://{workdir}/kvbudget.sock", address)):
         channel = grpc.insecure_channel(address)
         yield engine_pb2_grpc.EngineServiceStub(channel)

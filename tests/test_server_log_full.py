@@ -61,7 +61,8 @@ async def health(target: str) -> int:
 
 async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_itself(tmp_path) -> None:
     flag = tmp_path / "disk-is-full"
-    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "2049", env={"KVBUDGET_TEST_DISK_FULL": str(flag)})
+    # A long lease: the engine sends no heartbeats, and the waits for the disk below take seconds.
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "2049", env={"KVBUDGET_TEST_DISK_FULL": str(flag)}, lease_ttl_s=600)
     daemon.args[1:3] = ["-c", FULL_DISK_DAEMON]  # (in place of `-m kvbudget`)
     with daemon:
         engine = EngineClient(daemon.target, "e1", heartbeat=False)
@@ -155,9 +156,12 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
             await await_until(serving_again, timeout=30)
             logged = {r["request_id"]: r["kind"] for r in daemon.decision_rows() if r["request_id"].startswith("m")}
             assert list(logged) == [spec.request_id for spec in more]
-            await engine.step(aborts=[spec.request_id for spec in (*big, *more)])
-            # The reply it never took arrives on its Events stream instead: the decisions of
-            # that step, as logged (so an engine that gave up on it hears what it holds).
+            # Once it moves on (a next step, here an empty one), the reply it never took arrives
+            # on its Events stream instead: the decisions of that step, as logged (so an engine
+            # that gave up on it hears what it holds). The aborts come after reading them: the
+            # client drops a decision older than one it already returned for the same request
+            # (by seq), so after the aborts' releases these admissions would rightly not surface.
+            await engine.step()
             streamed = []
 
             async def stream_those() -> None:
@@ -169,6 +173,7 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
             await asyncio.wait_for(stream_those(), timeout=30)
             assert [(d.request_id, d.kind.value) for d in streamed] == list(logged.items())
             assert all(d.new_block_ids[0] for d in streamed)  # admitted: with the blocks they held
+            await engine.step(aborts=[spec.request_id for spec in (*big, *more)])
             await engine.step(submits=[RequestSpec("c", 100, 28)])
             snapshot = await observer.snapshot()
             assert snapshot.num_running == 2
@@ -219,7 +224,8 @@ async def test_a_really_full_disk_fails_a_write_and_the_daemon_resumes_once_ther
 
 async def test_a_daemon_stopped_while_its_log_cannot_write_stops_and_says_what_is_lost(tmp_path) -> None:
     flag = tmp_path / "disk-is-full"
-    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "2049", env={"KVBUDGET_TEST_DISK_FULL": str(flag)})
+    # A long lease: the engine sends no heartbeats, and the waits for the disk below take seconds.
+    daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "2049", env={"KVBUDGET_TEST_DISK_FULL": str(flag)}, lease_ttl_s=600)
     daemon.args[1:3] = ["-c", FULL_DISK_DAEMON]
     with daemon:
         engine = EngineClient(daemon.target, "e1", heartbeat=False)

@@ -8,7 +8,6 @@ anyone in."""
 from __future__ import annotations
 
 import signal
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -20,18 +19,13 @@ from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.v1 import admin_pb2, admin_pb2_grpc, common_pb2, observer_pb2, observer_pb2_grpc
 
 from certificates import make_ca, make_signed, new_connection, not_after_unix_s
-from daemon_harness import DaemonProcess, await_until
+from daemon_harness import DaemonProcess, await_until, free_port
 
 pytestmark = pytest.mark.slow
 
 OBSERVER_TOKEN = "observer-token-0123"
 ADMIN_TOKEN = "admin-token-0123456"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _channel(address: str, ca: Path, client: tuple[Path, Path]) -> grpc.aio.Channel:
@@ -71,8 +65,8 @@ async def test_with_tokens_a_client_needs_a_certificate_and_a_token_and_a_new_ca
     ca_file = tmp_path / "client-ca.pem"
     ca_file.write_bytes(ca[0].read_bytes())
     config = _config(tmp_path / "kvbudget.toml", server, ca_file, tokens)
-    address = f"localhost:{_free_port()}"
-    metrics_port = _free_port()
+    address = f"localhost:{free_port()}"
+    metrics_port = free_port()
 
     def client_ca_expiry() -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
@@ -118,7 +112,7 @@ async def test_without_tokens_every_client_the_ca_signed_is_admin(tmp_path) -> N
     oncall = make_signed(tmp_path, "oncall", ca, "oncall")
     stranger = make_signed(tmp_path, "stranger", other_ca, "oncall")  # the same name, another CA
     config = _config(tmp_path / "kvbudget.toml", server, ca[0])
-    address = f"localhost:{_free_port()}"
+    address = f"localhost:{free_port()}"
     with DaemonProcess(tmp_path, "--config", str(config), listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
         assert "has the admin role" not in daemon.stderr()  # the CA is the guard
         async with _channel(address, ca[0], oncall) as channel:
@@ -136,7 +130,7 @@ async def test_without_tokens_every_client_the_ca_signed_is_admin(tmp_path) -> N
 def test_tls_without_tokens_or_client_certificates_is_said_to_let_anyone_in(tmp_path) -> None:
     ca = make_ca(tmp_path, "ca")
     server = make_signed(tmp_path, "server", ca)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with DaemonProcess(tmp_path, "--tls-cert-file", str(server[0]), "--tls-key-file", str(server[1]),
                        listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
         assert (f"WARNING: listen {address}: TLS without tokens_file or tls_client_ca_file: every client "
@@ -154,7 +148,7 @@ async def test_the_tokens_file_gives_roles_to_certificate_names_and_a_reload_cha
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('[certificates]\nengine = ["vllm-0"]\nobserver = ["grafana"]\n')
     config = _config(tmp_path / "kvbudget.toml", server, ca[0], tokens)
-    address = f"localhost:{_free_port()}"
+    address = f"localhost:{free_port()}"
     with DaemonProcess(tmp_path, "--config", str(config), listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
         credentials = grpc.ssl_channel_credentials(ca[0].read_bytes(), vllm[1].read_bytes(), vllm[0].read_bytes())
         engine = EngineClient(address, "vllm-0", credentials=credentials, heartbeat=False)

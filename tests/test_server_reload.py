@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import urllib.request
 
 import grpc
@@ -14,7 +13,7 @@ from kvbudget.daemon.wire import convert
 from kvbudget.v1 import observer_pb2, observer_pb2_grpc
 
 from certificates import fingerprint, make_pair, new_connection, not_after_unix_s
-from daemon_harness import DaemonProcess, await_until, wait_until
+from daemon_harness import DaemonProcess, await_until, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -83,16 +82,11 @@ async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path)
     assert daemon.process.returncode == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_sighup_reads_the_tokens_file_again(tmp_path) -> None:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('observer = ["observer-token-old"]\n')
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with DaemonProcess(tmp_path, "--tokens-file", str(tokens),
                        listen=(f"unix://{tmp_path}/kvbudget.sock", address)) as daemon:
         with grpc.insecure_channel(address) as channel:
@@ -150,8 +144,8 @@ async def test_sighup_serves_a_renewed_tls_certificate_to_new_connections(tmp_pa
     first_fingerprint = fingerprint(cert)
     config = tmp_path / "kvbudget.toml"
     config.write_text(f"[server]\ntls_cert_file = '{cert}'\ntls_key_file = '{key}'\n")
-    address = f"localhost:{_free_port()}"
-    metrics_port = _free_port()
+    address = f"localhost:{free_port()}"
+    metrics_port = free_port()
 
     def expiry_metric() -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()

@@ -4,7 +4,6 @@ socket (whose mode is the guard) both answer everyone."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import grpc
@@ -12,14 +11,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.daemon_harness import DaemonProcess
+from daemon_harness import free_port
 
 TOKEN = "kvbt-observer-R3fl3x"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _services(channel: grpc.Channel, metadata: tuple = ()) -> set[str]:
@@ -35,7 +30,7 @@ def test_reflection_needs_a_token_over_tcp_and_health_does_not(tmp_path: Path) -
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(f'observer = ["{TOKEN}"]\n')
     tokens.chmod(0o640)
-    tcp = f"127.0.0.1:{_free_port()}"
+    tcp = f"127.0.0.1:{free_port()}"
     with DaemonProcess(tmp_path, "--tokens-file", str(tokens), listen=(f"unix://{tmp_path}/kvbudget.sock", tcp)) as d:
         with grpc.insecure_channel(tcp) as over_tcp, grpc.insecure_channel(d.target) as over_unix:
             for wrong in ((), (("authorization", "Bearer kvbt-wrong"),)):
