@@ -9,40 +9,23 @@ over the bytes per block of the fullest stage.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from test_estimate_cli import run, run_json
+from test_estimate_cli import write_config as write_llama_config
 
-KVBUDGET = [sys.executable, "-m", "kvbudget", "estimate"]
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*KVBUDGET, *args], capture_output=True, text=True, timeout=60, check=False)
-
-
-def run_json(*args: str) -> dict:
-    result = run(*args, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+# A small model whose figures are easy by hand: 10 layers, 16 query and 4 KV heads of 64.
+SMALL = {
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 10,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+}
 
 
 def write_config(tmp_path, **overrides) -> str:
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 1024,
-        "intermediate_size": 4096,
-        "num_hidden_layers": 10,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 64,
-        "max_position_embeddings": 8192,
-        "vocab_size": 32000,
-        "torch_dtype": "bfloat16",
-    }
-    cfg.update(overrides)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return write_llama_config(tmp_path, **{**SMALL, **overrides})
 
 
 def test_the_issues_worked_example_llama_70b_tp4():
