@@ -8,6 +8,7 @@ probe returns `present=False` with a note "no GPU: <why>" that callers can show 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -51,8 +52,12 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def probe_gpu(index: int = 0) -> GPUProbe:
-    """Memory of GPU `index` and the processes using it, as NVML reports them."""
+def probe_gpu(index: int = 0, visible: str | None = None) -> GPUProbe:
+    """Memory of GPU `index` and the processes using it, as NVML reports them. `index` is
+    CUDA's (`cuda:N`): the Nth of CUDA_VISIBLE_DEVICES (`visible`, default: the environment's)
+    where that is set, since NVML numbers every GPU of the host whatever CUDA is shown."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         nvml = importlib.import_module("pynvml")
     except Exception as exc:  # ImportError, or a broken install
@@ -62,7 +67,7 @@ def probe_gpu(index: int = 0) -> GPUProbe:
     except Exception as exc:
         return _absent(index, f"NVML unavailable ({_why(exc)})")
     try:
-        return _read_device(nvml, index)
+        return _read_device(nvml, index, visible)
     except Exception as exc:
         return _absent(index, f"NVML query failed ({_why(exc)})")
     finally:
@@ -72,13 +77,27 @@ def probe_gpu(index: int = 0) -> GPUProbe:
             pass
 
 
-def _read_device(nvml: ModuleType, index: int) -> GPUProbe:
+def _read_device(nvml: ModuleType, index: int, visible: str | None) -> GPUProbe:
     count = nvml.nvmlDeviceGetCount()
     if count <= 0:
         return _absent(index, "NVML sees no devices")
-    if not 0 <= index < count:
-        return _absent(index, f"GPU index {index} out of range (NVML sees {count})")
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    device, shown = str(index), ""
+    if visible is not None:
+        # CUDA reads the list up to its first entry that is not a device: so do we.
+        entries = []
+        for entry in (e.strip() for e in visible.split(",")):
+            if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+                break
+            entries.append(entry)
+        if not 0 <= index < len(entries):
+            return _absent(index, f"cuda:{index} is not in CUDA_VISIBLE_DEVICES={visible!r}")
+        device, shown = entries[index], f", CUDA_VISIBLE_DEVICES={visible}"
+    if device.startswith(("GPU-", "MIG-")):
+        handle = nvml.nvmlDeviceGetHandleByUUID(device)
+    elif 0 <= int(device) < count:
+        handle = nvml.nvmlDeviceGetHandleByIndex(int(device))
+    else:
+        return _absent(index, f"GPU index {device} out of range (NVML sees {count}{shown})")
     name = nvml.nvmlDeviceGetName(handle)
     if isinstance(name, bytes):  # older bindings return bytes
         name = name.decode(errors="replace")
@@ -91,7 +110,7 @@ def _read_device(nvml: ModuleType, index: int) -> GPUProbe:
         used_bytes=int(memory.used),
         free_bytes=int(memory.free),
         processes=_processes(nvml, handle),
-        note=f"NVML: {count} device(s)",
+        note=f"NVML: {count} device(s)" + (f", cuda:{index} is NVML's {device}{shown}" if shown else ""),
     )
 
 
