@@ -7,6 +7,7 @@ recorded verdict says, on series staged by hand, what `kvbudget doctor` would
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -194,3 +195,23 @@ def rule_annotations(alert: str, instance: str) -> dict[str, str]:
     name only the instance)."""
     rule = next(r for r in rules() if r.get("alert") == alert)
     return {key: text.replace("{{ $labels.instance }}", instance) for key, text in rule["annotations"].items()}
+
+
+def test_the_guides_scrape_config_loads_with_the_rules_and_labels_each_host(tmp_path: Path) -> None:
+    from doc_tables import doc_section
+
+    section = doc_section("A fleet in Prometheus and Grafana", RULES.parent.parent / "docs" / "operators-guide.md")
+    (config_text,) = re.findall(r"```yaml\n(# prometheus\.yml\n.*?)```", section, flags=re.S)
+    (tmp_path / "prometheus.yml").write_text(config_text)
+    shutil.copy(RULES, tmp_path / "kvbudget.rules.yml")
+    result = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+    (job,) = yaml.safe_load(config_text)["scrape_configs"]
+    assert job["job_name"] == "kvbudget"  # the job KVBudgetDown watches
+    (relabel,) = job["relabel_configs"]
+    # Prometheus anchors the regex and writes the first group (its default replacement, $1).
+    hosts = {re.fullmatch(relabel["regex"], target).group(1) for target in job["static_configs"][0]["targets"]}
+    assert (relabel["source_labels"], relabel["target_label"], hosts) == (
+        ["__address__"], "host", {"gpu-host-1", "gpu-host-2"}
+    )

@@ -66,7 +66,8 @@ def test_sdist_ships_license_and_deploy_files(sdist):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
         info = tar.extractfile(f"{path.name[:-len('.tar.gz')]}/PKG-INFO").read().decode()
     assert "LICENSE" in names
-    for f in ("kvbudget.service", "kvbudget.sysusers", "kvbudget.tmpfiles", "kvbudget.toml"):
+    for f in ("kvbudget.service", "kvbudget@.service", "kvbudget.sysusers", "kvbudget.tmpfiles", "kvbudget.toml",
+              "kvbudget.rules.yml", "grafana-kvbudget-fleet.json"):
         assert f"deploy/{f}" in names
     meta = email.parser.Parser().parsestr(info)
     assert meta["License-Expression"] == "Apache-2.0"
