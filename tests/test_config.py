@@ -149,7 +149,7 @@ MODEL = '[model]\nname = "llama-3.1-8b"\n'
          "metrics_address: a key outside any section; it belongs under [metrics], as address"),
         ("weight = 2\n" + MODEL, "weight", "weight: a key outside any section; it belongs under [tenants.NAME]"),
         ("colour = 2\n" + MODEL, "colour", "colour: a key outside any section, and no section has it "
-         "(sections: model, pool, admission, server, log, metrics, tenants)"),
+         "(sections: model, pool, parallel, admission, server, log, metrics, tenants)"),
         ("policy = { name = 'naive' }\n" + MODEL, "policy", "policy: unknown section [policy]"),  # (a table)
     ],
 )

@@ -18,6 +18,7 @@ from test_systemd_unit import MAX_EXPOSURE, UNIT, require, unit_settings
 from doc_tables import doc_section
 
 from kvbudget.daemon.config.loading import load_config
+from kvbudget.daemon.config.pool_setup import setup_pool
 
 TEMPLATE = UNIT.with_name("kvbudget@.service")
 TMPFILES = UNIT.with_name("kvbudget.tmpfiles")
@@ -148,7 +149,9 @@ def test_the_guides_instances_load_with_their_own_socket_log_and_port(tmp_path: 
         config = load_config(path)  # the daemon's own loader: every key known and valid
         assert config.listen == (f"unix:///run/kvbudget/{name}/kvbudget.sock",)  # its RuntimeDirectory
         assert config.db_path == f"/var/lib/kvbudget/{name}/decisions.db"  # its StateDirectory
-        assert (config.memory_mode, config.num_gpu_blocks, config.device) == ("accounting", 15_258, "cuda:0")
+        assert (config.memory_mode, config.device, config.tensor_parallel_size) == ("accounting", "cuda:0", 4)
+        # 20e9 B per GPU of 80 x 2 x 16 x 2 heads x 128 x 2 B = 1,310,720 B blocks: 15,258
+        assert setup_pool(config, gpu=None).num_blocks == 15_258
         ports.add(config.metrics_address)
     assert ports == {"127.0.0.1:9401", "127.0.0.1:9402"}
 

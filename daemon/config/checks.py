@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 
 from kvbudget.daemon.config.listen import check_server, parse_host_port
+from kvbudget.daemon.config.parallel import parallel_problem
 from kvbudget.daemon.config.settings import (
     MEMORY_MODES, ConfigError, DaemonConfig, Failure, TenantQuota, file_key, flag_name,
 )
@@ -97,6 +98,9 @@ def _check_pool(c: DaemonConfig, fail: Failure) -> None:
         raise fail("num_gpu_blocks", f"must be at most {MAX_WIRE_COUNT + 1}, got {c.num_gpu_blocks}")
     if c.max_num_batched_tokens > MAX_WIRE_COUNT:
         raise fail("max_num_batched_tokens", f"must be at most {MAX_WIRE_COUNT}, got {c.max_num_batched_tokens}")
+    problem = parallel_problem(c)  # (the layout against the model: pool_setup)
+    if problem is not None:
+        raise fail(*problem)
 
 
 def _check_memory_source(c: DaemonConfig, fail: Failure) -> None:

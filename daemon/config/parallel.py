@@ -21,7 +21,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from kvbudget.daemon.core.spec import KVCacheGroup, KVCacheLayout, LayerKind
+
+if TYPE_CHECKING:
+    from kvbudget.daemon.config.settings import DaemonConfig
 
 
 # Each message starts with the setting's config name, so a caller can spell it its way.
@@ -45,6 +50,37 @@ class Parallel:
     @property
     def is_single(self) -> bool:
         return self.gpus_per_engine == 1 and self.data == 1
+
+
+def parallel_problem(config: DaemonConfig) -> tuple[str, str] | None:
+    """(setting, message) for a layout the daemon cannot budget, or None. A daemon budgets
+    one engine's pool, the same block count on each of its GPUs: num_gpu_blocks, or a size
+    per GPU (kv_cache_memory_bytes, gpu_memory_bytes). Not yet: memory owned on several
+    GPUs, or several GPUs' memory read through NVML (the probe reads one)."""
+    tp, pp, dp = (getattr(config, name) for name in SETTINGS)
+    for name, value in zip(SETTINGS, (tp, pp, dp)):
+        if value < 1:
+            return name, f"must be at least 1, got {value}"
+    if dp > 1:
+        return "data_parallel_size", (
+            f"{dp} replicas are {dp} engines, each with its own pool: run one daemon per replica "
+            "(kvbudget@.service), each with data_parallel_size 1"
+        )
+    if tp * pp == 1:
+        return None
+    setting = "tensor_parallel_size" if tp > 1 else "pipeline_parallel_size"
+    layout = f"tensor {tp} x pipeline {pp} = {tp * pp} GPUs per engine"
+    if config.memory_mode == "owned":
+        return setting, (
+            f"{layout} need memory_mode accounting (the engine keeps its KV memory, the daemon "
+            "budgets its blocks): owned, the default, allocates the pool on one GPU"
+        )
+    if config.num_gpu_blocks is None and config.kv_cache_memory_bytes is None and config.gpu_memory_bytes is None:
+        return setting, (
+            f"{layout}: sizing by gpu_memory_utilization would read only the first GPU's memory "
+            "through NVML; give num_gpu_blocks, or kv_cache_memory_bytes or gpu_memory_bytes per GPU"
+        )
+    return None
 
 
 def stage_layers(num_layers: int, pp: int) -> list[range]:

@@ -3,10 +3,12 @@ a GPU and without an explicit size, a one-line error that says which setting to 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 from kvbudget.daemon.config import hf_config, sizing
+from kvbudget.daemon.config.parallel import Parallel, rank_layout, rank_weights
 from kvbudget.daemon.config.settings import DaemonConfig
 
 log = logging.getLogger("kvbudget.daemon")
@@ -45,6 +47,7 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         max_model_len = hf_config.resolve_max_model_len(model, config.max_model_len)
     except ValueError as exc:
         raise PoolSetupError(str(exc)) from None
+    model, parallel = _rank_model(model, config)
     layout = model.layout
     try:
         if config.num_gpu_blocks is not None:
@@ -65,7 +68,8 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             sized = sizing.size_from_gpu_memory(
                 layout,
                 gpu_total_bytes=total,
-                weights_bytes=weights if weights is not None else model.weights.weight_bytes,
+                # given: one GPU's (vLLM's "Model loading took" of one worker); else split evenly
+                weights_bytes=weights if weights is not None else rank_weights(model.weights.weight_bytes, parallel),
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 activation_reserve_bytes=config.activation_reserve_bytes or 0,
                 weights_estimated=weights is None,
@@ -81,6 +85,17 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             f"the pool gets {sized.num_blocks} blocks{short}; it needs at least 2 (one is the null block): {lower}"
         )
     return PoolSetup(model, sized, max_model_len)
+
+
+def _rank_model(model: hf_config.ModelInfo, config: DaemonConfig) -> tuple[hf_config.ModelInfo, Parallel]:
+    """The model as one GPU of a tensor / pipeline parallel engine holds it (its pages and
+    blocks: what the pool is sized by; a request's blocks do not change)."""
+    parallel = Parallel(config.tensor_parallel_size, config.pipeline_parallel_size)
+    try:
+        layout = rank_layout(model.layout, parallel)
+    except ValueError as exc:  # (names the setting: the layout does not fit the model)
+        raise PoolSetupError(str(exc)) from None
+    return dataclasses.replace(model, layout=layout), parallel
 
 
 def unservable(setup: PoolSetup, max_num_batched_tokens: int) -> str:

@@ -62,6 +62,10 @@ class DaemonConfig:
     weights_bytes: int | None = None  # None: from the model's parameter count
     activation_reserve_bytes: int | None = None  # None: sizing's estimate
     gpu_probe_interval_s: float = 5.0
+    # [parallel] the engine's layout, vLLM's names (daemon/config/parallel.py)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1  # more than 1: refused, one daemon per replica
     # [admission]
     policy: str = "optimistic"
     admit_on: str = "whole_prompt"  # optimistic: "whole_prompt" (vLLM's default) or "first_chunk"
@@ -158,6 +162,9 @@ KEYS: tuple[Key, ...] = (
     Key("pool", "weights_bytes", "weights_bytes", Size, optional=True),
     Key("pool", "activation_reserve_bytes", "activation_reserve_bytes", Size, optional=True),
     Key("pool", "gpu_probe_interval_s", "gpu_probe_interval_s", float),
+    Key("parallel", "tensor_parallel_size", "tensor_parallel_size", int),
+    Key("parallel", "pipeline_parallel_size", "pipeline_parallel_size", int),
+    Key("parallel", "data_parallel_size", "data_parallel_size", int),
     Key("admission", "policy", "policy", str),
     Key("admission", "admit_on", "admit_on", str),
     Key("admission", "enable_prefix_caching", "enable_prefix_caching", bool),
