@@ -21,6 +21,9 @@ from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool
 from kvbudget.daemon.config.settings import ConfigError
 from kvbudget.daemon.core.budget import request_worst_case
 
+from kvbudget.client import ObserverClient
+
+from daemon_harness import DaemonProcess
 from test_estimate_cli import run_json
 
 MODEL = '[model]\nname = "llama-3.1-70b"\nmax_model_len = 32768\n'
@@ -122,3 +125,15 @@ def test_the_flags_one_line_and_exit_2(tmp_path: Path) -> None:
                          "--kv-cache-memory-bytes", "20e9"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "15258 blocks of 16 tokens" in ok.stdout
+
+
+@pytest.mark.slow
+async def test_a_running_daemon_plans_one_gpu_of_the_engine(tmp_path: Path) -> None:
+    # llama-3.1-8b (32 layers, 8 KV heads of 128) at tensor parallel 4: 2 heads a rank, a
+    # page of 16 x 2 x 2 x 128 x 2 B = 16,384 B, a block of 32 pages = 524,288 B (2,097,152
+    # on one GPU); the harness's 65 blocks (64 usable, the plan's count) are the engine's,
+    # whatever the layout.
+    with DaemonProcess(tmp_path, "--tensor-parallel-size", "4") as daemon:
+        async with ObserverClient(daemon.target) as observer:
+            plan = (await observer.snapshot()).plan
+    assert (plan.page_size_bytes, plan.bytes_per_block, plan.num_blocks) == (16_384, 524_288, 64)
