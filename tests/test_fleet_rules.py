@@ -215,3 +215,19 @@ def test_the_guides_scrape_config_loads_with_the_rules_and_labels_each_host(tmp_
     assert (relabel["source_labels"], relabel["target_label"], hosts) == (
         ["__address__"], "host", {"gpu-host-1", "gpu-host-2"}
     )
+
+
+def test_the_guides_alert_examples_name_only_what_the_daemon_exports() -> None:
+    """The alerts the guide's Prometheus section lists (the rules file has them all) read
+    as well as the file's do."""
+    from doc_tables import doc_section
+
+    promql()
+    section = doc_section("Prometheus", RULES.parent.parent / "docs" / "operators-guide.md")
+    (block,) = re.findall(r"```yaml\n(- alert:.*?)```", section, flags=re.S)
+    examples = yaml.safe_load(block)
+    assert len(examples) >= 8
+    known = exported_series()
+    for alert in examples:
+        assert problems(alert["expr"], known) == [], alert["alert"]
+    assert {a["alert"] for a in examples} <= {r.get("alert") for r in rules()}
