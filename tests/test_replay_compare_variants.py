@@ -105,3 +105,14 @@ def test_report_plots_preemptions_and_agrees_with_the_json(tmp_path):
         series = [s["preemptions"] for s in run["samples"]]
         assert series == sorted(series) and series[-1] == run["summary"]["preemptions"]
     assert report[1]["summary"]["preemptions"] > 0
+
+
+def test_a_slow_run_does_not_squeeze_the_others_time_axis():
+    from kvbudget.traces.report import time_axis_end
+
+    # naive at 2,677.52 s against the others' 140.9-188.2 s (Azure, llama31_8b, 2,499
+    # blocks): the axis ends 5% past 188.166 s, guaranteed's makespan.
+    assert time_axis_end([2677.52, 140.863, 188.166, 153.018, 144.093]) == 188.166 * 1.05
+    assert time_axis_end([100.0, 2000.0]) == 105.0
+    assert time_axis_end([100.0, 250.0, 600.0]) is None  # no gap of 3x: the whole axis
+    assert time_axis_end([0.0, 100.0]) is None and time_axis_end([]) is None

@@ -48,7 +48,7 @@ def write_report(results: list[ReplayResult], out_dir: str | Path, *, name: str 
 
     makespans = [float(r.summary.get("makespan_s") or 0.0) for r in results]  # type: ignore[arg-type]
     end = time_axis_end(makespans)
-    figure, axes = plt.subplots(len(PANELS), 1, figsize=(10, 2.4 * len(PANELS)), sharex=True)
+    figure, axes = plt.subplots(len(PANELS), 1, figsize=(12, 2.4 * len(PANELS)), sharex=True)
     tops = [0.0] * len(PANELS)
     for result, makespan in zip(results, makespans):
         label = result.label
@@ -65,7 +65,8 @@ def write_report(results: list[ReplayResult], out_dir: str | Path, *, name: str 
         axis.grid(True, alpha=0.3)
         if end is not None:  # the y range of what is shown, not of the cut-off tail
             axis.set_ylim(0, top * 1.05 or 1)
-    axes[0].legend(loc="upper right", fontsize="small")
+    # Beside the plots, not over the lines.
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     if end is not None:
         axes[-1].set_xlim(0, end)
         axes[-1].set_xlabel(f"replay time (s), cut at {end:,.0f} s: the runs marked 'cut' go on")
@@ -77,7 +78,8 @@ def write_report(results: list[ReplayResult], out_dir: str | Path, *, name: str 
         fontsize="medium",
     )
     figure.tight_layout()
-    figure.savefig(png, dpi=110, metadata={"Software": None})  # (no version stamp: same run, same file)
+    # No version stamp in the file: the same run writes the same bytes.
+    figure.savefig(png, dpi=100, bbox_inches="tight", metadata={"Software": None})
     plt.close(figure)
 
     payload = [
