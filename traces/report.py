@@ -51,9 +51,10 @@ def write_report(results: list[ReplayResult], out_dir: str | Path, *, name: str 
     figure, axes = plt.subplots(len(PANELS), 1, figsize=(12, 2.4 * len(PANELS)), sharex=True)
     tops = [0.0] * len(PANELS)
     for result, makespan in zip(results, makespans):
-        label = result.label
+        # The totals in the legend: runs with no preemption all lie on the panel's axis.
+        label = f"{result.label}: {result.summary.get('preemptions', 0):,} preemptions"
         if end is not None and makespan > end:
-            label += f" (makespan {makespan:,.0f} s, cut)"
+            label += f", makespan {makespan:,.0f} s (cut)"
         shown = [s for s in result.samples if end is None or s.time_s <= end]
         times = [s.time_s for s in result.samples]
         for i, (axis, (field, _)) in enumerate(zip(axes, PANELS)):
