@@ -73,7 +73,7 @@ def test_the_table_names_each_variant():
         ("optimistic:backfill_depth=x", "--compare 'optimistic:backfill_depth=x': backfill_depth: expected an integer, got 'x'"),
         ("optimistic:watermark=lots", "--compare 'optimistic:watermark=lots': watermark: expected a number"),
         ("optimistic:grow_ahead_blocks=-1", "--compare 'optimistic:grow_ahead_blocks=-1': grow_ahead_blocks: must be >= 0"),
-        ("a=optimistic:backfill_depth=-1", "--compare 'a': backfill_depth: backfill_depth: must not be negative"),
+        ("a=optimistic:backfill_depth=-1", "--compare 'a': backfill_depth: must not be negative, got -1"),
         ("optimistic:backfill_depth=1:backfill_depth=2", "backfill_depth is given twice"),
         ("optimistic,optimistic", "--compare: 'optimistic' is given twice; name one of them"),
         ("=optimistic", "--compare '=optimistic': empty name before '='"),
