@@ -52,6 +52,11 @@ class ReplayResult:
     def policy(self) -> str:
         return str(self.summary.get("policy", ""))
 
+    @property
+    def label(self) -> str:
+        """The run's name in tables and plots: its --compare label, else its policy."""
+        return str(self.summary.get("variant") or self.policy or self.summary.get("mode", "replay"))
+
     def to_json(self) -> dict[str, object]:
         return dict(self.summary)
 
@@ -100,7 +105,21 @@ def summarize(
     }
     if mode == "live":
         summary["decisions"] = run.decisions
+    else:
+        summary["settings"] = run_settings(setup)
     return ReplayResult(summary, tuple(run.samples))
+
+
+def run_settings(setup: ReplaySetup) -> dict[str, object]:
+    """The admission settings that differ from the daemon's defaults (however given: a
+    config file, --set, a --compare run), and the engine's grow-ahead."""
+    from dataclasses import fields
+
+    from kvbudget.daemon.core.admission import AdmissionConfig
+
+    defaults = {f.name: f.default for f in fields(AdmissionConfig)}
+    given = {k: v for k, v in sorted(setup.admission) if defaults.get(k) != v}
+    return {**given, "grow_ahead_blocks": setup.engine.grow_ahead_blocks}
 
 
 # ---------------------------------------------------------------------- rendering
@@ -120,10 +139,14 @@ def render_table(results: list[ReplayResult]):
 
     first = results[0].summary
     title = f"{first.get('trace', '')} · {first.get('model', '')} · {first.get('num_blocks')} blocks"
+    if "variant" in first:
+        title += f" · {first.get('mode')}"
     table = Table(title=title, title_justify="left")
     table.add_column("")
     for r in results:
-        table.add_column(f"{r.policy or '?'} ({r.summary.get('mode')})", justify="right")
+        # --compare's runs by their labels (the mode is in the title), a lone run by its policy
+        table.add_column(r.label if "variant" in r.summary else f"{r.policy or '?'} ({r.summary.get('mode')})",
+                         justify="right")  # fmt: skip
     for key in TABLE_ROWS:
         if not any(key in r.summary for r in results):
             continue

@@ -41,6 +41,7 @@ class Sample:
     running: int
     waiting: int
     kv_usage: float
+    preemptions: int = 0  # so far in the run
 
 
 @dataclass
@@ -65,9 +66,10 @@ class _Meter:
     """A run's time series and time-weighted areas, read before each step."""
 
     __slots__ = ("capacity", "interval", "samples", "last_t", "next_sample", "running_area",
-                 "usage_area", "peak_running")  # fmt: skip
+                 "usage_area", "peak_running", "by_kind")  # fmt: skip
 
-    def __init__(self, capacity: int, interval: float) -> None:
+    def __init__(self, capacity: int, interval: float, by_kind: dict[str, int]) -> None:
+        self.by_kind = by_kind  # the run's decision counts, read only when a sample is taken
         self.capacity = capacity
         self.interval = interval
         self.samples: list[Sample] = []
@@ -82,7 +84,7 @@ class _Meter:
             self.usage_area += usage * (now - self.last_t)
             self.last_t = now
         if now >= self.next_sample:
-            self.samples.append(Sample(now, free, running, sum(e.waiting() for e in engines), usage))
+            self.samples.append(self._sample(now, free, running, engines, usage))
             self.next_sample = now + self.interval
 
     def close(self, end: float, free: int, running: int, engines: list[SimEngine]) -> None:
@@ -91,7 +93,11 @@ class _Meter:
         if end > self.last_t:
             self.running_area += running * (end - self.last_t)
             self.usage_area += usage * (end - self.last_t)
-        self.samples.append(Sample(end, free, running, sum(e.waiting() for e in engines), usage))
+        self.samples.append(self._sample(end, free, running, engines, usage))
+
+    def _sample(self, now: float, free: int, running: int, engines: list[SimEngine], usage: float) -> Sample:
+        waiting = sum(e.waiting() for e in engines)
+        return Sample(now, free, running, waiting, usage, self.by_kind.get("preempt", 0))
 
 
 ProgressHook = Callable[[int, int, float], None]  # (done, total, virtual now)
@@ -197,7 +203,7 @@ class Simulation:
         engines = self.engines
         for engine in engines:
             yield ("open", engine.engine_id, None, 0.0)
-        meter = _Meter(max(1, capacity), self.sample_interval_s)
+        meter = _Meter(max(1, capacity), self.sample_interval_s, self.decisions_by_kind)
         yield from self._steps(num_free_blocks, meter)
         # Release the requests that finished in the very last steps.
         for engine in engines:

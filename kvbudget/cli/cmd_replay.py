@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from kvbudget.cli import replay_live, replay_offline
-from kvbudget.cli.replay_flags import POLICY_NAMES, chosen_policies, int_flag
+from kvbudget.cli.replay_flags import POLICY_NAMES, int_flag
 from kvbudget.cli.replay_offline import DEFAULT_MODEL
+from kvbudget.cli.replay_variants import SYNTAX, chosen_variants
 from kvbudget.client.errors import CLIError
 from kvbudget.client.target import add_target_arguments, check_target, resolve_target, resolve_token
 from kvbudget.client.tls import channel_credentials, resolve_tls
@@ -62,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(where, token_help="live: bearer token for a TCP daemon")
     where.add_argument("--policy", choices=POLICY_NAMES,
                        help="offline: the policy (optimistic); live: switch the daemon to it first")  # fmt: skip
-    where.add_argument("--compare", metavar="P1,P2,...", help="offline: run each policy on the same setup")
+    where.add_argument("--compare", metavar=f"{SYNTAX},...",
+                       help="offline: run each policy, with its own settings if given, on the same setup")
     model = parser.add_argument_group("model and pool (offline only; live: the daemon's plan)")
     model.add_argument("--model", metavar="PRESET|PATH", help=f"model preset or config.json ({DEFAULT_MODEL})")
     model.add_argument("--num-gpu-blocks", metavar="N",
@@ -112,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = chosen_policies(args)
+    variants = chosen_variants(args)
     if args.offline and (args.target or args.token):
         raise CLIError("--offline runs in-process; drop --target / --token")
     if args.offline and (args.tls_ca or args.tls_cert or args.tls_key):
@@ -121,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     if args.offline and (args.speed or args.as_fast_as_possible):
         raise CLIError("--speed / --as-fast-as-possible pace a live replay; offline runs at full speed")
     if not args.offline and args.compare:
-        raise CLIError("--compare needs --offline (one daemon runs one policy at a time)")
+        raise CLIError("--compare needs --offline (one daemon runs one policy at a time): "
+                       "replay live once per run, with --policy and the daemon's config")
     _trace_path(args)  # a typo in the trace's name is said first, whatever else is wrong
     if not args.offline:
         _refuse_offline_only(args)
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         _prepare_report_dir(args.report)  # before the run, not after it
     trace = _load(args)
     if args.offline:
-        results = replay_offline.run(args, trace, policies)
+        results = replay_offline.run(args, trace, variants)
     else:
         results = [replay_live.run(args, trace)]
     _print(args, results, trace)

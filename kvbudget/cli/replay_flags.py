@@ -47,19 +47,6 @@ def float_flag(text: str | None, flag: str, *, positive: bool = False) -> float 
     return value
 
 
-def chosen_policies(args: argparse.Namespace) -> list[str]:
-    if args.compare is not None:
-        names = [p.strip() for p in args.compare.split(",") if p.strip()]
-        unknown = [p for p in names if p not in POLICY_NAMES]
-        if unknown or not names:
-            raise CLIError(f"--compare: unknown policy {', '.join(unknown) or '(none)'}; "
-                           f"choose from {', '.join(POLICY_NAMES)}")  # fmt: skip
-        if args.policy:
-            raise CLIError("--policy and --compare exclude each other")
-        return names
-    return [args.policy or "optimistic"]
-
-
 # Live, each ask is a round trip, so asking further ahead buys speed; offline, asking ahead
 # costs nothing but ties up blocks, which on tight pools shows up as preemptions
 # (docs/replay-compare.md's Azure gpt-oss-120b run at 3,000 blocks: 25 optimistic
@@ -94,29 +81,37 @@ def engine_config(args: argparse.Namespace, trace, *, max_model_len: int, max_nu
         raise CLIError(str(exc)) from None
 
 
-def admission_settings(values: list[str] | None) -> tuple[tuple[str, object], ...]:
-    """`--set admission.KEY=VALUE` (repeatable): the daemon's [admission] keys but those
-    with flags of their own (--policy / --compare, --no-prefix-caching), as
-    (AdmissionConfig field, value) pairs."""
+def settable_keys() -> dict[str, type]:
+    """The daemon's [admission] keys an offline replay takes (by --set, --compare), with
+    their kinds: all but those with flags of their own (--policy / --compare,
+    --no-prefix-caching)."""
     from kvbudget.daemon.config.settings import KEYS
 
     own_flags = ("policy", "enable_prefix_caching")
-    kinds = {k.name: k.kind for k in KEYS if k.section == "admission" and k.name not in own_flags}
+    return {k.name: k.kind for k in KEYS if k.section == "admission" and k.name not in own_flags}
+
+
+def parse_setting(kind: type, key: str, text: str, *, where: str) -> object:
+    """One setting's text as its kind; `where` starts the one-line error."""
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise CLIError(f"{where}: expected true or false, got {text!r}")
+        return text.lower() == "true"
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise CLIError(f"{where}: expected {expected}, got {text!r}") from None
+
+
+def admission_settings(values: list[str] | None) -> tuple[tuple[str, object], ...]:
+    """`--set admission.KEY=VALUE` (repeatable), as (AdmissionConfig field, value) pairs."""
+    kinds = settable_keys()
     out: dict[str, object] = {}
     for value in values or ():
         key, sep, text = value.partition("=")
         section, _, name = key.partition(".")
         if not sep or section != "admission" or name not in kinds:
             raise CLIError(f"--set {value!r}: expected admission.KEY=VALUE, KEY one of {', '.join(kinds)}")
-        kind = kinds[name]
-        if kind is bool:
-            if text.lower() not in ("true", "false"):
-                raise CLIError(f"--set {key}: expected true or false, got {text!r}")
-            out[name] = text.lower() == "true"
-            continue
-        try:
-            out[name] = kind(text)
-        except ValueError:
-            expected = "an integer" if kind is int else "a number"
-            raise CLIError(f"--set {key}: expected {expected}, got {text!r}") from None
+        out[name] = parse_setting(kinds[name], name, text, where=f"--set {key}")
     return tuple(out.items())

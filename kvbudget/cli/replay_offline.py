@@ -7,30 +7,55 @@ import argparse
 from dataclasses import replace
 
 from kvbudget.cli.replay_flags import admission_settings, engine_config, int_flag
+from kvbudget.cli.replay_variants import Variant
 from kvbudget.client.errors import CLIError
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_KV_BYTES = 16 * 2**30  # offline pool when no size is given: 16 GiB of KV cache
 
 
-def run(args: argparse.Namespace, trace, policies: list[str]):
+def run(args: argparse.Namespace, trace, variants: list[Variant]):
     from kvbudget.daemon.core.admission import AdmissionError
     from kvbudget.traces.replay import run_offline
 
     setup = replace(offline_setup(args, trace), spread_s=trace.arrival_quantum_s)
     if args.config and args.policy is None and args.compare is None:
-        policies = [setup.policy]  # the file's, as the daemon would start with
+        variants = [Variant(setup.policy, setup.policy)]  # the file's, as the daemon would start with
+    runs = [(v, variant_setup(setup, v)) for v in variants]  # every run's settings checked first
     results = []
-    for policy in policies:
+    for variant, one in runs:
         try:
-            results.append(run_offline(trace.requests, setup, policy, trace_name=trace.name))
-        except AdmissionError as exc:
-            given = dict(setup.admission)
-            flag = f"--set admission.{exc.field}" if exc.field in given else f"--{exc.field.replace('_', '-')}"
-            raise CLIError(f"{flag}: {exc}") from None
-    for r in results:  # the model layout's notes, as `kvbudget estimate` reports them
-        r.summary["notes"] = list(setup.layout.notes)
+            result = run_offline(trace.requests, one, variant.policy, trace_name=trace.name)
+        except AdmissionError as exc:  # (an op the core refused: names the field)
+            raise CLIError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+        if variant.named:
+            result.summary["variant"] = variant.label
+        result.summary["notes"] = list(setup.layout.notes)  # as `kvbudget estimate` reports them
+        results.append(result)
     return results
+
+
+def variant_setup(setup, variant: Variant):
+    """The common setup with a run's own settings over it, checked as the daemon checks
+    its config (a bad value is one line naming the flag, or the --compare run, it came from)."""
+    from kvbudget.daemon.core.admission import AdmissionError
+    from kvbudget.traces.replay import admission_config
+
+    engine = setup.engine
+    if variant.grow_ahead_blocks is not None:
+        engine = replace(engine, grow_ahead_blocks=variant.grow_ahead_blocks)
+    one = replace(setup, admission=tuple({**dict(setup.admission), **dict(variant.settings)}.items()), engine=engine)
+    try:
+        admission_config(one, variant.policy).validate()
+    except AdmissionError as exc:
+        if exc.field in dict(variant.settings):
+            flag = f"--compare {variant.label!r}"  # (the error names the key)
+        elif exc.field in dict(setup.admission):
+            flag = f"--set admission.{exc.field}"
+        else:
+            flag = f"--{exc.field.replace('_', '-')}"
+        raise CLIError(f"{flag}: {exc}") from None
+    return one
 
 
 def offline_setup(args: argparse.Namespace, trace):
