@@ -36,9 +36,10 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             config.model,
             kv_dtype=None if config.kv_dtype == "auto" else config.kv_dtype,
             block_size=config.block_size,
+            token_cap=config.token_cap,  # capped layers: admission's blocks, as estimate's
         )
-    except ValueError as exc:
-        raise PoolSetupError(f"model: {exc}") from None
+    except ValueError as exc:  # (a token_cap message names its key already)
+        raise PoolSetupError(str(exc) if str(exc).startswith("token_cap ") else f"model: {exc}") from None
     if model.block_size_note:
         # None given: why an MLA model's is 64 (news); one given: that a default MLA engine
         # would not use it, so the plan would not match that engine (a warning).
