@@ -11,6 +11,7 @@ test_gpu_probe.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvbudget.cli.doctor_checks import check_gpu_memory
 from kvbudget.cli.doctor_samples import GpuSample, PoolSample, Status, Thresholds
 from kvbudget.client import ObserverClient
-from kvbudget.daemon.config.gpu import pool_gpus, probe_gpu
+from kvbudget.daemon.config.gpu import GPUProbe, pool_gpus, probe_gpu
+from kvbudget.daemon.config.loading import load_config
+from kvbudget.daemon.config.pool_setup import PoolSetupError, setup_pool
 from kvbudget.daemon.server.metrics import Metrics
 from kvbudget.daemon.wire.convert import gpus_to_proto
 
@@ -108,6 +111,35 @@ def test_metrics_per_gpu_by_nvml_id_and_the_old_series_unchanged(nvml) -> None:
     metrics.update(snapshot(), probe_gpu(0, visible="4,5,6", count=4))
     assert value(metrics, "kvbudget_pool_gpu_memory_bytes", gpu="6", state="used") == 7 * GiB
     assert value(metrics, "kvbudget_pool_gpu_memory_bytes", gpu="7", state="used") is None
+
+
+def _gpu(index: int, total_bytes: int) -> GPUProbe:
+    return GPUProbe(present=True, index=index, total_bytes=total_bytes, nvml_device=str(4 + index))
+
+
+def _tp4_config(tmp_path: Path):
+    path = tmp_path / "kvbudget.toml"
+    path.write_text('[model]\nname = "llama-3.1-70b"\n[pool]\nmemory_mode = "accounting"\n'
+                    "[parallel]\ntensor_parallel_size = 4\n")
+    return load_config(path)  # (no memory size: the GPUs' memory, read through NVML)
+
+
+def test_a_pool_over_gpus_is_sized_by_the_smallest(tmp_path: Path) -> None:
+    # tp 4: 1,310,720 B per block on each GPU; 35,276,853,248 B of estimated weights on each
+    # (141,107,412,992 / 4). The smallest GPU, 84e9 B: 84e9 x 0.9 = 75.6e9 B, minus the
+    # weights = 40,323,146,752 B, // 1,310,720 = 30,764 blocks on every GPU (vLLM's minimum).
+    h100 = 85_520_809_984
+    gpus = (_gpu(0, h100), _gpu(1, h100), _gpu(2, 84_000_000_000), _gpu(3, h100))
+    setup = setup_pool(_tp4_config(tmp_path), dataclasses.replace(gpus[0], gpus=gpus))
+    assert (setup.sizing.gpu_total_bytes, setup.sizing.weights_bytes) == (84_000_000_000, 35_276_853_248)
+    assert setup.num_blocks == 30_764
+
+
+def test_a_gpu_nvml_cannot_read_stops_the_sizing_naming_it(tmp_path: Path, nvml) -> None:
+    with pytest.raises(PoolSetupError) as caught:
+        setup_pool(_tp4_config(tmp_path), probe_gpu(0, visible="4,5,6", count=4))
+    assert str(caught.value) == ("no GPU: cuda:3 is not in CUDA_VISIBLE_DEVICES='4,5,6'; size the pool with "
+                                 "num_gpu_blocks, kv_cache_memory_bytes or gpu_memory_bytes")
 
 
 def _samples(used_by_gpu: list[list[int]]) -> list[PoolSample]:

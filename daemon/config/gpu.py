@@ -65,6 +65,17 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def smallest_total(probe: object) -> tuple[int | None, str]:
+    """(the smallest total memory of the pool's GPUs, "") to size a pool by, as vLLM gives
+    every worker the block count of the one with the least; (None, why) when one of them
+    could not be read."""
+    gpus = pool_gpus(probe)
+    for gpu in gpus:
+        if not getattr(gpu, "present", False):
+            return None, str(getattr(gpu, "note", "") or "no GPU")
+    return min(int(getattr(gpu, "total_bytes")) for gpu in gpus), ""
+
+
 def probe_gpu(index: int = 0, visible: str | None = None, *, count: int = 1) -> GPUProbe:
     """Memory of GPU `index` and the processes using it, as NVML reports them. `index` is
     CUDA's (`cuda:N`): the Nth of CUDA_VISIBLE_DEVICES (`visible`, default: the environment's)

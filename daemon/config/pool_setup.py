@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from kvbudget.daemon.config import hf_config, sizing
+from kvbudget.daemon.config.gpu import smallest_total
 from kvbudget.daemon.config.parallel import Parallel, rank_layout, rank_weights
 from kvbudget.daemon.config.settings import DaemonConfig
 
@@ -56,11 +57,10 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         elif config.kv_cache_memory_bytes is not None:
             sized = sizing.size_from_kv_cache_bytes(layout, config.kv_cache_memory_bytes)
         else:
-            total = config.gpu_memory_bytes
-            if total is None and gpu is not None and getattr(gpu, "present", False):
-                total = int(gpu.total_bytes)
+            total, note = config.gpu_memory_bytes, "no GPU"
+            if total is None and gpu is not None:
+                total, note = smallest_total(gpu)  # every GPU of the engine: vLLM's minimum over workers
             if total is None:
-                note = getattr(gpu, "note", "") or "no GPU"
                 raise PoolSetupError(
                     f"{note}; size the pool with num_gpu_blocks, kv_cache_memory_bytes "
                     "or gpu_memory_bytes"
