@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import types
@@ -165,6 +166,27 @@ def test_doctor_judges_each_gpu_and_names_the_one_that_grows() -> None:
     assert (flat.status, flat.summary) == (
         Status.OK, "GPU memory flat on the pool's 2 GPUs (cuda:0 (NVML 4) +0 MiB, cuda:1 (NVML 5) +100 MiB over the "
         "window)")
+
+
+def _estimate_on(tmp_path: Path, visible: str) -> subprocess.CompletedProcess[str]:
+    shadow = tmp_path / "nvml"
+    shadow.mkdir(exist_ok=True)
+    (shadow / "pynvml.py").write_text(FAKE_NVML)
+    env = dict(os.environ, PYTHONPATH=str(shadow), CUDA_VISIBLE_DEVICES=visible)
+    return subprocess.run([sys.executable, "-m", "kvbudget", "estimate", "--model", "llama-3.1-70b",
+                           "--tensor-parallel-size", "4", "--json"], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def test_estimate_sizes_by_the_engines_gpus_as_the_daemon(tmp_path: Path) -> None:
+    # 80 GiB x 0.9 = 77,309,411,328 B, minus 35,276,853,248 B of weights per GPU =
+    # 42,032,558,080 B, // 1,310,720 B per block = 32,068 blocks
+    out = json.loads(_estimate_on(tmp_path, "4,5,6,7").stdout)
+    assert (out["num_blocks"], out["sizing"]["gpu_total_bytes"]) == (32_068, 80 * GiB)
+    short = _estimate_on(tmp_path, "4,5,6")
+    assert short.returncode != 0 and short.stderr.splitlines() == [
+        "kvbudget estimate: error: no memory source: give --gpu-memory-bytes, --kv-cache-memory-bytes or "
+        "--num-gpu-blocks (no GPU: cuda:3 is not in CUDA_VISIBLE_DEVICES='4,5,6')"]
 
 
 def _scraped(port: int, name: str) -> dict[tuple[str, str], float]:
