@@ -136,6 +136,20 @@ def test_a_pool_over_gpus_is_sized_by_the_smallest(tmp_path: Path) -> None:
     assert setup.num_blocks == 30_764
 
 
+def test_doctor_config_sizes_by_the_smallest_gpu_the_daemon_reports(tmp_path: Path) -> None:
+    from kvbudget.cli.doctor_config import config_expectation
+
+    _tp4_config(tmp_path)  # (writes the file)
+    totals = (85_520_809_984, 85_520_809_984, 84_000_000_000, 85_520_809_984)
+    gpus = tuple(GpuSample(present=True, total_bytes=t) for t in totals)
+    last = PoolSample(time_s=0.0, policy="optimistic", num_blocks=30_763, free=30_763, held=0, reserved=0,
+                      running=0, waiting=0, preemptions=0, admits=0, gpu=gpus[0], gpus=gpus)
+    expected = config_expectation(str(tmp_path / "kvbudget.toml"), last)
+    # as the daemon sized it above: 30,764 blocks of 1,310,720 B, 30,763 usable
+    assert expected.max_pool_bytes == 30_763 * 1_310_720
+    assert expected.explanation.startswith("84000000000 B x gpu_memory_utilization 0.9")
+
+
 def test_a_gpu_nvml_cannot_read_stops_the_sizing_naming_it(tmp_path: Path, nvml) -> None:
     with pytest.raises(PoolSetupError) as caught:
         setup_pool(_tp4_config(tmp_path), probe_gpu(0, visible="4,5,6", count=4))
