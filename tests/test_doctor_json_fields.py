@@ -149,6 +149,10 @@ STAGED: dict[str, tuple[list[PoolSample], doctor_samples.PoolExpectation | None]
     # naive charges max_model_len: cause max_model_len
     "stuck queue": (series(held=20, reserved=730, waiting=1, running=1, admits=FLAT, policy="naive"), None),
     "memory growing": (series(used=[130 * GiB + i * GiB for i in range(5)]), None),
+    # a pool over two GPUs (tensor parallel 2): the check's figures per GPU, in `gpus`
+    "healthy, two GPUs": (series(gpus=tuple(
+        GpuSample(present=True, total_bytes=141 * GiB, used_bytes=130 * GiB, label=f"cuda:{i} (NVML {4 + i})")
+        for i in range(2))), None),
     "log cannot write": (series(log_unwritten=5, log_write_error="disk I/O error"), None),
     # one snapshot, draining, no plan, no GPU, no disk figures: the trend and draining findings,
     # pool size and gpu memory and log disk skipped

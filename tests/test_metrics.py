@@ -432,6 +432,7 @@ EXPOSED_NAMES = {
     "kvbudget_gpu_present", "kvbudget_group_blocks", "kvbudget_group_blocks_reclaimed_total",
     "kvbudget_kv_cache_usage_perc", "kvbudget_num_blocks", "kvbudget_num_preemptions_total",
     "kvbudget_num_requests_running", "kvbudget_num_requests_waiting", "kvbudget_policy",
+    "kvbudget_pool_gpu_memory_bytes",
     "kvbudget_prefix_cache_hits_total", "kvbudget_prefix_cache_queries_total", "kvbudget_tenant_blocks",
     "kvbudget_tenant_requests", "kvbudget_tls_certificate_expiry_timestamp_seconds",
     "kvbudget_tls_client_ca_expiry_timestamp_seconds",

@@ -75,17 +75,12 @@ def test_gpu_memory_per_gpu_with_each_ranks_weights(tmp_path: Path) -> None:
     assert setup.num_blocks == out["num_blocks"]
 
 
-ACCOUNTING = 'memory_mode = "accounting"'
 REFUSED = [
     # (the [pool] lines, the [parallel] lines, the one line the daemon says)
     ("num_gpu_blocks = 100", "tensor_parallel_size = 4",
      "parallel.tensor_parallel_size: tensor 4 x pipeline 1 = 4 GPUs per engine need memory_mode accounting "
      "(the engine keeps its KV memory, the daemon budgets its blocks): owned, the default, allocates the pool "
      "on one GPU"),
-    (ACCOUNTING, "pipeline_parallel_size = 2",
-     "parallel.pipeline_parallel_size: tensor 1 x pipeline 2 = 2 GPUs per engine: sizing by "
-     "gpu_memory_utilization would read only the first GPU's memory through NVML; give num_gpu_blocks, or "
-     "kv_cache_memory_bytes or gpu_memory_bytes per GPU"),
     ("num_gpu_blocks = 100", "data_parallel_size = 2",
      "parallel.data_parallel_size: 2 replicas are 2 engines, each with its own pool: run one daemon per "
      "replica (kvbudget@.service), each with data_parallel_size 1"),

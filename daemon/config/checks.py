@@ -98,6 +98,8 @@ def _check_pool(c: DaemonConfig, fail: Failure) -> None:
         raise fail("num_gpu_blocks", f"must be at most {MAX_WIRE_COUNT + 1}, got {c.num_gpu_blocks}")
     if c.max_num_batched_tokens > MAX_WIRE_COUNT:
         raise fail("max_num_batched_tokens", f"must be at most {MAX_WIRE_COUNT}, got {c.max_num_batched_tokens}")
+    if c.token_cap is not None and c.token_cap > MAX_WIRE_COUNT:  # (the plan's groups carry it)
+        raise fail("token_cap", f"must be at most {MAX_WIRE_COUNT}, got {c.token_cap}")
     problem = parallel_problem(c)  # (the layout against the model: pool_setup)
     if problem is not None:
         raise fail(*problem)
@@ -199,9 +201,9 @@ def _check_ops_per_step(c: DaemonConfig, fail: Failure) -> None:
 
 _CHECKS: tuple[Callable[[DaemonConfig, Failure], None], ...] = (
     _check_model,
-    _positive("block_size", "max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes",
-              "num_gpu_blocks", "gpu_probe_interval_s", "max_head_wait_s", "lease_ttl_s",
-              "watch_max_hz", "max_ops_per_step"),
+    _positive("block_size", "max_model_len", "max_num_batched_tokens", "token_cap",
+              "kv_cache_memory_bytes", "num_gpu_blocks", "gpu_probe_interval_s", "max_head_wait_s",
+              "lease_ttl_s", "watch_max_hz", "max_ops_per_step"),
     _non_negative("gpu_memory_bytes", "weights_bytes", "activation_reserve_bytes",
                   "lookahead_tokens", "max_queue_len", "backfill_depth", "drain_timeout_s",
                   "retention_days", "retention_max_rows", "retention_max_bytes"),

@@ -1,4 +1,4 @@
-"""What NVML says about one GPU's memory; never raises.
+"""What NVML says about the memory of the GPUs a pool spans; never raises.
 
 `pynvml` (the `nvidia-ml-py` distribution) is imported inside `probe_gpu`, so importing
 this module costs nothing on a laptop. Without the package, the driver, or a device, the
@@ -7,6 +7,7 @@ probe returns `present=False` with a note "no GPU: <why>" that callers can show 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from dataclasses import dataclass
@@ -29,18 +30,30 @@ class GPUProbe:
     free_bytes: int = 0
     processes: tuple[GPUProcess, ...] = ()
     note: str = ""
+    nvml_device: str = ""  # NVML's id of cuda:index: its host index, or a UUID; "": not read
+    # Every GPU of the pool when it spans several (tensor x pipeline parallel), this one
+    # first; () for one GPU: `pool_gpus` reads both.
+    gpus: tuple[GPUProbe, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {
             "present": self.present,
             "index": self.index,
+            "nvml_device": self.nvml_device,
             "name": self.name,
             "total_bytes": self.total_bytes,
             "used_bytes": self.used_bytes,
             "free_bytes": self.free_bytes,
             "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in self.processes],
             "note": self.note,
+            "gpus": [g.as_dict() for g in self.gpus],
         }
+
+
+def pool_gpus(probe: object) -> tuple[object, ...]:
+    """The probes of every GPU the pool spans, in CUDA order (duck-typed: a GPUProbe, or a
+    test's stand-in without `gpus`)."""
+    return tuple(getattr(probe, "gpus", ()) or (probe,))
 
 
 def _absent(index: int, why: str) -> GPUProbe:
@@ -52,10 +65,23 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def probe_gpu(index: int = 0, visible: str | None = None) -> GPUProbe:
+def smallest_total(probe: object) -> tuple[int | None, str]:
+    """(the smallest total memory of the pool's GPUs, "") to size a pool by, as vLLM gives
+    every worker the block count of the one with the least; (None, why) when one of them
+    could not be read."""
+    gpus = pool_gpus(probe)
+    for gpu in gpus:
+        if not getattr(gpu, "present", False):
+            return None, str(getattr(gpu, "note", "") or "no GPU")
+    return min(int(getattr(gpu, "total_bytes")) for gpu in gpus), ""
+
+
+def probe_gpu(index: int = 0, visible: str | None = None, *, count: int = 1) -> GPUProbe:
     """Memory of GPU `index` and the processes using it, as NVML reports them. `index` is
     CUDA's (`cuda:N`): the Nth of CUDA_VISIBLE_DEVICES (`visible`, default: the environment's)
-    where that is set, since NVML numbers every GPU of the host whatever CUDA is shown."""
+    where that is set, since NVML numbers every GPU of the host whatever CUDA is shown.
+    `count` > 1: the pool spans GPUs index .. index + count - 1 (an engine's tensor x
+    pipeline ranks, as vLLM places them on the visible GPUs); each is read, into `gpus`."""
     if visible is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
@@ -67,14 +93,20 @@ def probe_gpu(index: int = 0, visible: str | None = None) -> GPUProbe:
     except Exception as exc:
         return _absent(index, f"NVML unavailable ({_why(exc)})")
     try:
-        return _read_device(nvml, index, visible)
-    except Exception as exc:
-        return _absent(index, f"NVML query failed ({_why(exc)})")
+        probes = tuple(_read_one(nvml, i, visible) for i in range(index, index + count))
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception:
             pass
+    return probes[0] if count == 1 else dataclasses.replace(probes[0], gpus=probes)
+
+
+def _read_one(nvml: ModuleType, index: int, visible: str | None) -> GPUProbe:
+    try:
+        return _read_device(nvml, index, visible)
+    except Exception as exc:
+        return _absent(index, f"NVML query failed ({_why(exc)})")
 
 
 def _read_device(nvml: ModuleType, index: int, visible: str | None) -> GPUProbe:
@@ -105,6 +137,7 @@ def _read_device(nvml: ModuleType, index: int, visible: str | None) -> GPUProbe:
     return GPUProbe(
         present=True,
         index=index,
+        nvml_device=device,
         name=str(name),
         total_bytes=int(memory.total),
         used_bytes=int(memory.used),

@@ -55,8 +55,8 @@ class Parallel:
 def parallel_problem(config: DaemonConfig) -> tuple[str, str] | None:
     """(setting, message) for a layout the daemon cannot budget, or None. A daemon budgets
     one engine's pool, the same block count on each of its GPUs: num_gpu_blocks, or a size
-    per GPU (kv_cache_memory_bytes, gpu_memory_bytes). Not yet: memory owned on several
-    GPUs, or several GPUs' memory read through NVML (the probe reads one)."""
+    per GPU (kv_cache_memory_bytes, gpu_memory_bytes, or the smallest of the GPUs' memory
+    NVML reads: pool_setup). Not yet: memory owned on several GPUs."""
     tp, pp, dp = (getattr(config, name) for name in SETTINGS)
     for name, value in zip(SETTINGS, (tp, pp, dp)):
         if value < 1:
@@ -74,11 +74,6 @@ def parallel_problem(config: DaemonConfig) -> tuple[str, str] | None:
         return setting, (
             f"{layout} need memory_mode accounting (the engine keeps its KV memory, the daemon "
             "budgets its blocks): owned, the default, allocates the pool on one GPU"
-        )
-    if config.num_gpu_blocks is None and config.kv_cache_memory_bytes is None and config.gpu_memory_bytes is None:
-        return setting, (
-            f"{layout}: sizing by gpu_memory_utilization would read only the first GPU's memory "
-            "through NVML; give num_gpu_blocks, or kv_cache_memory_bytes or gpu_memory_bytes per GPU"
         )
     return None
 

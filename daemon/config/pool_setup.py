@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from kvbudget.daemon.config import hf_config, sizing
+from kvbudget.daemon.config.gpu import smallest_total
 from kvbudget.daemon.config.parallel import Parallel, rank_layout, rank_weights
 from kvbudget.daemon.config.settings import DaemonConfig
 
@@ -36,9 +37,10 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             config.model,
             kv_dtype=None if config.kv_dtype == "auto" else config.kv_dtype,
             block_size=config.block_size,
+            token_cap=config.token_cap,  # capped layers: admission's blocks, as estimate's
         )
-    except ValueError as exc:
-        raise PoolSetupError(f"model: {exc}") from None
+    except ValueError as exc:  # (a token_cap message names its key already)
+        raise PoolSetupError(str(exc) if str(exc).startswith("token_cap ") else f"model: {exc}") from None
     if model.block_size_note:
         # None given: why an MLA model's is 64 (news); one given: that a default MLA engine
         # would not use it, so the plan would not match that engine (a warning).
@@ -55,11 +57,10 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
         elif config.kv_cache_memory_bytes is not None:
             sized = sizing.size_from_kv_cache_bytes(layout, config.kv_cache_memory_bytes)
         else:
-            total = config.gpu_memory_bytes
-            if total is None and gpu is not None and getattr(gpu, "present", False):
-                total = int(gpu.total_bytes)
+            total, note = config.gpu_memory_bytes, "no GPU"
+            if total is None and gpu is not None:
+                total, note = smallest_total(gpu)  # every GPU of the engine: vLLM's minimum over workers
             if total is None:
-                note = getattr(gpu, "note", "") or "no GPU"
                 raise PoolSetupError(
                     f"{note}; size the pool with num_gpu_blocks, kv_cache_memory_bytes "
                     "or gpu_memory_bytes"

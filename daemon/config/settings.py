@@ -52,6 +52,7 @@ class DaemonConfig:
     block_size: int | None = None  # None: 16, or 64 for an MLA model (hf_config.default_block_size)
     max_model_len: int | None = None  # None: the model's
     max_num_batched_tokens: int = 8192
+    token_cap: int | None = None  # the engine compresses every attention layer to this many tokens
     # [pool]
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     memory_mode: str = "owned"  # "owned": the daemon allocates the pool; "accounting": engines do
@@ -153,6 +154,7 @@ KEYS: tuple[Key, ...] = (
     Key("model", "block_size", "block_size", int, optional=True),
     Key("model", "max_model_len", "max_model_len", int, optional=True),
     Key("model", "max_num_batched_tokens", "max_num_batched_tokens", int),
+    Key("model", "token_cap", "token_cap", int, optional=True),
     Key("pool", "device", "device", str),
     Key("pool", "memory_mode", "memory_mode", str),
     Key("pool", "gpu_memory_utilization", "gpu_memory_utilization", float),

@@ -210,6 +210,15 @@ class Metrics:
             f.gpu_memory.labels(state="total").set(gpu.total_bytes)
             f.gpu_memory.labels(state="used").set(gpu.used_bytes)
             f.gpu_memory.labels(state="free").set(gpu.free_bytes)
+        from kvbudget.daemon.config.gpu import pool_gpus
+
+        per_gpu = {
+            (_gpu_label(g), state): getattr(g, f"{state}_bytes")
+            for g in pool_gpus(gpu) if g.present for state in ("total", "used", "free")  # type: ignore[attr-defined]
+        }
+        if per_gpu or id(f.pool_gpu_memory) in self._registered:
+            self._register_once(f.pool_gpu_memory)
+            self._set_labelled(f.pool_gpu_memory, per_gpu)
 
     def _register_once(self, *gauges: Gauge) -> None:
         """Registers each gauge the first time it has a value (see metrics_registry.Families)."""
@@ -298,3 +307,8 @@ def _add_tenant(blocks: TenantSeries, requests: TenantSeries, name: str, tenants
 
 def _value(enum_or_str: object) -> str:
     return str(getattr(enum_or_str, "value", enum_or_str))
+
+
+def _gpu_label(gpu: object) -> str:
+    """The `gpu` label: NVML's id of the GPU, else (a probe that did not say) CUDA's index."""
+    return str(getattr(gpu, "nvml_device", "") or getattr(gpu, "index", 0))

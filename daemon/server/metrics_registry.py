@@ -108,6 +108,7 @@ class Families:
     # the GPU
     gpu_present: Gauge  # registered at the first update with a GPU probe
     gpu_memory: Gauge
+    pool_gpu_memory: Gauge  # registered at the first update with a GPU seen
 
 
 def define_families() -> Families:
@@ -219,5 +220,11 @@ def _policy_and_gpu_families(r: CollectorRegistry) -> dict[str, Gauge]:
         gpu_present=Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=None),
         gpu_memory=Gauge(
             "kvbudget_gpu_memory_bytes", "GPU memory by state (total, used, free), from NVML", ["state"], registry=r
+        ),
+        # One series per GPU the pool spans (tensor x pipeline parallel) and state; `gpu` is
+        # NVML's id (its host index, as nvidia-smi and DCGM number GPUs, or the UUID given).
+        pool_gpu_memory=Gauge(
+            "kvbudget_pool_gpu_memory_bytes", "Memory of each GPU the pool spans by state (total, used, free), "
+            "from NVML", ["gpu", "state"], registry=None,
         ),
     )

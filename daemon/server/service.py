@@ -337,6 +337,7 @@ class CoreService:
             snapshot,
             engines=engine_states(self.controller, snapshot, self.sessions, now_mono),
             gpu=convert.gpu_to_proto(self._gpu, self._pool_bytes, own_pid=os.getpid()),
+            gpus=convert.gpus_to_proto(self._gpu, self._pool_bytes, own_pid=os.getpid()),
             replays=self.replays.values(),
             draining=self.draining,
             plan=self.plan,

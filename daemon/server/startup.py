@@ -46,13 +46,14 @@ def take_writer_lock(config: DaemonConfig) -> WriterLock:
 
 
 def probe_gpu(config: DaemonConfig) -> object | None:
-    """NVML's view of the configured device; None with device=cpu (no probe)."""
+    """NVML's view of the configured device, and of each GPU the pool spans from it on
+    (tensor x pipeline parallel); None with device=cpu (no probe)."""
     if config.device == "cpu":
         return None
     from kvbudget.daemon.config.gpu import probe_gpu as probe
 
     index = int(config.device.split(":")[1]) if ":" in config.device else 0
-    return probe(index)
+    return probe(index, count=config.tensor_parallel_size * config.pipeline_parallel_size)
 
 
 def allocate_memory(config: DaemonConfig, setup: PoolSetup, gpu: object | None) -> object | None:

@@ -275,7 +275,19 @@ def gpu_to_proto(gpu: object | None, pool_bytes: int = 0, own_pid: int | None = 
         pool_bytes=pool_bytes,
         other_processes_bytes=other,
         note=str(getattr(gpu, "note", "") or ""),
+        index=int(getattr(gpu, "index", 0) or 0),
+        nvml_device=str(getattr(gpu, "nvml_device", "") or ""),
     )
+
+
+def gpus_to_proto(gpu: object | None, pool_bytes: int = 0, own_pid: int | None = None) -> list[common_pb2.GpuState]:
+    """Each GPU the pool spans (gpu.pool_gpus; none with device=cpu): the daemon's own
+    memory, `pool_bytes`, lives on the first, the only one memory_mode owned allows."""
+    if gpu is None:
+        return []
+    from kvbudget.daemon.config.gpu import pool_gpus
+
+    return [gpu_to_proto(g, pool_bytes if i == 0 else 0, own_pid) for i, g in enumerate(pool_gpus(gpu))]
 
 
 def snapshot_to_proto(
@@ -283,6 +295,7 @@ def snapshot_to_proto(
     *,
     engines: Iterable[common_pb2.EngineState] = (),
     gpu: common_pb2.GpuState | None = None,
+    gpus: Iterable[common_pb2.GpuState] = (),
     replays: Iterable[common_pb2.ReplayState] = (),
     draining: bool = False,
     plan: common_pb2.PoolPlan | None = None,
@@ -311,6 +324,7 @@ def snapshot_to_proto(
         groups=_groups_to_proto(s),
         tenants=_tenants_to_proto(s),
         engines=list(engines),
+        gpus=list(gpus),
         replays=list(replays),
         prefix_hit_blocks=s.prefix_hit_blocks,
         prefix_query_blocks=s.prefix_query_blocks,

@@ -227,7 +227,7 @@ def _size_pool(args: argparse.Namespace, model: ModelInfo, parallel: Parallel) -
         from kvbudget.daemon.config.parallel import rank_weights
 
         weights = rank_weights(model.weights.weight_bytes, parallel)  # per GPU, as the memory
-    total, gpu_name = _gpu_memory(args)
+    total, gpu_name = _gpu_memory(args, parallel.gpus_per_engine)
     return sz.size_from_gpu_memory(
         layout,
         gpu_total_bytes=total,
@@ -239,19 +239,21 @@ def _size_pool(args: argparse.Namespace, model: ModelInfo, parallel: Parallel) -
     )
 
 
-def _gpu_memory(args: argparse.Namespace) -> tuple[int, str]:
-    """The GPU's total memory and name: --gpu-memory-bytes (no name), else the local GPU's."""
+def _gpu_memory(args: argparse.Namespace, gpus: int) -> tuple[int, str]:
+    """The GPU's total memory and name: --gpu-memory-bytes (no name), else the local GPUs'
+    of one engine (the first `gpus` visible ones), the smallest, as the daemon sizes it."""
     if args.gpu_memory_bytes is not None:
         return parse_size(args.gpu_memory_bytes, "--gpu-memory-bytes"), ""
-    from kvbudget.daemon.config.gpu import probe_gpu
+    from kvbudget.daemon.config.gpu import probe_gpu, smallest_total
 
-    probe = probe_gpu()
-    if not probe.present:
+    probe = probe_gpu(count=gpus)
+    total, why = smallest_total(probe)
+    if total is None:
         raise CLIError(
             "no memory source: give --gpu-memory-bytes, --kv-cache-memory-bytes or "
-            f"--num-gpu-blocks ({probe.note})"
+            f"--num-gpu-blocks ({why})"
         )
-    return probe.total_bytes, probe.name
+    return total, probe.name
 
 
 def _does_not_fit(sizing: PoolSizing) -> str:

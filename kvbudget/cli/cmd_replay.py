@@ -51,7 +51,7 @@ blocks, from what it served before.
 # half-applied): refused instead.
 OFFLINE_ONLY = ("model", "num_gpu_blocks", "kv_cache_memory_bytes", "block_size", "max_model_len",
                 "no_prefix_caching", "max_num_batched_tokens", "config", "set",
-                "tensor_parallel_size", "pipeline_parallel_size")  # fmt: skip
+                "tensor_parallel_size", "pipeline_parallel_size", "token_cap")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--block-size", metavar="N", help="tokens per block (16; 64 for MLA models)")
     for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):  # (--kv-cache-memory-bytes is per GPU)
         model.add_argument(flag, metavar="N", help="as kvbudget estimate's (1): one GPU's pool")
+    model.add_argument("--token-cap", metavar="N", help="engine caps every attention layer at N tokens")
     model.add_argument("--max-model-len", metavar="N", help="longest request (the model's)")
     model.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     model.add_argument("--config", metavar="FILE",

@@ -6,9 +6,12 @@ found and which knob to turn; `doctor.diagnose` runs them all and adds the verdi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from kvbudget.cli.doctor_samples import MiB, Finding, PlanView, PoolExpectation, PoolSample, Status, Thresholds
+from kvbudget.cli.doctor_samples import (
+    MiB, Finding, GpuSample, PlanView, PoolExpectation, PoolSample, Status, Thresholds,
+)
 from kvbudget.units import format_bytes
 
 
@@ -123,10 +126,34 @@ def check_block_accounting(samples: Sequence[PoolSample]) -> Finding:
 
 
 def check_gpu_memory(samples: Sequence[PoolSample], t: Thresholds) -> Finding:
-    """Flat GPU memory: the pool is the limit. Climbing memory: something outside the pool."""
-    gpus = [s.gpu for s in samples if s.gpu.present]
+    """Flat GPU memory: the pool is the limit. Climbing memory: something outside the pool.
+    A pool over several GPUs (tensor x pipeline parallel) is judged on each: a leak on any
+    one of an engine's GPUs stops the whole engine."""
+    spans = max(len(s.gpus) for s in samples)
+    if spans <= 1:
+        return _gpu_memory_finding([s.gpu for s in samples], t)
+    per_gpu = [_gpu_memory_finding([s.gpus[i] for s in samples if len(s.gpus) > i], t) for i in range(spans)]
+    labels = [next((s.gpus[i].label for s in samples if len(s.gpus) > i), f"GPU {i}") for i in range(spans)]
+    data = {**per_gpu[0].data, "gpus": [{"gpu": label, **f.data} for label, f in zip(labels, per_gpu)]}
+    problems = [(label, f) for label, f in zip(labels, per_gpu) if f.status is Status.PROBLEM]
+    if problems:
+        label, worst = problems[0]
+        return dataclasses.replace(worst, summary=f"{label}: {worst.summary}", data=data)
+    if all(f.status is Status.SKIPPED for f in per_gpu):
+        return Finding("gpu memory", Status.SKIPPED, f"no GPU readings on any of the pool's {spans} GPUs")
+    each = ", ".join(
+        f"{label} {f.data['rise_bytes'] / MiB:+.0f} MiB" if f.data else f"{label} no readings"  # type: ignore[operator]
+        for label, f in zip(labels, per_gpu)
+    )
+    return Finding("gpu memory", Status.OK, f"GPU memory flat on the pool's {spans} GPUs ({each} over the window)",
+                   data=data)
+
+
+def _gpu_memory_finding(readings: Sequence[GpuSample], t: Thresholds) -> Finding:
+    """One GPU's readings over the window, judged."""
+    gpus = [g for g in readings if g.present]
     if not gpus:
-        note = samples[-1].gpu.note or "no GPU"
+        note = (readings[-1].note if readings else "") or "no GPU"
         return Finding("gpu memory", Status.SKIPPED, f"no GPU readings ({note})")
     first, last = gpus[0], gpus[-1]
     rise = last.used_bytes - first.used_bytes

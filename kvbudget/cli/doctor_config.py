@@ -38,9 +38,10 @@ def config_expectation(path: str, last: PoolSample) -> PoolExpectation:
         raise CLIError(str(exc)) from None
     except OSError as exc:
         raise CLIError(f"--config: cannot read {path}: {exc.strerror}") from None
-    # Sized from GPU memory with no gpu_memory_bytes: the daemon's GPU, as it reports it
-    # (doctor runs anywhere; the daemon's host is the one whose memory counts).
-    gpu = _ReportedGpu(last.gpu.total_bytes) if last.gpu.total_bytes else None
+    # Sized from GPU memory with no gpu_memory_bytes: the daemon's GPUs, as it reports them
+    # (doctor runs anywhere; the daemon's host is the one whose memory counts), the smallest.
+    totals = [g.total_bytes for g in (last.gpus or (last.gpu,)) if g.total_bytes]
+    gpu = _ReportedGpu(min(totals)) if totals else None
     try:
         setup = setup_pool(config, gpu)
     except PoolSetupError as exc:

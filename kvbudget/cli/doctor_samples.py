@@ -44,6 +44,7 @@ class GpuSample:
     pool_bytes: int = 0
     other_processes_bytes: int = 0
     note: str = ""
+    label: str = ""  # which GPU: "cuda:1 (NVML 5)" (CUDA's index, NVML's id when the daemon says it)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class PoolSample:
     # What holds the queue: waiting requests by why their last try failed (tenant_quota, ...)
     waiting_by_reason: Mapping[str, int] = field(default_factory=dict)
     gpu: GpuSample = GpuSample(present=False)
+    gpus: tuple[GpuSample, ...] = ()  # every GPU the pool spans, `gpu` first (tensor x pipeline parallel)
     plan: PlanView | None = None
     tenants: tuple[TenantSample, ...] = ()
     draining: bool = False
@@ -193,6 +195,7 @@ def sample_from_snapshot(msg: common_pb2.Snapshot) -> PoolSample:
         rejections_by_reason=dict(msg.rejections_by_reason),
         waiting_by_reason={str(k): int(v) for k, v in msg.waiting_by_reason.items()},
         gpu=_gpu_sample(msg.gpu),
+        gpus=tuple(_gpu_sample(g) for g in msg.gpus),
         plan=_plan_view(msg.plan) if msg.HasField("plan") else None,
         tenants=tuple(_tenant_sample(t) for t in msg.tenants),
         draining=bool(msg.draining),
@@ -218,6 +221,7 @@ def _gpu_sample(gpu: common_pb2.GpuState) -> GpuSample:
         pool_bytes=int(gpu.pool_bytes),
         other_processes_bytes=int(gpu.other_processes_bytes),
         note=str(gpu.note),
+        label=f"cuda:{gpu.index}" + (f" (NVML {gpu.nvml_device})" if gpu.nvml_device else ""),
     )
 
 

@@ -65,10 +65,13 @@ def offline_setup(args: argparse.Namespace, trace):
     from kvbudget.traces.replay import ReplaySetup
 
     block_size = int_flag(args.block_size, "--block-size")  # None: the model's (16; 64 for MLA)
+    token_cap = int_flag(args.token_cap, "--token-cap")
     try:
-        model = load_model(args.model or DEFAULT_MODEL, block_size=block_size)
-    except ValueError as exc:
-        raise CLIError(f"--model: {exc}") from None
+        model = load_model(args.model or DEFAULT_MODEL, block_size=block_size, token_cap=token_cap)
+    except ValueError as exc:  # (a token_cap message names the setting: here it is a flag)
+        message = str(exc)
+        raise CLIError(f"--token-cap {message.removeprefix('token_cap ')}" if message.startswith("token_cap ")
+                       else f"--model: {message}") from None
     # One GPU's layout (as estimate's): only the bytes per block change, so only a pool
     # given in bytes comes out different; a request's blocks are the model's.
     model = rank_model(model, parallel_flags(args))

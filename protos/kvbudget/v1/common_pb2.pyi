@@ -216,7 +216,7 @@ class EngineState(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., session_id: _Optional[str] = ..., lease_remaining_s: _Optional[float] = ..., blocks_held: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class GpuState(_message.Message):
-    __slots__ = ("present", "name", "total_bytes", "used_bytes", "free_bytes", "pool_bytes", "other_processes_bytes", "note")
+    __slots__ = ("present", "name", "total_bytes", "used_bytes", "free_bytes", "pool_bytes", "other_processes_bytes", "note", "index", "nvml_device")
     PRESENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,8 @@ class GpuState(_message.Message):
     POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     OTHER_PROCESSES_BYTES_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NVML_DEVICE_FIELD_NUMBER: _ClassVar[int]
     present: bool
     name: str
     total_bytes: int
@@ -233,7 +235,9 @@ class GpuState(_message.Message):
     pool_bytes: int
     other_processes_bytes: int
     note: str
-    def __init__(self, present: _Optional[bool] = ..., name: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., other_processes_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
+    index: int
+    nvml_device: str
+    def __init__(self, present: _Optional[bool] = ..., name: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., other_processes_bytes: _Optional[int] = ..., note: _Optional[str] = ..., index: _Optional[int] = ..., nvml_device: _Optional[str] = ...) -> None: ...
 
 class DecisionLogState(_message.Message):
     __slots__ = ("rows_written", "rows_folded", "stalls", "stall_s", "database_bytes", "wal_bytes", "disk_free_bytes", "disk_total_bytes", "max_bytes", "num_unwritten_decisions", "write_error", "unwritten_since_unix_s")
@@ -282,7 +286,7 @@ class ReplayState(_message.Message):
     def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log", "waiting_by_reason", "started_unix_s", "daemon_version", "num_tenants")
+    __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log", "waiting_by_reason", "started_unix_s", "daemon_version", "num_tenants", "gpus")
     class PreemptionsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +342,7 @@ class Snapshot(_message.Message):
     STARTED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     DAEMON_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     policy: Policy
     num_blocks: int
@@ -365,4 +370,5 @@ class Snapshot(_message.Message):
     started_unix_s: float
     daemon_version: str
     num_tenants: int
-    def __init__(self, time_unix_s: _Optional[float] = ..., policy: _Optional[_Union[Policy, str]] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_held_blocks: _Optional[int] = ..., num_reserved_blocks: _Optional[int] = ..., num_evictable_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., preemptions_by_reason: _Optional[_Mapping[str, int]] = ..., rejections_by_reason: _Optional[_Mapping[str, int]] = ..., decisions_by_kind: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[_Union[GroupState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ..., gpu: _Optional[_Union[GpuState, _Mapping]] = ..., replays: _Optional[_Iterable[_Union[ReplayState, _Mapping]]] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_query_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., plan: _Optional[_Union[PoolPlan, _Mapping]] = ..., decision_log: _Optional[_Union[DecisionLogState, _Mapping]] = ..., waiting_by_reason: _Optional[_Mapping[str, int]] = ..., started_unix_s: _Optional[float] = ..., daemon_version: _Optional[str] = ..., num_tenants: _Optional[int] = ...) -> None: ...
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuState]
+    def __init__(self, time_unix_s: _Optional[float] = ..., policy: _Optional[_Union[Policy, str]] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_held_blocks: _Optional[int] = ..., num_reserved_blocks: _Optional[int] = ..., num_evictable_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., preemptions_by_reason: _Optional[_Mapping[str, int]] = ..., rejections_by_reason: _Optional[_Mapping[str, int]] = ..., decisions_by_kind: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[_Union[GroupState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ..., gpu: _Optional[_Union[GpuState, _Mapping]] = ..., replays: _Optional[_Iterable[_Union[ReplayState, _Mapping]]] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_query_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., plan: _Optional[_Union[PoolPlan, _Mapping]] = ..., decision_log: _Optional[_Union[DecisionLogState, _Mapping]] = ..., waiting_by_reason: _Optional[_Mapping[str, int]] = ..., started_unix_s: _Optional[float] = ..., daemon_version: _Optional[str] = ..., num_tenants: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ...) -> None: ...
