@@ -103,3 +103,19 @@ async def test_a_search_stops_at_seq_1_and_at_a_short_page():
     steps = [progress async for progress in search.more()]
     assert asked == [0, 3]
     assert steps[-1] == Progress(matches=tuple(log), read=4, oldest_seq=1, done=True)
+
+
+async def test_a_word_found_nowhere_stops_after_max_read_and_goes_on_with_more():
+    # Seqs 10-1, none matching "zzz", pages of 2, at most 4 read a search: seqs 10-7, then
+    # 6-3 with `more`, then 2-1 and the end.
+    log = [decision(seq, f"r{seq}") for seq in range(10, 0, -1)]
+
+    async def pages(before_seq: int, limit: int):
+        return [d for d in log if before_seq == 0 or d.seq < before_seq][:limit]
+
+    search = LogSearch(pages, "zzz", page_size=2, want=1, max_read=4)
+    ends = []
+    for _ in range(3):
+        ends.append([progress async for progress in search.more()][-1])
+    assert [(p.read, p.oldest_seq, p.done) for p in ends] == [(4, 7, False), (8, 3, False), (10, 1, True)]
+    assert ends[0].summary("zzz") == "0 decisions match 'zzz' in the newest 4 (back to seq 7)"

@@ -19,11 +19,14 @@ from kvbudget.v1 import common_pb2
 # (before_seq, limit) -> that page, newest first; before_seq 0: from the newest.
 PageFn = Callable[[int, int], Awaitable[Sequence[common_pb2.Decision]]]
 
-# Decisions a page asks for: the daemon converts a page on its event loop, between engine
-# steps, so a page is kept to a few milliseconds of its time rather than the 10,000 allowed.
+# Decisions a page asks for (of the 10,000 allowed): ~140 ms a page on a busy two-core host,
+# so the window says how far it got several times a second.
 PAGE_SIZE = 2000
-# Matches one search (and each `more`) collects before it stops to show them.
+# Matches one search (and each `more`) collects before it stops to show them; and the
+# decisions it reads at most meanwhile: a word found nowhere on a log of millions would read
+# for minutes (~12,000 decisions a second, bench/bench_log_search.py) before it said more.
 MATCHES_PER_SEARCH = 200
+MAX_READ_PER_SEARCH = 100_000
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class LogSearch:
     call stopped."""
 
     def __init__(
-        self, pages: PageFn, query: str, *, page_size: int = PAGE_SIZE, want: int = MATCHES_PER_SEARCH
+        self, pages: PageFn, query: str, *, page_size: int = PAGE_SIZE, want: int = MATCHES_PER_SEARCH,
+        max_read: int = MAX_READ_PER_SEARCH,
     ) -> None:
         if page_size < 1 or want < 1:
             raise ValueError(f"page_size and want must be >= 1, got {page_size} and {want}")
@@ -58,14 +62,16 @@ class LogSearch:
         self.query = query
         self.page_size = page_size
         self.want = want
+        self.max_read = max_read
         self.progress = Progress()
 
     async def more(self) -> AsyncIterator[Progress]:
-        """Reads pages until `want` more matches were found or the log's oldest decision was
-        read, yielding the progress after each page."""
+        """Reads pages until `want` more matches were found, `max_read` more decisions were
+        read, or the log's oldest decision was, yielding the progress after each page."""
         goal = len(self.progress.matches) + self.want
         progress = self.progress
-        while not progress.done and len(progress.matches) < goal:
+        read_until = progress.read + self.max_read
+        while not progress.done and len(progress.matches) < goal and progress.read < read_until:
             page = await self.pages(progress.oldest_seq, self.page_size)
             found = tuple(d for d in page if decision_matches(d, self.query))
             progress = Progress(
