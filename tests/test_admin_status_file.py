@@ -79,3 +79,19 @@ def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path: Path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     [line] = done.stderr.splitlines()
     assert line.startswith("kvbudget admin: error: --config") and "missing.toml" in line
+
+
+def test_a_default_config_file_that_cannot_be_read_is_said_and_the_status_goes_on(tmp_path: Path):
+    # The daemon's default file ($KVBUDGET_CONFIG here) may be its user's alone: the status
+    # an observer asks for still comes, saying the file was not compared. (A directory
+    # stands in for an unreadable file: the tests may run as root, who reads anything.)
+    import os
+
+    with DaemonProcess(tmp_path) as daemon:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvbudget", "admin", "--target", daemon.target, "status"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "KVBUDGET_CONFIG": str(tmp_path)},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("  settings   not compared with the config file: ") and str(tmp_path) in last

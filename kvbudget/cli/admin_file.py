@@ -42,7 +42,26 @@ def file_settings(path: str) -> FileSettings:
         policy = admission.get("policy", DaemonConfig.policy) if isinstance(admission, dict) else DaemonConfig.policy
         return FileSettings(str(policy), _parse_tenants(raw.get("tenants", {}), path, "tenants"))
     except ConfigError as exc:
-        raise CLIError(f"--config: {exc}") from None
+        raise ValueError(str(exc)) from None
+
+
+def compared(snapshot: Any, path: str | None, given: bool) -> tuple[dict[str, Any], list[str]]:
+    """The JSON fields and the status's lines comparing `snapshot` with the file at `path`
+    (None: no file, nothing said). A file that cannot be read is an error when it was
+    `given` (--config); the daemon's default one is said to be unreadable instead (it may
+    be the daemon's user's alone), and the status goes on."""
+    if path is None:
+        return {"config_file": None, "differs_from_file": None, "config_error": ""}, []
+    try:
+        settings = file_settings(path)
+    except ValueError as exc:
+        if given:
+            raise CLIError(f"--config: {exc}") from None
+        return ({"config_file": path, "differs_from_file": None, "config_error": str(exc)},
+                [f"  settings   not compared with the config file: {exc}"])
+    found = differences(snapshot, settings)
+    return ({"config_file": path, "differs_from_file": [d._asdict() for d in found], "config_error": ""},
+            render_differences(path, found))
 
 
 def differences(snapshot: Any, config: FileSettings) -> list[Difference]:
@@ -89,10 +108,3 @@ def render_differences(path: str, found: list[Difference]) -> list[str]:
     width = max(len(d.setting) for d in found)
     lines += [f"             {d.setting:<{width}}  live {d.live}, file {d.file}" for d in found]
     return lines
-
-
-def differences_fields(path: str | None, found: list[Difference]) -> dict[str, Any]:
-    return {
-        "config_file": path,
-        "differs_from_file": None if path is None else [d._asdict() for d in found],
-    }

@@ -251,13 +251,9 @@ def status(daemon: AdminConnection, config: str | None = None) -> Outcome:
     from kvbudget.cli.cmd_daemon import config_path
 
     path = config_path(config)
-    settings = admin_file.file_settings(path) if path is not None else None
     s = daemon.snapshot()
-    found = admin_file.differences(s, settings) if settings is not None else []
-    text = render_status(s, daemon.target)
-    if path is not None:
-        text += "\n" + "\n".join(admin_file.render_differences(path, found))
-    return {**status_fields(s), **admin_file.differences_fields(path, found)}, text, 0
+    fields, lines = admin_file.compared(s, path, given=config is not None)
+    return {**status_fields(s), **fields}, "\n".join([render_status(s, daemon.target), *lines]), 0
 
 
 def status_fields(s: Any) -> dict[str, Any]:
