@@ -495,7 +495,7 @@ def test_the_verdict_line_says_why_the_exit_status_is_1_when_healthy() -> None:
     verdict_line = [line for line in render(d, "unix:///k.sock").splitlines() if line.startswith("verdict:")]
     assert verdict_line == ["verdict: healthy (nothing limits admission), but 1 check found a problem: pool size (above)"]
     fine = doctor.diagnose(samples)
-    assert fine.ok and "verdict: healthy" in render(fine, "unix:///k.sock").splitlines()
+    assert fine.ok and "verdict: healthy: nothing binds: no queue" in render(fine, "unix:///k.sock").splitlines()
 
 
 def test_a_queue_waiting_for_free_blocks_under_promises_gets_advice_that_follows() -> None:
@@ -510,3 +510,8 @@ def test_a_queue_waiting_for_free_blocks_under_promises_gets_advice_that_follows
     assert "really full" not in diagnosis.knob
     assert diagnosis.knob.startswith("the pool's free blocks are promised to running requests (470 reserved): "
                                      "reserve less")
+    # The verdict line names the limit, the free blocks that ran out and the promises on them.
+    assert diagnosis.binds == "pool"
+    assert diagnosis.because == ("251 requests waiting (251 for free blocks); 510 of 1000 blocks held now, 51% on "
+                                 "the mean; 490 free; 470 of them promised (47% promised on the mean, 98% held "
+                                 "or promised)")

@@ -1064,10 +1064,10 @@ async def test_a_filter_says_it_searches_only_the_newest_decisions():
     app = recorded_app(limits=Limits(max_decisions=50))
     async with app.run_test(size=(200, 40)) as pilot:
         await played(pilot)
-        assert "searches the newest" not in screen_text(app)  # no filter: nothing to say
+        assert "the newest 50 only" not in screen_text(app)  # no filter: nothing to say
         await pilot.press("slash", *"never_fits", "enter")
         await wait_until(pilot, lambda: app.filter_text == "never_fits", "filter applied")
-        await shown(pilot, "filter never_fits (searches the newest 50 only; all of them: kvbudget log)")
+        await shown(pilot, "filter never_fits (the newest 50 only · s: search the whole log)")
 
 
 async def test_a_selection_clears_once_its_row_left_the_buffer():

@@ -417,6 +417,30 @@ def test_a_replay_that_stops_moving_is_marked_stalled():
     assert "20% stalled 30s  policy naive" in text_of(panels.replays_panel(state))
 
 
+def test_a_replays_rejections_are_counted_from_the_stream_as_they_come():
+    # Issue 32: the panel showed a replay going well while the daemon rejected half its
+    # requests. Its engines are "<replay id>-engine-<k>"; another engine's rejection is not its.
+    def reject(seq: int, engine: str, reason: str = "never_fits") -> common_pb2.Decision:
+        return common_pb2.Decision(seq=seq, kind=common_pb2.DECISION_KIND_REJECT, reason=reason,
+                                   request_id=f"q{seq}", engine_id=engine)
+
+    replay = common_pb2.ReplayState(replay_id="ab12", trace="t.csv", position=0, total=100, speed=1.0)
+    at = snapshot(replays=[replay])
+    state = state_of(at, decisions=[reject(1, "ab12-engine-0"), reject(2, "ab12-engine-1", "queue_full"),
+                                    reject(3, "vllm-0"), reject(4, "ab12-engine-0")])
+    text = text_of(panels.replays_panel(state), width=40)
+    assert "rejected 3: never_fits 2, queue_full 1" in text
+    assert "· 3 rejected" in text_of(panels.replays_panel(state, compact=True), width=40)
+    # The daemon skipped decisions for this watcher meanwhile: some may be missed, "≥".
+    state = state.with_response(observer_pb2.WatchResponse(snapshot=at, dropped_decisions=5))
+    assert "rejected ≥3: never_fits 2, queue_full 1" in text_of(panels.replays_panel(state), width=40)
+    # First seen past its start (this dashboard came late): "≥" too.
+    late = common_pb2.ReplayState(
+        replay_id="ab12", trace="t.csv", position=10, total=100, speed=1.0)
+    state = state_of(snapshot(replays=[late]), decisions=[reject(9, "ab12-engine-0")])
+    assert "rejected ≥1: never_fits 1" in text_of(panels.replays_panel(state), width=40)
+
+
 def decision(seq: int, kind: int, reason: str, request: str, tenant: str = "acme",
              held=(3, 1), reserved=(4, 1)) -> common_pb2.Decision:
     return common_pb2.Decision(

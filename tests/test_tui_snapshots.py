@@ -73,3 +73,26 @@ def test_start_replay_modal(snap_compare):
 
     app = recorded_app(traces=TRACES)
     assert snap_compare(app, terminal_size=(120, 40), run_before=open_modal)
+
+
+def test_whole_log_search(snap_compare):
+    # `s` after `/preempt`: the search window over a log that is the recorded stream's 200
+    # decisions (pages of 50, 20 matches a search), as the daemon's QueryDecisions pages it.
+    from test_tui_app import STREAM
+
+    from kvbudget.tui.log_search import LogSearch
+    from kvbudget.tui.screens import LogSearchScreen
+
+    log = [d for response in reversed(STREAM) for d in reversed(response.decisions)]  # newest first
+
+    async def pages(before_seq: int, limit: int):
+        return [d for d in log if not before_seq or d.seq < before_seq][:limit]
+
+    async def search(pilot):
+        await played(pilot)
+        await pilot.press("slash", *"preempt", "enter")
+        pilot.app.push_screen(LogSearchScreen(LogSearch(pages, "preempt", page_size=50, want=20)))
+        await wait_until(pilot, lambda: "m: more" in screen_text(pilot.app), "searched")
+        await pilot.pause(0.2)
+
+    assert snap_compare(recorded_app(), terminal_size=(120, 40), run_before=search)

@@ -22,8 +22,9 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from kvbudget.client.tls import NO_TLS, TlsFiles, channel_credentials
 from kvbudget.tui import DEFAULT_TARGET, decisions, keys
-from kvbudget.tui.replays import ReplayLauncher, ReplayRequest, shipped_traces
-from kvbudget.tui.screens import DecisionScreen, HelpScreen, ReplayScreen
+from kvbudget.tui.app_actions import WindowActions
+from kvbudget.tui.replays import ReplayLauncher
+from kvbudget.tui.screens import DecisionScreen, HelpScreen
 from kvbudget.tui.signals import StopSignals, terminal_alive
 from kvbudget.tui.source import Connected, Disconnected, Source, SourceEvent, Update, WatchSource
 from kvbudget.tui.state import DashboardState, Limits, Link
@@ -44,7 +45,7 @@ def fold(state: DashboardState, event: SourceEvent, now: float | None = None) ->
     raise TypeError(f"event: not a SourceEvent: {event!r}")
 
 
-class KVBudgetApp(App[int]):
+class KVBudgetApp(WindowActions, App[int]):
     """`kvbudget tui`: the pool, the queue, the layer types and the replays, live.
 
     12 frames a second by default: a 10 Hz timer on a busy two-core host loses a tick now
@@ -91,6 +92,7 @@ class KVBudgetApp(App[int]):
         if render_hz <= 0:
             raise ValueError(f"render_hz must be > 0, got {render_hz}")
         self.target = target
+        self.token, self.tls = token, tls  # (the whole-log search opens its own channel)
         # `tls` is read (CLIError on a bad file) only for a source of our own.
         self.source: Source = (
             source if source is not None else WatchSource(target, token, credentials=channel_credentials(tls))
@@ -318,40 +320,6 @@ class KVBudgetApp(App[int]):
         shown = self._table.shown.get(row_key or "")
         if shown is not None:
             self.push_screen(DecisionScreen(shown.row))
-
-    def action_start_replay(self) -> None:
-        if self.playback:
-            self.notify(
-                "playback of a recording: no daemon to replay against "
-                "(run kvbudget tui --target … to start replays)",
-                severity="warning", markup=False,
-            )
-            return
-        traces = self.traces if self.traces is not None else shipped_traces()
-        self.push_screen(ReplayScreen(traces, self.target), self._replay_chosen)
-
-    def _replay_chosen(self, request: ReplayRequest | None) -> None:
-        if request is None:
-            return
-        try:
-            child = self.launcher.start(request)
-        except OSError as exc:
-            self.notify(f"could not start the replay: {exc}", severity="error", markup=False)
-            return
-        self.notify(f"replay of {request.trace.name} started (pid {child.pid})", markup=False)
-
-    def _reap_replays(self) -> None:
-        # markup=False: trace names and the child's last line are not ours to parse.
-        for ended in self.launcher.reap():
-            if ended.returncode == 0:
-                self.notify(f"replay of {ended.trace} finished", markup=False)
-            else:
-                self.notify(
-                    f"replay of {ended.trace} failed ({ended.returncode}): {ended.last_line}",
-                    severity="error",
-                    timeout=10,
-                    markup=False,
-                )
 
     async def action_quit(self) -> None:
         self.launcher.stop_all()

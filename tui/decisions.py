@@ -65,8 +65,9 @@ def decisions_title(
         kept = len(state.decisions)
         if state.decisions_received + state.decisions_dropped > kept:
             # The filter reads the table's buffer, not the log: a few seconds of a busy daemon
-            # (1 preemption matched while the Queue panel counted 116). Said, with where the rest is.
-            title.append(f" (searches the newest {kept:,} only; all of them: kvbudget log)", style="bold")
+            # (1 preemption matched while the Queue panel counted 116). Said, with the key
+            # that searches the rest (LogSearchScreen).
+            title.append(f" (the newest {kept:,} only · s: search the whole log)", style="bold")
     return title
 
 

@@ -13,6 +13,7 @@ BINDINGS = [
     Binding("slash", "filter", "filter", priority=True),
     Binding("space", "pause", "pause"),
     Binding("r", "start_replay", "replay"),
+    Binding("s", "search_log", "search log"),
     Binding("escape", "clear_filter", "clear filter", show=False),
 ]
 KEYS_HELP = (
@@ -20,6 +21,7 @@ KEYS_HELP = (
     ("?", "this help"),
     ("/", "filter decisions: words matched in kind, reason, request, engine, tenant"),
     ("escape", "clear the filter"),
+    ("s", "search the whole decision log for the filter's words"),
     ("space", "pause / resume the decisions table (the panels keep going)"),
     ("↑ ↓ enter", "select a decision to see its whole record (it stays selected)"),
     ("r", "start a replay of a shipped trace against this daemon (not in playback)"),
@@ -31,5 +33,6 @@ COMMANDS = (
     ("Pause decisions", "pause / resume the table", "pause"),
     ("Filter decisions", "filter the table", "filter"),
     ("Clear filter", "show every decision", "clear_filter"),
+    ("Search the whole log", "the filter's words over every logged decision", "search_log"),
     ("Dashboard keys", "what each key does", "help"),
 )

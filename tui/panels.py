@@ -273,7 +273,7 @@ def replays_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
             head = Table.grid(padding=(0, 1), expand=True)
             head.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
             head.add_column(justify="right", no_wrap=True)
-            head.add_row(name, Text(*status))
+            head.add_row(name, Text.assemble(Text(*status), _rejected_text(state, replay, compact)))
         else:
             head = name
             head.no_wrap, head.overflow = True, "ellipsis"
@@ -286,8 +286,24 @@ def replays_panel(state: DashboardState, compact: bool = False) -> RenderableTyp
         lines: list[RenderableType] = [head, progress]
         if not compact:
             lines.append(Text.assemble(status, ("  policy ", "dim"), (replay.policy or "—", "")))
+            rejected = _rejected_text(state, replay, compact)
+            if rejected.plain:
+                lines.append(rejected)
         blocks.append(Group(*lines))
     return Blocks(tuple(blocks), "replays", None if compact else hint)
+
+
+def _rejected_text(state: DashboardState, replay: common_pb2.ReplayState, compact: bool) -> Text:
+    """"rejected 750: never_fits 750" as the replay's rejections come ("≥" where the
+    dashboard may have missed some: tui/replay_rejects.py); at 80x24 " · 750 rejected"
+    beside the status. Nothing where none was seen."""
+    seen = next((r for r in state.replay_rejects if r.replay_id == replay.replay_id), None)
+    if seen is None or not seen.rejected:
+        return Text("")
+    count = f"{'≥' if seen.partial else ''}{seen.rejected:,}"
+    if compact:
+        return Text(f" · {count} rejected", style="bold red")
+    return Text.assemble((f"rejected {count}", "bold red"), (f": {seen.reasons_text()}", "red"))
 
 
 def replays_in_panel_order(replays: Sequence[common_pb2.ReplayState]) -> list[common_pb2.ReplayState]:

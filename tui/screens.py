@@ -1,4 +1,5 @@
-"""The dashboard's modal screens: key help, one decision's whole record, start a replay.
+"""The dashboard's modal screens: key help, one decision's whole record, start a replay,
+the filter over the whole log.
 
 Titles and option labels that carry someone's text (a target path, a request's reason, a
 trace file's name) are `Content`/`Text`, never markup: "[/x]" in a path must show as typed.
@@ -6,7 +7,7 @@ trace file's name) are `Content`/`Text`, never markup: "[/x]" in a path must sho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -18,10 +19,12 @@ from textual.screen import ModalScreen
 from textual.validation import Integer
 from textual.widgets import Button, Input, Label, Select, Static
 
-from kvbudget.tui.decisions import decision_detail
+from kvbudget.tui.decisions import DECISION_COLUMNS, TableRow, decision_detail
+from kvbudget.tui.log_search import LogSearch, Progress
 from kvbudget.tui.status import key_help
 from kvbudget.tui.replays import POLICIES, SPEEDS, ReplayRequest
 from kvbudget.tui.state import DecisionRow
+from kvbudget.tui.widgets import DecisionsTable
 
 
 class HelpScreen(ModalScreen[None]):
@@ -153,3 +156,75 @@ def requested_limit(text: str) -> int:
     if value is None or value < 0:
         raise ValueError(f"{LIMIT_LABEL}: expected a whole number, 0 or more, got {text!r}")
     return value
+
+
+class LogSearchScreen(ModalScreen[None]):
+    """`s`: the `/` filter's words over the whole decision log (`LogSearch`), newest first.
+
+    It shows how far back it has read as it goes; `m` reads on for more matches; `enter`
+    opens a match's whole record. Closing it stops the search and closes its channel.
+    """
+
+    BINDINGS = [
+        Binding("escape,q", "dismiss", "close"),
+        Binding("m", "more", "more matches"),
+    ]
+
+    def __init__(self, search: LogSearch, close: Callable[[], Awaitable[None]] | None = None) -> None:
+        super().__init__()
+        self.search = search
+        self._close = close
+        self.progress = search.progress
+        self.failure = ""  # why the search stopped short, if it did
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="search-box", classes="modal-box") as box:
+            box.border_title = Content(f"The whole log: {self.search.query}")
+            yield Static(Text("searching…"), id="search-progress")
+            table = DecisionsTable(self._open_record, id="search-table")
+            for label, width in DECISION_COLUMNS:
+                table.add_column(label, width=width)
+            yield table
+            yield Label("enter: the record · escape: close", classes="modal-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#search-table", DecisionsTable).focus()
+        self.action_more()
+
+    def action_more(self) -> None:
+        if not self.progress.done:
+            self.run_worker(self._read_on(), exclusive=True, group="log-search")
+
+    async def _read_on(self) -> None:
+        import grpc
+
+        self.failure = ""
+        try:
+            async for progress in self.search.more():
+                self._show(progress)
+        except grpc.aio.AioRpcError as exc:
+            first = (exc.details() or "").splitlines()[:1]
+            self.failure = ": ".join([exc.code().name, *first])
+            self._show(self.search.progress)
+
+    def _show(self, progress: Progress) -> None:
+        table = self.query_one("#search-table", DecisionsTable)
+        new = [TableRow(index, DecisionRow.from_proto(m))
+               for index, m in enumerate(progress.matches) if index >= len(table.shown)]
+        table.append(new)
+        self.progress = progress
+        line = progress.summary(self.search.query)
+        if self.failure:
+            line += f" · stopped: {self.failure}"
+        elif not progress.done:
+            line += " · m: more, further back"
+        self.query_one("#search-progress", Static).update(Text(line))
+
+    def _open_record(self, row_key: str | None) -> None:
+        shown = self.query_one("#search-table", DecisionsTable).shown.get(row_key or "")
+        if shown is not None:
+            self.app.push_screen(DecisionScreen(shown.row))
+
+    async def on_unmount(self) -> None:
+        if self._close is not None:
+            await self._close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from kvbudget.client.pool_parts import pool_parts  # (the pool panel's split; the free plot samples it)
 from kvbudget.daemon.wire.convert import decision_from_proto, kind_name, policy_name
+from kvbudget.tui.replay_rejects import ReplayRejects, count_rejects
 from kvbudget.v1 import common_pb2, observer_pb2
 
 
@@ -217,6 +218,7 @@ class DashboardState:
     # replay id -> (position, daemon time it last moved): a replayer that died never says
     # "done", so the panel marks a replay whose position stands still.
     replay_moves: tuple[tuple[str, int, float], ...] = ()
+    replay_rejects: tuple[ReplayRejects, ...] = ()  # each replay's rejections, as they came
     # Every decision this dashboard received, counted across daemon restarts. The buffered
     # decision i is number `decisions_received - len(decisions) + i`: a key for the table
     # that nothing can repeat. `seq` is no such key: a restarted daemon numbers on from its
@@ -281,10 +283,7 @@ class DashboardState:
                 history = (history + (sample,))[-limits.history_len :]
             if self.snapshot is not None and not restarted:
                 gap_s = max(0.0, response.snapshot.time_unix_s - self.snapshot.time_unix_s)
-        replay_moves = self.replay_moves
-        if has_snapshot:
-            previous_moves = () if restarted else self.replay_moves
-            replay_moves = _replay_moves(previous_moves, response.snapshot)
+        replay_moves, replay_rejects = self._replays_after(response, restarted)
         if incoming:
             newest = tuple(incoming[-limits.max_decisions :])
             decisions = (kept + newest)[-limits.max_decisions :]
@@ -295,6 +294,7 @@ class DashboardState:
             snapshot=snapshot,
             history=history,
             replay_moves=replay_moves,
+            replay_rejects=replay_rejects,
             decisions=decisions,
             decisions_received=self.decisions_received + len(incoming),
             decisions_dropped=self.decisions_dropped + response.dropped_decisions,
@@ -303,6 +303,17 @@ class DashboardState:
             restarts=self.restarts + restarted,
             version=self.version + 1,
         )
+
+    def _replays_after(
+        self, response: observer_pb2.WatchResponse, restarted: bool
+    ) -> tuple[tuple[tuple[str, int, float], ...], tuple[ReplayRejects, ...]]:
+        """The replays' moves and rejections after `response` (a restart starts them over)."""
+        if not response.HasField("snapshot"):
+            return self.replay_moves, self.replay_rejects
+        moves = _replay_moves(() if restarted else self.replay_moves, response.snapshot)
+        rejects = count_rejects(() if restarted else self.replay_rejects, response.snapshot.replays,
+                                response.decisions, response.dropped_decisions)
+        return moves, rejects
 
     def with_link(
         self, link: Link, detail: str = "", retry_in_s: float = 0.0, now: float | None = None

@@ -88,6 +88,12 @@ class DecisionsTable(DataTable):
         if keep is not None and str(keep.key) in self.shown:
             self.move_cursor(row=self.get_row_index(str(keep.key)), animate=False)
 
+    def append(self, rows: Sequence[decisions.TableRow]) -> None:
+        """Adds `rows` below those shown (a search's older matches), the cursor where it is."""
+        for row in rows:
+            self.add_row(*decisions.decision_cells(row.row), key=str(row.key))
+            self.shown[str(row.key)] = row
+
     def highlighted(self) -> decisions.TableRow | None:
         """The row under the cursor, kept across rebuilds; None on the newest row, which
         follows the new rows as they arrive."""

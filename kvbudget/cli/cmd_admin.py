@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     status_parser = actions.add_parser("status", help="policy, blocks, requests, tenants, draining")
+    status_parser.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="say where the live settings differ from this config file (default: the daemon's: "
+        "$KVBUDGET_CONFIG, else /etc/kvbudget/kvbudget.toml when it exists)",
+    )  # fmt: skip
     _connection_options(status_parser, defaults=False)
 
     policy = actions.add_parser("set-policy", help="switch the admission policy for new requests")
@@ -143,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     credentials = channel_credentials(resolve_tls(target, args.tls_ca, args.tls_cert, args.tls_key))
     with AdminConnection(target, resolve_token(args.token), credentials) as daemon:
         if args.action == "status":
-            result, text, code = status(daemon)
+            result, text, code = status(daemon, args.config)
         elif args.action == "set-policy":
             from kvbudget.cli.admin_policy import confirm_switch, set_policy
 
@@ -239,9 +244,16 @@ def drain(daemon: AdminConnection, wait: bool, timeout_s: float) -> Outcome:
     return result, text, 0
 
 
-def status(daemon: AdminConnection) -> Outcome:
+def status(daemon: AdminConnection, config: str | None = None) -> Outcome:
+    """The status, and where its live settings differ from the config file (`config`, else
+    the one the daemon reads by default, if any)."""
+    from kvbudget.cli import admin_file
+    from kvbudget.cli.cmd_daemon import config_path
+
+    path = config_path(config)
     s = daemon.snapshot()
-    return status_fields(s), render_status(s, daemon.target), 0
+    fields, lines = admin_file.compared(s, path, given=config is not None)
+    return {**status_fields(s), **fields}, "\n".join([render_status(s, daemon.target), *lines]), 0
 
 
 def status_fields(s: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kvbudget.cli import doctor, doctor_samples
+from kvbudget.cli.doctor_binds import binds_clause
 from kvbudget.client.tls import channel_credentials, resolve_tls
 from kvbudget.client.errors import CLIError
 from kvbudget.client.target import (
@@ -117,6 +118,8 @@ def render(diagnosis: doctor_samples.Diagnosis, target: str) -> str:
         lines.append(f"verdict: {diagnosis.verdict.value} (nothing limits admission), "
                      f"but {len(problems)} check{'s' if len(problems) > 1 else ''} found a problem: "
                      f"{', '.join(problems)} (above)")
+    elif diagnosis.because:
+        lines.append(f"verdict: {diagnosis.verdict.value}: {binds_clause(diagnosis.binds, diagnosis.because)}")
     else:
         lines.append(f"verdict: {diagnosis.verdict.value}")
     if diagnosis.knob:

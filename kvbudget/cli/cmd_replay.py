@@ -222,7 +222,11 @@ def _print(args: argparse.Namespace, results, trace) -> None:
     from kvbudget.cli.console import cli_console
 
     console = cli_console()  # (markup off: "[b]" in a trace's or a model's name is text)
-    console.print(render_table(results))
+    table = render_table(results)
+    # As wide as its title ("trace · model · N blocks"), which otherwise wrapped mid-phrase
+    # over a narrow table: a terminal narrower than the title still wraps it, between words.
+    table.min_width = max(table.min_width or 0, len(str(table.title or "")))
+    console.print(table)
     # Offline, the layout's notes (why the block size is 64 for an MLA model, ...), as
     # estimate prints them; live, the daemon logged its own at start.
     notes = results[0].summary.get("notes")

@@ -22,6 +22,7 @@ from kvbudget.cli.doctor_checks import (
     check_rejections,
     requests_text,
 )
+from kvbudget.cli import doctor_binds as binds
 from kvbudget.cli.doctor_reservations import check_reservations
 from kvbudget.cli.doctor_samples import (
     Diagnosis,
@@ -60,9 +61,10 @@ def diagnose(
     window = _read_window(ordered)
     findings.extend(_state_findings(ordered))
     if log_disk.status is Status.PROBLEM:
-        outcome = _Outcome(Verdict.LOG_CANNOT_WRITE, log_disk.knob)  # nothing is admitted: the cause of any queue
+        # nothing is admitted: the cause of any queue
+        outcome = _Outcome(Verdict.LOG_CANNOT_WRITE, log_disk.knob, binds="decision log")
     elif memory.status is Status.PROBLEM:
-        outcome = _Outcome(Verdict.MEMORY_GROWING, memory.knob)
+        outcome = _Outcome(Verdict.MEMORY_GROWING, memory.knob, binds="gpu memory")
     else:
         outcome = _queue_outcome(window, reservations, t)
     if outcome.queue is not None:
@@ -75,6 +77,8 @@ def diagnose(
         window_s=last.time_s - first.time_s,
         daemon_version=last.daemon_version,
         daemon_uptime_s=_uptime_s(last),
+        binds=outcome.binds,
+        because=outcome.because,
     )
 
 
@@ -82,6 +86,8 @@ class _Outcome(NamedTuple):
     verdict: Verdict
     knob: str
     queue: Finding | None = None  # the queue's finding, when the verdict is the queue's
+    binds: str = "nothing"  # the limit that holds the queue (doctor_binds.BINDS)
+    because: str = ""  # the figures that show it (the verdict line's clause)
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ def _queue_outcome(w: _Window, reservations: Finding, t: Thresholds) -> _Outcome
         if w.last.waiting
         else "no queue"
     )
-    return _Outcome(Verdict.HEALTHY, "", Finding("queue", Status.OK, moving, data=w.data()))
+    return _Outcome(Verdict.HEALTHY, "", Finding("queue", Status.OK, moving, data=w.data()), because=moving)
 
 
 def _quota_bound(w: _Window, at_quota: list[str]) -> bool:
@@ -191,7 +197,9 @@ def _quota_outcome(w: _Window, at_quota: list[str]) -> _Outcome:
         + (f", {quota_waits} of them for a tenant quota" if quota_waits else "")
         + f"; {w.held_share:.0%} of the pool held"
     )
-    return _Outcome(Verdict.BUDGET_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()))
+    because = f"{binds.waiting_text(w.last)}; {binds.quota_because(w.last, at_quota)}"
+    return _Outcome(Verdict.BUDGET_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()),
+                    "quota", because)
 
 
 def _stuck_outcome(w: _Window, reservations: Finding) -> _Outcome:
@@ -206,7 +214,9 @@ def _stuck_outcome(w: _Window, reservations: Finding) -> _Outcome:
         f"{requests_text(w.last.waiting)} waited through the whole window with no admission while "
         f"{1 - w.held_share:.0%} of the pool is free"
     )
-    return _Outcome(Verdict.STUCK_QUEUE, knob, Finding("queue", Status.PROBLEM, summary, knob=knob, data=w.data()))
+    because = f"{binds.waiting_text(w.last)}; {binds.stuck_because(w.last, w.held_share, w.committed_share)}"
+    return _Outcome(Verdict.STUCK_QUEUE, knob, Finding("queue", Status.PROBLEM, summary, knob=knob, data=w.data()),
+                    "promises", because)
 
 
 def _budget_outcome(w: _Window) -> _Outcome:
@@ -218,7 +228,9 @@ def _budget_outcome(w: _Window) -> _Outcome:
         f"{_pressure_text(w.last.waiting, w.peak_waiting, w.preempted)}; {w.held_share:.0%} of the pool held, "
         f"{w.committed_share:.0%} committed with reservations{_judged_text(w.judged)}"
     )
-    return _Outcome(Verdict.BUDGET_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()))
+    because = f"{binds.waiting_text(w.last)}; {binds.promises_because(w.last, w.held_share, w.committed_share)}"
+    return _Outcome(Verdict.BUDGET_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()),
+                    "promises", because)
 
 
 def _pool_outcome(w: _Window, t: Thresholds) -> _Outcome:
@@ -239,7 +251,19 @@ def _pool_outcome(w: _Window, t: Thresholds) -> _Outcome:
            if promised >= 0.005 and w.held_share < t.full_share else "")  # (held past the bar: that binds)
         + (", waiting for free blocks" if w.pool_waits and w.held_share < t.full_share else "")
     )
-    return _Outcome(Verdict.POOL_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()))
+    limit, because = "pool", binds.pool_because(w.last, w.held_share, w.committed_share, t.full_share)
+    if _waits_for_watermark(w.judged):
+        # Free blocks are there, but admitting would dip under the share optimistic keeps back.
+        limit, because = "watermark", binds.watermark_because(w.last)
+        knob = f"the watermark keeps the last free blocks back: lower [admission] watermark, or {more_memory}"
+    return _Outcome(Verdict.POOL_BOUND, knob, Finding("queue", Status.WARN, summary, knob=knob, data=w.data()),
+                    limit, f"{binds.waiting_text(w.last)}; {because}")
+
+
+def _waits_for_watermark(judged: Sequence[PoolSample]) -> bool:
+    """More waiting requests waited for the watermark than for free blocks (the daemon's word)."""
+    watermark = sum(s.waiting_by_reason.get("watermark", 0) for s in judged)
+    return watermark > sum(s.waiting_by_reason.get("pool_full", 0) for s in judged)
 
 
 def _tenants_at_quota(sample: PoolSample) -> list[str]:

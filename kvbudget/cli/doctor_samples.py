@@ -153,6 +153,8 @@ class Diagnosis:
     window_s: float
     daemon_version: str = ""  # "": the daemon does not say
     daemon_uptime_s: float | None = None  # at the last sample, on the daemon's clock; None: not said
+    binds: str = "nothing"  # the limit that holds the queue back (doctor_binds.BINDS)
+    because: str = ""  # the figures that show it: the verdict line's clause
 
     @property
     def ok(self) -> bool:
@@ -164,6 +166,8 @@ class Diagnosis:
         return {
             "verdict": self.verdict.value,
             "ok": self.ok,
+            "binds": self.binds,
+            "because": self.because,
             "knob": self.knob,
             "num_samples": self.num_samples,
             "window_s": round(self.window_s, 3),
