@@ -139,6 +139,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         released = sum(1 for d in decisions if d.engine_id == session.engine_id and d.kind == DecisionKind.RELEASE)
         return engine_pb2.CloseSessionResponse(released_requests=released)
 
+    @answers
+    async def ReportReplay(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        await _report_replay(self.core, context, request.replay)
+        return engine_pb2.EngineServiceReportReplayResponse()
+
 
 class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
     def __init__(self, core: CoreService, auth: Authorizer, *, db_path: str, watch_max_hz: float) -> None:
@@ -220,9 +226,9 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         )
 
     @answers
-    async def ReportReplay(self, request, context):
+    async def ReportReplay(self, request, context):  # deprecated: EngineService.ReportReplay
         await self.auth.require(context, Role.ENGINE)
-        self.core.report_replay(request.replay)
+        await _report_replay(self.core, context, request.replay)
         return observer_pb2.ReportReplayResponse()
 
 
@@ -278,6 +284,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         if not was_draining:
             _journal(context, role, f"draining: {len(decisions)} waiting requests rejected, {running} running")
         return admin_pb2.DrainResponse(running=running)
+
+
+async def _report_replay(core: CoreService, context, replay: common_pb2.ReplayState) -> None:
+    problem = convert.fill_replay_policy(replay)
+    if problem is not None:
+        await abort(context, INVALID, problem)
+    core.report_replay(replay)
 
 
 def _journal(context, role: Role, change: str) -> None:

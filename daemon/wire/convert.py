@@ -41,6 +41,21 @@ def policy_from_proto(value: int) -> str | None:
     return _POLICY_FROM_PROTO.get(value)
 
 
+def fill_replay_policy(replay: common_pb2.ReplayState) -> str | None:
+    """A replay report's policy in both its fields, from the one it sets: older replayers
+    send the name (`policy`, deprecated), newer ones the enum, and dashboards read either.
+    Returns the refusal's message for an enum value this daemon does not know."""
+    if replay.admission_policy:
+        name = _POLICY_FROM_PROTO.get(replay.admission_policy)
+        if name is None:
+            return f"replay.admission_policy: unknown value {replay.admission_policy}"
+        if not replay.policy:
+            replay.policy = name
+    elif replay.policy in _POLICY_TO_PROTO:
+        replay.admission_policy = _POLICY_TO_PROTO[replay.policy]
+    return None
+
+
 def kind_name(value: int) -> str:
     """A message's kind as a reader shows it: the record's name ("admit"), or, where the
     record has none, the enum's ("unspecified") or the number of a kind newer than this build."""

@@ -264,7 +264,7 @@ class DecisionLogState(_message.Message):
     def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., num_unwritten_decisions: _Optional[int] = ..., write_error: _Optional[str] = ..., unwritten_since_unix_s: _Optional[float] = ...) -> None: ...
 
 class ReplayState(_message.Message):
-    __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done")
+    __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done", "admission_policy")
     REPLAY_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +272,7 @@ class ReplayState(_message.Message):
     SPEED_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_POLICY_FIELD_NUMBER: _ClassVar[int]
     replay_id: str
     trace: str
     position: int
@@ -279,7 +280,8 @@ class ReplayState(_message.Message):
     speed: float
     policy: str
     done: bool
-    def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
+    admission_policy: Policy
+    def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ..., admission_policy: _Optional[_Union[Policy, str]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log", "waiting_by_reason", "started_unix_s", "daemon_version", "num_tenants")
