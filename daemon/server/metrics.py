@@ -164,7 +164,8 @@ class Metrics:
 
     def _update_pool(self, snapshot: Snapshot) -> None:
         f = self.families
-        self._register_once(f.kv_cache_usage, f.requests_waiting, f.requests_running, f.num_blocks)
+        self._register_once(f.kv_cache_usage, f.requests_waiting, f.requests_running, f.num_blocks,
+                            f.reserved_blocks)
         f.kv_cache_usage.set(snapshot.usage)
         f.requests_waiting.set(snapshot.num_waiting)
         f.requests_running.set(snapshot.num_running)
@@ -173,6 +174,10 @@ class Metrics:
         f.blocks.labels(state="evictable").set(snapshot.num_evictable_blocks)
         f.blocks.labels(state="held").set(snapshot.num_held_blocks)
         f.blocks.labels(state="reserved").set(snapshot.num_reserved_blocks)
+        f.pool_blocks.labels(state="free").set(snapshot.num_free_blocks - snapshot.num_evictable_blocks)
+        f.pool_blocks.labels(state="evictable").set(snapshot.num_evictable_blocks)
+        f.pool_blocks.labels(state="held").set(snapshot.num_held_blocks)
+        f.reserved_blocks.set(snapshot.num_reserved_blocks)
         self._set_labelled(f.policy, {(snapshot.policy,): 1.0})
 
         group_values: dict[tuple[str, ...], float] = {}
@@ -196,8 +201,10 @@ class Metrics:
         f.log_bytes.labels(file="database").set(log.database_bytes)
         f.log_bytes.labels(file="wal").set(log.wal_bytes)
         f.log_unwritten.set(log.num_unwritten)
-        self._add_increase(f.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)
-        self._add_increase(f.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)
+        self._add_increase(f.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)  # deprecated
+        self._add_increase(f.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)  # deprecated
+        self._add_increase(f.log_rows_written, ("log_rows_written_total",), log.rows_written)
+        self._add_increase(f.log_rows_folded, ("log_rows_folded_total",), log.rows_folded)
         self._add_increase(f.log_wal_resets, ("log_wal_resets",), log.wal_resets)
         self._add_increase(f.log_stalls, ("log_stalls",), log.stalls)
         self._add_increase(f.log_stall_seconds, ("log_stall_seconds",), log.stall_seconds)

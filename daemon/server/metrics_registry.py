@@ -31,6 +31,9 @@ LATENCY_BUCKETS_S = (
 )
 
 
+# A deprecated family's HELP starts so; it is served, unchanged, until the release named.
+DEPRECATED = "Deprecated since 0.2, removed in 0.3:"
+
 # No `<name>_created` samples (vLLM's /metrics has none): prometheus-client's own switch is
 # process-global, so this registry leaves them out as it collects (docs/architecture/server.md).
 _CREATED_TYPES = frozenset({"counter", "histogram", "summary"})
@@ -87,7 +90,9 @@ class Families:
     requests_running: Gauge  # registered at the first update
     preemptions: Counter
     num_blocks: Gauge  # registered at the first update
-    blocks: Gauge
+    blocks: Gauge  # deprecated: pool_blocks and reserved_blocks (docs/operators-guide.md, "Deprecated metrics")
+    pool_blocks: Gauge
+    reserved_blocks: Gauge  # registered at the first update
     group_blocks: Gauge
     group_reclaimed: Counter
     tenant_blocks: Gauge
@@ -100,7 +105,9 @@ class Families:
     decision_latency: Histogram
     # the decision log
     log_bytes: Gauge
-    log_rows: Counter
+    log_rows: Counter  # deprecated: log_rows_written and log_rows_folded
+    log_rows_written: Counter
+    log_rows_folded: Counter
     log_wal_resets: Counter
     log_stalls: Counter
     log_stall_seconds: Counter
@@ -149,10 +156,23 @@ def _pool_families(r: CollectorRegistry) -> dict[str, Gauge | Counter]:
         num_blocks=Gauge("kvbudget_num_blocks", "Pool capacity in blocks (null block excluded)", registry=None),
         blocks=Gauge(
             "kvbudget_blocks",
-            "Pool blocks by state: free (never cached) + evictable (cached, unreferenced) + held "
-            "= capacity; reserved = promised to running requests but not yet held",
+            f"{DEPRECATED} use kvbudget_pool_blocks and kvbudget_reserved_blocks: a sum over its states "
+            "counts the reserved blocks twice. Pool blocks by state: free (never cached) + evictable "
+            "(cached, unreferenced) + held = capacity; reserved = promised to running requests but not yet held",
             ["state"],
             registry=r,
+        ),
+        pool_blocks=Gauge(
+            "kvbudget_pool_blocks",
+            "Pool blocks by state, summing to kvbudget_num_blocks: free (never cached), evictable "
+            "(cached, unreferenced), held",
+            ["state"],
+            registry=r,
+        ),
+        reserved_blocks=Gauge(
+            "kvbudget_reserved_blocks",
+            "Blocks promised to running requests but not yet held (among the free and evictable ones)",
+            registry=None,
         ),
         group_blocks=Gauge(
             "kvbudget_group_blocks", "Blocks per KV-cache group and state (held, reserved)",
@@ -193,8 +213,18 @@ def _log_families(r: CollectorRegistry) -> dict[str, Gauge | Counter]:
             "kvbudget_decision_log_bytes", "Size of the decision log's files (database, wal)", ["file"], registry=r
         ),
         log_rows=Counter(
-            "kvbudget_decision_log_rows", "Decision log rows committed, and moved into the indexed table",
+            "kvbudget_decision_log_rows",
+            f"{DEPRECATED} use kvbudget_decision_log_rows_written_total and "
+            "kvbudget_decision_log_rows_folded_total: a sum over its states counts a folded row twice. "
+            "Decision log rows committed, and moved into the indexed table",
             ["state"], registry=r,
+        ),
+        log_rows_written=Counter(
+            "kvbudget_decision_log_rows_written", "Decision log rows committed", registry=r
+        ),
+        log_rows_folded=Counter(
+            "kvbudget_decision_log_rows_folded", "Decision log rows moved into the indexed table (each one "
+            "written before)", registry=r,
         ),
         log_wal_resets=Counter(
             "kvbudget_decision_log_wal_resets", "Times the WAL was past its bound and was started over", registry=r
