@@ -434,7 +434,9 @@ def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
 # deprecated one, in the release its HELP and the operator's guide name.
 EXPOSED_NAMES = {
     "kvbudget_blocks", "kvbudget_pool_blocks", "kvbudget_reserved_blocks",
-    "kvbudget_decision_log_rows_written_total", "kvbudget_decision_log_rows_folded_total", "kvbudget_build_info", "kvbudget_decision_latency_seconds_bucket",
+    "kvbudget_decision_log_rows_written_total", "kvbudget_decision_log_rows_folded_total", "kvbudget_build_info",
+    "kvbudget_request_queue_time_seconds_bucket", "kvbudget_request_queue_time_seconds_count",
+    "kvbudget_request_queue_time_seconds_sum", "kvbudget_decision_latency_seconds_bucket",
     "kvbudget_decision_latency_seconds_count", "kvbudget_decision_latency_seconds_sum", "kvbudget_decision_log_bytes",
     "kvbudget_decision_log_rows_total", "kvbudget_decision_log_stall_seconds_total",
     "kvbudget_decision_log_stalls_total", "kvbudget_decision_log_unwritten_decisions",
@@ -541,3 +543,20 @@ def test_a_deprecated_metric_says_so_and_names_what_replaces_it() -> None:
                                                            "kvbudget_decision_log_rows_folded_total"))):
         for successor in new:
             assert successor in helps[old] and successor in helps, (old, successor)
+
+
+def test_queue_time_is_each_requests_wait_for_its_first_admission() -> None:
+    def at(time_s: float, kind: DecisionKind, request_id: str, reason: Reason = Reason.FITS) -> Decision:
+        return Decision(seq=int(time_s * 10), time_s=time_s, kind=kind, reason=reason, request_id=request_id)
+
+    metrics = Metrics()
+    metrics.record([at(1.0, DecisionKind.ADMIT, "now")])  # admitted as it came: waited 0
+    metrics.record([at(2.0, DecisionKind.QUEUE, "w", Reason.POOL_FULL), at(4.0, DecisionKind.QUEUE, "gone", Reason.POOL_FULL)])
+    metrics.record([at(3.0, DecisionKind.QUEUE, "w", Reason.QUEUE_AHEAD)])  # still the wait that began at 2
+    metrics.record([at(6.0, DecisionKind.REJECT, "gone", Reason.DEADLINE)])  # never admitted: not observed
+    metrics.record([at(7.0, DecisionKind.ADMIT, "w")])  # waited 7 - 2 = 5
+    metrics.record([at(8.0, DecisionKind.PREEMPT, "w", Reason.GROWTH), at(9.0, DecisionKind.ADMIT, "w")])  # no new wait
+    metrics.record([at(10.0, DecisionKind.ADMIT, "gone")])  # the id again, a new request: waited 0
+    name = "kvbudget_request_queue_time_seconds"
+    assert (value(metrics, name + "_count"), value(metrics, name + "_sum")) == (3.0, 5.0)
+    assert [value(metrics, name + "_bucket", le=le) for le in ("0.0", "2.5", "5.0")] == [2.0, 2.0, 3.0]

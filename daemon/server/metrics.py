@@ -57,6 +57,8 @@ DECISION_PAIRS: tuple[tuple[DecisionKind, Reason], ...] = (
 # The largest tenants get their own series; the rest are summed into one, so a sum over
 # tenants stays exact.
 MAX_TENANT_SERIES = 50
+_ADMIT, _QUEUE, _PREEMPT = DecisionKind.ADMIT, DecisionKind.QUEUE, DecisionKind.PREEMPT
+_ENDS = (DecisionKind.REJECT, DecisionKind.RELEASE, DecisionKind.EXPIRE)  # a request's end: forget its wait
 
 
 class GpuMemory(Protocol):
@@ -98,6 +100,9 @@ class Metrics:
             self._decision_children[(kind, reason)] = self._children_of(kind, reason)
         self._server: WSGIServer | None = None
         self._server_thread: threading.Thread | None = None
+        self._waiting_since: dict[str, float] = {}  # request id -> its first QUEUE's time
+        self._preempted: set[str] = set()  # request ids whose next ADMIT is a re-admission
+        self._observe_wait = self.families.queue_time.observe
 
     # ------------------------------------------------------------------ feeds
     def record(self, decisions: Sequence[Decision], latency_s: float | None = None) -> None:
@@ -108,9 +113,28 @@ class Metrics:
         """
         counts: dict[tuple[str, str], int] = {}
         get = counts.get
+        # The queue-time histogram: a request's first QUEUE starts its wait, its first ADMIT
+        # ends it (one admitted at once waited 0); a preempted request's next admission is
+        # not a new wait. Only live requests are followed: an end forgets them. (Inline: a
+        # method call per decision cost more than the rest of the loop.)
+        waiting, preempted, observe = self._waiting_since, self._preempted, self._observe_wait
         for decision in decisions:
-            key = (decision.kind, decision.reason)
+            kind = decision.kind
+            key = (kind, decision.reason)
             counts[key] = get(key, 0) + 1
+            if kind is _ADMIT:
+                queued_at = waiting.pop(decision.request_id, None)
+                if decision.request_id in preempted:
+                    preempted.discard(decision.request_id)
+                else:
+                    observe(decision.time_s - queued_at if queued_at is not None else 0.0)
+            elif kind is _QUEUE:
+                waiting.setdefault(decision.request_id, decision.time_s)
+            elif kind is _PREEMPT:
+                preempted.add(decision.request_id)
+            elif kind in _ENDS and (waiting or preempted):
+                waiting.pop(decision.request_id, None)
+                preempted.discard(decision.request_id)
         children = self._decision_children
         for key, count in counts.items():
             pair = children.get(key)
