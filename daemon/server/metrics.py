@@ -57,7 +57,7 @@ DECISION_PAIRS: tuple[tuple[DecisionKind, Reason], ...] = (
 # The largest tenants get their own series; the rest are summed into one, so a sum over
 # tenants stays exact.
 MAX_TENANT_SERIES = 50
-_ADMIT, _QUEUE, _PREEMPT = DecisionKind.ADMIT, DecisionKind.QUEUE, DecisionKind.PREEMPT
+_ADMIT, _QUEUE, _PREEMPT, _GROW = DecisionKind.ADMIT, DecisionKind.QUEUE, DecisionKind.PREEMPT, DecisionKind.GROW
 _ENDS = (DecisionKind.REJECT, DecisionKind.RELEASE, DecisionKind.EXPIRE)  # a request's end: forget its wait
 
 
@@ -102,7 +102,6 @@ class Metrics:
         self._server_thread: threading.Thread | None = None
         self._waiting_since: dict[str, float] = {}  # request id -> its first QUEUE's time
         self._preempted: set[str] = set()  # request ids whose next ADMIT is a re-admission
-        self._observe_wait = self.families.queue_time.observe
 
     # ------------------------------------------------------------------ feeds
     def record(self, decisions: Sequence[Decision], latency_s: float | None = None) -> None:
@@ -117,17 +116,19 @@ class Metrics:
         # ends it (one admitted at once waited 0); a preempted request's next admission is
         # not a new wait. Only live requests are followed: an end forgets them. (Inline: a
         # method call per decision cost more than the rest of the loop.)
-        waiting, preempted, observe = self._waiting_since, self._preempted, self._observe_wait
+        waiting, preempted, waits = self._waiting_since, self._preempted, []
         for decision in decisions:
             kind = decision.kind
             key = (kind, decision.reason)
             counts[key] = get(key, 0) + 1
+            if kind is _GROW:  # (the commonest, and not a request's wait: one test)
+                continue
             if kind is _ADMIT:
                 queued_at = waiting.pop(decision.request_id, None)
                 if decision.request_id in preempted:
                     preempted.discard(decision.request_id)
                 else:
-                    observe(decision.time_s - queued_at if queued_at is not None else 0.0)
+                    waits.append(decision.time_s - queued_at if queued_at is not None else 0.0)
             elif kind is _QUEUE:
                 waiting.setdefault(decision.request_id, decision.time_s)
             elif kind is _PREEMPT:
@@ -135,6 +136,8 @@ class Metrics:
             elif kind in _ENDS and (waiting or preempted):
                 waiting.pop(decision.request_id, None)
                 preempted.discard(decision.request_id)
+        if waits:
+            self.families.queue_time.observe_all(waits)
         children = self._decision_children
         for key, count in counts.items():
             pair = children.get(key)

@@ -86,7 +86,7 @@ class _Restricted:
 class CountingHistogram:
     """A histogram observed once per admitted request, on the event loop: plain counts, read
     into a histogram family at scrape. prometheus-client's Histogram.observe takes ~1.6 us
-    (its locks), which a step admitting 64 requests paid 64 times."""
+    (its locks), which a step admitting 64 requests paid 64 times; a batch's are added at once."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
         self.name, self.documentation, self.bounds = name, documentation, buckets
@@ -94,9 +94,12 @@ class CountingHistogram:
         self._sum = 0.0
         registry.register(self)
 
-    def observe(self, value: float) -> None:
-        self._counts[bisect_left(self.bounds, value)] += 1
-        self._sum += value
+    def observe_all(self, values: list[float]) -> None:
+        """Each of `values` observed (a batch's admissions: one call for all of them)."""
+        counts, bounds = self._counts, self.bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        self._sum += sum(values)
 
     def collect(self) -> Iterator[Metric]:
         counts, total = list(self._counts), self._sum  # (a scrape reads a copy: its count is its +Inf)
