@@ -304,3 +304,10 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path, outp
     reader.stdout.close()
     assert reader.wait(60) == 0
     assert reader.stderr.read() == b""
+
+
+def test_db_path_is_the_daemons_flag_name_and_db_still_works(db: Path) -> None:
+    new, old = kvbudget("--db-path", str(db), "--json"), kvbudget("--db", str(db), "--json")
+    assert (new.returncode, old.returncode) == (0, 0), new.stderr + old.stderr
+    assert seqs_of_json(new.stdout) == [1, 2, 3, 4]
+    assert new.stdout == old.stdout

@@ -119,3 +119,26 @@ def test_names_a_reader_shows_known_unspecified_and_newer_values():
     assert convert.policy_name(common_pb2.POLICY_UNSPECIFIED) == "unspecified"
     assert convert.kind_name(999) == "999"  # a kind newer than this build: its number
     assert convert.policy_name(999) == "999"
+
+
+def test_each_group_says_its_layer_type_as_a_name_and_as_the_enum() -> None:
+    """KVCacheGroup.layer_kind and GroupState.layer_kind (the closed set, as an enum) beside
+    the layer_type names clients read already: the same kind in both."""
+    from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+
+    from test_admission_support import SMALL_LAYOUTS
+
+    sliding = ("sliding_window", common_pb2.LAYER_TYPE_SLIDING_WINDOW)
+    expected = {"hybrid": [sliding, sliding, ("full_attention", common_pb2.LAYER_TYPE_FULL_ATTENTION)],
+                "chunked": [("chunked_local", common_pb2.LAYER_TYPE_CHUNKED_LOCAL),
+                            ("full_attention", common_pb2.LAYER_TYPE_FULL_ATTENTION)],
+                "mla": [("mla", common_pb2.LAYER_TYPE_MLA)],
+                "mamba": [("mamba", common_pb2.LAYER_TYPE_MAMBA),
+                          ("full_attention", common_pb2.LAYER_TYPE_FULL_ATTENTION)]}
+    for name, kinds in expected.items():
+        layout = SMALL_LAYOUTS[name]
+        plan = convert.plan_to_proto(layout, 30, max_model_len=64, max_num_batched_tokens=16)
+        assert [(g.layer_type, g.layer_kind) for g in plan.groups] == kinds, name
+        snapshot = convert.snapshot_to_proto(AdmissionController(layout, 30, AdmissionConfig(max_model_len=64))
+                                             .snapshot(1.0))
+        assert [(g.layer_type, g.layer_kind) for g in snapshot.groups] == kinds, name

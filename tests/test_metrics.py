@@ -108,7 +108,11 @@ def test_snapshot_gauges() -> None:
     assert value(metrics, "kvbudget_blocks", state="free") == 600.0  # 700 free+evictable - 100 evictable
     assert value(metrics, "kvbudget_blocks", state="evictable") == 100.0
     assert value(metrics, "kvbudget_blocks", state="held") == 300.0
-    assert value(metrics, "kvbudget_blocks", state="reserved") == 50.0
+    assert value(metrics, "kvbudget_blocks", state="reserved") == 50.0  # (deprecated: sums to 1050)
+    # the pool's states sum to its blocks (600 + 100 + 300 = 1000); what is reserved apart
+    assert {state: value(metrics, "kvbudget_pool_blocks", state=state) for state in ("free", "evictable", "held")} \
+        == {"free": 600.0, "evictable": 100.0, "held": 300.0}
+    assert value(metrics, "kvbudget_reserved_blocks") == 50.0
     assert value(metrics, "kvbudget_group_blocks", layer_type="sliding_window", group="1", state="held") == 100.0
     assert value(metrics, "kvbudget_group_blocks", layer_type="full_attention", group="0", state="reserved") == 30.0
     assert value(metrics, "kvbudget_group_blocks_reclaimed_total", layer_type="sliding_window", group="1") == 40.0
@@ -175,6 +179,8 @@ def test_decision_log_sizes_and_counts() -> None:
     assert value(metrics, "kvbudget_decision_log_bytes", file="wal") == 2**20
     assert value(metrics, "kvbudget_decision_log_rows_total", state="written") == 100
     assert value(metrics, "kvbudget_decision_log_rows_total", state="folded") == 90
+    assert value(metrics, "kvbudget_decision_log_rows_written_total") == 100  # each row once: 100, not 190
+    assert value(metrics, "kvbudget_decision_log_rows_folded_total") == 90
     assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 1
     assert value(metrics, "kvbudget_decision_log_stalls_total") == 2
     assert value(metrics, "kvbudget_decision_log_stall_seconds_total") == 0.25
@@ -182,6 +188,7 @@ def test_decision_log_sizes_and_counts() -> None:
                                            stalls=3, stall_seconds=1.0))
     assert value(metrics, "kvbudget_decision_log_bytes", file="wal") == 0
     assert value(metrics, "kvbudget_decision_log_rows_total", state="written") == 150  # counters: the increase
+    assert value(metrics, "kvbudget_decision_log_rows_written_total") == 150
     assert value(metrics, "kvbudget_decision_log_wal_resets_total") == 3
     assert value(metrics, "kvbudget_decision_log_stalls_total") == 3
     assert value(metrics, "kvbudget_decision_log_stall_seconds_total") == 1.0
@@ -404,7 +411,8 @@ def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
     """/metrics serves before the core's first metrics tick: a scrape then read a pool of 0
     blocks and no GPU. Absent is the truth: nothing is known yet."""
     metrics = Metrics()
-    unknown = ("kvbudget_num_blocks", "kvbudget_kv_cache_usage_perc", "kvbudget_num_requests_waiting",
+    unknown = ("kvbudget_num_blocks", "kvbudget_reserved_blocks", "kvbudget_kv_cache_usage_perc",
+               "kvbudget_num_requests_waiting",
                "kvbudget_num_requests_running", "kvbudget_gpu_present", "kvbudget_decision_log_unwritten_decisions")
     for name in unknown:
         assert value(metrics, name) is None, name
@@ -422,9 +430,13 @@ def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
 
 
 # Every sample name of ours in the exposition (with TLS, mutual TLS, a GPU and the log's
-# figures), as operators' dashboards and alerts name them: none may go or change.
+# figures), as operators' dashboards and alerts name them: none may go or change, but for a
+# deprecated one, in the release its HELP and the operator's guide name.
 EXPOSED_NAMES = {
-    "kvbudget_blocks", "kvbudget_build_info", "kvbudget_decision_latency_seconds_bucket",
+    "kvbudget_blocks", "kvbudget_pool_blocks", "kvbudget_reserved_blocks",
+    "kvbudget_decision_log_rows_written_total", "kvbudget_decision_log_rows_folded_total", "kvbudget_build_info",
+    "kvbudget_request_queue_time_seconds_bucket", "kvbudget_request_queue_time_seconds_count",
+    "kvbudget_request_queue_time_seconds_sum", "kvbudget_decision_latency_seconds_bucket",
     "kvbudget_decision_latency_seconds_count", "kvbudget_decision_latency_seconds_sum", "kvbudget_decision_log_bytes",
     "kvbudget_decision_log_rows_total", "kvbudget_decision_log_stall_seconds_total",
     "kvbudget_decision_log_stalls_total", "kvbudget_decision_log_unwritten_decisions",
@@ -516,3 +528,36 @@ def test_no_created_series_over_http_in_either_format_or_by_name() -> None:
             assert not any(name.startswith("kvbudget_decision_latency") for name in described), (accept, named)
     finally:
         metrics.stop()
+
+
+def test_a_deprecated_metric_says_so_and_names_what_replaces_it() -> None:
+    """Renamed, never changed in place: the old name is served beside the new ones until the
+    release its HELP names (docs/operators-guide.md, "Deprecated metrics")."""
+    text = full_metrics().render().decode()
+    helps = {line.split(" ", 3)[2]: line.split(" ", 3)[3] for line in text.splitlines()
+             if line.startswith("# HELP kvbudget_")}
+    deprecated = {name for name, help_text in helps.items()
+                  if help_text.startswith("Deprecated since 0.2, removed in 0.3: use ")}
+    assert deprecated == {"kvbudget_blocks", "kvbudget_decision_log_rows_total"}
+    for old, new in (("kvbudget_blocks", ("kvbudget_pool_blocks", "kvbudget_reserved_blocks")),
+                     ("kvbudget_decision_log_rows_total", ("kvbudget_decision_log_rows_written_total",
+                                                           "kvbudget_decision_log_rows_folded_total"))):
+        for successor in new:
+            assert successor in helps[old] and successor in helps, (old, successor)
+
+
+def test_queue_time_is_each_requests_wait_for_its_first_admission() -> None:
+    def at(time_s: float, kind: DecisionKind, request_id: str, reason: Reason = Reason.FITS) -> Decision:
+        return Decision(seq=int(time_s * 10), time_s=time_s, kind=kind, reason=reason, request_id=request_id)
+
+    metrics = Metrics()
+    metrics.record([at(1.0, DecisionKind.ADMIT, "now")])  # admitted as it came: waited 0
+    metrics.record([at(2.0, DecisionKind.QUEUE, "w", Reason.POOL_FULL), at(4.0, DecisionKind.QUEUE, "gone", Reason.POOL_FULL)])
+    metrics.record([at(3.0, DecisionKind.QUEUE, "w", Reason.QUEUE_AHEAD)])  # still the wait that began at 2
+    metrics.record([at(6.0, DecisionKind.REJECT, "gone", Reason.DEADLINE)])  # never admitted: not observed
+    metrics.record([at(7.0, DecisionKind.ADMIT, "w")])  # waited 7 - 2 = 5
+    metrics.record([at(8.0, DecisionKind.PREEMPT, "w", Reason.GROWTH), at(9.0, DecisionKind.ADMIT, "w")])  # no new wait
+    metrics.record([at(10.0, DecisionKind.ADMIT, "gone")])  # the id again, a new request: waited 0
+    name = "kvbudget_request_queue_time_seconds"
+    assert (value(metrics, name + "_count"), value(metrics, name + "_sum")) == (3.0, 5.0)
+    assert [value(metrics, name + "_bucket", le=le) for le in ("0.0", "2.5", "5.0")] == [2.0, 2.0, 3.0]

@@ -80,6 +80,9 @@ RPCS: dict[str, tuple[str, Callable[[grpc.Channel, tuple], object]]] = {
         engine_pb2.HeartbeatRequest(session_id="kvbt-no-such-session"), metadata=md, timeout=10)),
     "EngineService.CloseSession": ("engine", lambda ch, md: engine_pb2_grpc.EngineServiceStub(ch).CloseSession(
         engine_pb2.CloseSessionRequest(session_id="kvbt-no-such-session"), metadata=md, timeout=10)),
+    "EngineService.ReportReplay": ("engine", lambda ch, md: engine_pb2_grpc.EngineServiceStub(ch).ReportReplay(
+        engine_pb2.EngineServiceReportReplayRequest(replay=common_pb2.ReplayState(replay_id="kvbt-replay", trace="t")),
+        metadata=md, timeout=10)),
     "ObserverService.Watch": ("observer", lambda ch, md: _first(observer_pb2_grpc.ObserverServiceStub(ch).Watch(
         observer_pb2.WatchRequest(interval_ms=50), metadata=md, timeout=10))),
     "ObserverService.GetSnapshot": ("observer", lambda ch, md: observer_pb2_grpc.ObserverServiceStub(ch).GetSnapshot(

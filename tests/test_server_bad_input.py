@@ -1,4 +1,5 @@
-"""Every bad input of every RPC gets the right status, names the field, and changes nothing.
+"""Every bad input of every RPC gets the right status, names the field (in its message and
+its details), and changes nothing.
 
 One daemon for the module. Before each case we take the pool's state and the number of
 rows in the decision log; after the refused call both must be exactly as they were.
@@ -29,6 +30,7 @@ from kvbudget.v1 import (
 )
 
 from daemon_harness import DaemonProcess
+from kvbudget.client import refusal_details
 
 pytestmark = pytest.mark.slow
 Code = grpc.StatusCode
@@ -155,6 +157,8 @@ def test_bad_input_is_refused_and_changes_nothing(daemon: Daemon, call, code, fi
         call(daemon)
     assert info.value.code() == code, info.value.details()
     assert info.value.details().startswith(field), info.value.details()
+    # the same field, machine-readable, in the google.rpc.Status trailer (test_server_error_details)
+    assert refusal_details(info.value).field == field
     assert daemon.state() == before
 
 

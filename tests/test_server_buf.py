@@ -1,5 +1,6 @@
-"""A client not written in Python reaches the daemon: `buf curl` (Go) over the unix socket;
-and the contract itself passes `buf lint` (protos/buf.yaml: the STANDARD rules).
+"""A client not written in Python reaches the daemon: `buf curl` (Go) over the unix socket,
+and reads a refusal's google.rpc.Status details; the contract itself passes `buf lint`
+(protos/buf.yaml: the STANDARD and COMMENTS rules) and `buf format`.
 
 Health check, the reflection listing, and one real call described only by reflection.
 Skips, saying why, when neither `$BUF` nor `npx` can run buf (e.g. offline without a cache).
@@ -7,6 +8,7 @@ Skips, saying why, when neither `$BUF` nor `npx` can run buf (e.g. offline witho
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from google.rpc import code_pb2, error_details_pb2
 
 from daemon_harness import DaemonProcess
 
@@ -72,3 +75,29 @@ def test_buf_lint_of_the_protos_is_clean() -> None:
     )
     lint = subprocess.run([*buf, "lint", "protos"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (lint.returncode, lint.stdout + lint.stderr) == (0, "")
+
+
+def test_buf_format_of_the_protos_is_clean() -> None:
+    buf = _buf_command()
+    formatted = subprocess.run([*buf, "format", "--diff", "--exit-code", "protos"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=120)
+    assert (formatted.returncode, formatted.stdout + formatted.stderr) == (0, "")
+
+
+def test_buf_curl_reads_a_refusals_details(tmp_path) -> None:
+    """The google.rpc.Status in the trailer, from the descriptor set the project ships."""
+    buf = _buf_command()
+    schema = ROOT / "protos" / "kvbudget" / "v1" / "descriptor_set.binpb"
+    with DaemonProcess(tmp_path) as daemon:
+        result = subprocess.run(
+            [*buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge", "--unix-socket", str(daemon.socket_path),
+             "--schema", str(schema), "-d", '{"sessionId": "nope"}', "http://localhost/kvbudget.v1.EngineService/Step"],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert result.returncode == 63 + code_pb2.FAILED_PRECONDITION, result.stderr  # buf curl: 63 + the code
+    error = json.loads(result.stderr)
+    assert (error["code"], error["message"]) == (
+        "failed_precondition", "session_id: unknown session (expired, closed, or the daemon restarted): open a new one")
+    assert [d["type"] for d in error["details"]] == ["google.rpc.ErrorInfo", "google.rpc.PreconditionFailure"]
+    info = error_details_pb2.ErrorInfo.FromString(base64.b64decode(error["details"][0]["value"] + "=="))
+    assert (info.reason, info.domain, dict(info.metadata)) == ("SESSION_UNKNOWN", "kvbudget", {"field": "session_id"})

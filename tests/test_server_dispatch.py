@@ -223,7 +223,7 @@ class _Context:
     def invocation_metadata(self) -> tuple:
         return ()
 
-    async def abort(self, code, message: str) -> None:
+    async def abort(self, code, message: str, trailing_metadata=()) -> None:  # (the details: error_details)
         raise _Aborted(code, message)
 
 

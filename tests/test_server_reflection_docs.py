@@ -67,9 +67,9 @@ def test_describe_shows_the_proto_comments(channel: grpc.Channel) -> None:
     session_id = _index(engine.message_type[step_request].field, "session_id")
     engine_service = _index(engine.service, "EngineService")
     step = _index(engine.service[engine_service].method, "Step")
-    # engine.proto: the message's leading comment, a field's trailing one, a method's leading one
+    # engine.proto: the message's, a field's and a method's leading comment
     assert "A request id appears at most once per list" in _comments(engine, MESSAGE_TYPE, step_request)
-    assert "required: OpenSessionResponse.session_id" in _comments(
+    assert "Required: OpenSessionResponse.session_id" in _comments(
         engine, MESSAGE_TYPE, step_request, FIELD, session_id)
     assert "One call per engine scheduler step" in _comments(engine, SERVICE, engine_service, METHOD, step)
     # its dependency comes documented too

@@ -114,7 +114,7 @@ class _Context:
         self.auth_reads += 1
         return {"x509_common_name": self.names}
 
-    async def abort(self, code, message):
+    async def abort(self, code, message, trailing_metadata=()):
         raise AuthError(code, message)
 
 

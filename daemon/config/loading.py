@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvbudget.daemon.config.checks import MEMORY_SOURCE_OF, check_config, tenant_problem
+from kvbudget.daemon.config.checks import MEMORY_SOURCE_OF, ConfigErrors, check_config, tenant_problem
 from kvbudget.daemon.config.settings import (
     FILE_KEY, KEY_BY_FIELD, KEYS, SECTIONS, TENANT_KEYS, ConfigError, DaemonConfig, Failure, Size, TenantQuota,
 )
@@ -58,11 +58,12 @@ def load_config(
     values: dict[str, object] = {}
     origin: dict[str, tuple[str, str]] = {}  # field -> (key as the user wrote it, source)
     source = ""
+    problems: list[ConfigError] = []  # the file's, all of them: then the checks' too
     if path is not None:
         source = str(path)
         if not source:  # (Path("") is ".": "config file . is a directory")
             raise ConfigError(FILE_KEY, "the config file's path is empty")
-        _read_file(Path(path), source, values, origin)
+        problems = _read_file(Path(path), source, values, origin)
     flags = {name: value for name, value in (overrides or {}).items() if value is not None}
     _drop_memory_sources_the_flags_replace(values, origin, flags)
     for name, value in flags.items():
@@ -75,35 +76,62 @@ def load_config(
         origin[name] = (name, "")
     fail = Failure(origin, source)
     config = DaemonConfig(**values)  # type: ignore[arg-type]
-    check_config(config, fail, check_paths=check_paths)
+    try:
+        check_config(config, fail, check_paths=check_paths)
+    except ConfigError as exc:
+        if not problems:
+            raise
+        said = {p.key for p in problems}  # (a key the file got wrong was checked at its default)
+        problems += [p for p in getattr(exc, "problems", (exc,)) if p.key not in said]
+    if problems:
+        raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
     return config
 
 
-def _read_file(path: Path, source: str, values: dict[str, object], origin: dict[str, tuple[str, str]]) -> None:
-    """The file's keys into `values` (by field), each with the key it was written as."""
+def _read_file(
+    path: Path, source: str, values: dict[str, object], origin: dict[str, tuple[str, str]]
+) -> list[ConfigError]:
+    """The file's keys into `values` (by field), each with the key it was written as; the
+    keys it could not take, every one, returned (a file that is not TOML raises)."""
+    problems: list[ConfigError] = []
     for section, body in read_toml_file(path).items():
         if section not in SECTIONS and not isinstance(body, Mapping):
-            raise ConfigError(section, _outside_any_section(section), source=source)
-        if section not in SECTIONS:
-            raise ConfigError(
+            problems.append(ConfigError(section, _outside_any_section(section), source=source))
+        elif section not in SECTIONS:
+            problems.append(ConfigError(
                 section, f"unknown section [{section}] (expected: {', '.join(SECTIONS)})", source=source,
-            )
-        if section == "tenants":
-            values["tenants"] = _parse_tenants(body, source, "tenants")
-            origin["tenants"] = ("tenants", source)
+            ))
+        elif section == "tenants":
+            try:
+                values["tenants"] = _parse_tenants(body, source, "tenants")
+                origin["tenants"] = ("tenants", source)
+            except ConfigError as exc:
+                problems.append(exc)
+        elif not isinstance(body, Mapping):
+            problems.append(ConfigError(section, f"must be a [{section}] section, not a value", source=source))
+        else:
+            problems += _read_section(section, body, source, values, origin)
+    return problems
+
+
+def _read_section(section: str, body: Mapping, source: str, values: dict[str, object],
+                  origin: dict[str, tuple[str, str]]) -> list[ConfigError]:
+    problems: list[ConfigError] = []
+    allowed = {k.name: k for k in KEYS if k.section == section}
+    for name, value in body.items():
+        key = f"{section}.{name}"
+        if name not in allowed:
+            problems.append(ConfigError(
+                key, f"unknown key {name!r} in [{section}] (expected: {', '.join(allowed)})", source=source,
+            ))
             continue
-        if not isinstance(body, Mapping):
-            raise ConfigError(section, f"must be a [{section}] section, not a value", source=source)
-        allowed = {k.name: k for k in KEYS if k.section == section}
-        for name, value in body.items():
-            key = f"{section}.{name}"
-            if name not in allowed:
-                raise ConfigError(
-                    key, f"unknown key {name!r} in [{section}] (expected: {', '.join(allowed)})", source=source,
-                )
-            spec = allowed[name]
+        spec = allowed[name]
+        try:
             values[spec.field] = _coerce(value, spec.kind, key, source)
             origin[spec.field] = (key, source)
+        except ConfigError as exc:
+            problems.append(exc)
+    return problems
 
 
 def _outside_any_section(name: str) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from kvbudget.daemon.server.error_details import abort
+
 
 class Role(str, enum.Enum):
     OBSERVER = "observer"
@@ -175,7 +177,7 @@ class Authorizer:
             names = _certificate_names(context.auth_context()) if wants_names else ()
             return self.check_caller(peer, metadata, needed, names)
         except AuthError as exc:
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc.code, str(exc))
             raise  # unreachable: abort raises
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from kvbudget.daemon.server.error_details import abort
 from kvbudget.daemon.server.in_flight import InFlightCalls
 
 
@@ -78,7 +79,7 @@ def _checked(handler: Any, calls: InFlightCalls) -> Any:
     async def guarded(request: object, context: grpc.aio.ServicerContext) -> object:
         started(context)
         if request.__class__ is Malformed:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {what}: {request.why}")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {what}: {request.why}")
         return await behavior(request, context)
 
     return handler._replace(request_deserializer=lenient, **{field: guarded})

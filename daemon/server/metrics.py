@@ -57,6 +57,8 @@ DECISION_PAIRS: tuple[tuple[DecisionKind, Reason], ...] = (
 # The largest tenants get their own series; the rest are summed into one, so a sum over
 # tenants stays exact.
 MAX_TENANT_SERIES = 50
+_ADMIT, _QUEUE, _PREEMPT, _GROW = DecisionKind.ADMIT, DecisionKind.QUEUE, DecisionKind.PREEMPT, DecisionKind.GROW
+_ENDS = (DecisionKind.REJECT, DecisionKind.RELEASE, DecisionKind.EXPIRE)  # a request's end: forget its wait
 
 
 class GpuMemory(Protocol):
@@ -98,6 +100,8 @@ class Metrics:
             self._decision_children[(kind, reason)] = self._children_of(kind, reason)
         self._server: WSGIServer | None = None
         self._server_thread: threading.Thread | None = None
+        self._waiting_since: dict[str, float] = {}  # request id -> its first QUEUE's time
+        self._preempted: set[str] = set()  # request ids whose next ADMIT is a re-admission
 
     # ------------------------------------------------------------------ feeds
     def record(self, decisions: Sequence[Decision], latency_s: float | None = None) -> None:
@@ -108,9 +112,32 @@ class Metrics:
         """
         counts: dict[tuple[str, str], int] = {}
         get = counts.get
+        # The queue-time histogram: a request's first QUEUE starts its wait, its first ADMIT
+        # ends it (one admitted at once waited 0); a preempted request's next admission is
+        # not a new wait. Only live requests are followed: an end forgets them. (Inline: a
+        # method call per decision cost more than the rest of the loop.)
+        waiting, preempted, waits = self._waiting_since, self._preempted, []
         for decision in decisions:
-            key = (decision.kind, decision.reason)
+            kind = decision.kind
+            key = (kind, decision.reason)
             counts[key] = get(key, 0) + 1
+            if kind is _GROW:  # (the commonest, and not a request's wait: one test)
+                continue
+            if kind is _ADMIT:
+                queued_at = waiting.pop(decision.request_id, None)
+                if decision.request_id in preempted:
+                    preempted.discard(decision.request_id)
+                else:
+                    waits.append(decision.time_s - queued_at if queued_at is not None else 0.0)
+            elif kind is _QUEUE:
+                waiting.setdefault(decision.request_id, decision.time_s)
+            elif kind is _PREEMPT:
+                preempted.add(decision.request_id)
+            elif kind in _ENDS and (waiting or preempted):
+                waiting.pop(decision.request_id, None)
+                preempted.discard(decision.request_id)
+        if waits:
+            self.families.queue_time.observe_all(waits)
         children = self._decision_children
         for key, count in counts.items():
             pair = children.get(key)
@@ -164,7 +191,8 @@ class Metrics:
 
     def _update_pool(self, snapshot: Snapshot) -> None:
         f = self.families
-        self._register_once(f.kv_cache_usage, f.requests_waiting, f.requests_running, f.num_blocks)
+        self._register_once(f.kv_cache_usage, f.requests_waiting, f.requests_running, f.num_blocks,
+                            f.reserved_blocks)
         f.kv_cache_usage.set(snapshot.usage)
         f.requests_waiting.set(snapshot.num_waiting)
         f.requests_running.set(snapshot.num_running)
@@ -173,6 +201,10 @@ class Metrics:
         f.blocks.labels(state="evictable").set(snapshot.num_evictable_blocks)
         f.blocks.labels(state="held").set(snapshot.num_held_blocks)
         f.blocks.labels(state="reserved").set(snapshot.num_reserved_blocks)
+        f.pool_blocks.labels(state="free").set(snapshot.num_free_blocks - snapshot.num_evictable_blocks)
+        f.pool_blocks.labels(state="evictable").set(snapshot.num_evictable_blocks)
+        f.pool_blocks.labels(state="held").set(snapshot.num_held_blocks)
+        f.reserved_blocks.set(snapshot.num_reserved_blocks)
         self._set_labelled(f.policy, {(snapshot.policy,): 1.0})
 
         group_values: dict[tuple[str, ...], float] = {}
@@ -196,8 +228,10 @@ class Metrics:
         f.log_bytes.labels(file="database").set(log.database_bytes)
         f.log_bytes.labels(file="wal").set(log.wal_bytes)
         f.log_unwritten.set(log.num_unwritten)
-        self._add_increase(f.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)
-        self._add_increase(f.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)
+        self._add_increase(f.log_rows.labels(state="written"), ("log_rows_written",), log.rows_written)  # deprecated
+        self._add_increase(f.log_rows.labels(state="folded"), ("log_rows_folded",), log.rows_folded)  # deprecated
+        self._add_increase(f.log_rows_written, ("log_rows_written_total",), log.rows_written)
+        self._add_increase(f.log_rows_folded, ("log_rows_folded_total",), log.rows_folded)
         self._add_increase(f.log_wal_resets, ("log_wal_resets",), log.wal_resets)
         self._add_increase(f.log_stalls, ("log_stalls",), log.stalls)
         self._add_increase(f.log_stall_seconds, ("log_stall_seconds",), log.stall_seconds)

@@ -5,6 +5,8 @@ out prometheus-client's `_created` samples (vLLM's /metrics has none)."""
 from __future__ import annotations
 
 import copy
+import math
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -17,7 +19,9 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 from prometheus_client.registry import RestrictedRegistry
 
 from kvbudget import __version__
@@ -30,6 +34,12 @@ LATENCY_BUCKETS_S = (
     2.5, 5.0, 10.0,
 )
 
+
+# A request's wait for admission, from admitted as it came (0) to minutes in a full pool.
+QUEUE_TIME_BUCKETS_S = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+# A deprecated family's HELP starts so; it is served, unchanged, until the release named.
+DEPRECATED = "Deprecated since 0.2, removed in 0.3:"
 
 # No `<name>_created` samples (vLLM's /metrics has none): prometheus-client's own switch is
 # process-global, so this registry leaves them out as it collects (docs/architecture/server.md).
@@ -73,6 +83,35 @@ class _Restricted:
         return _without_created(self._restricted.collect())
 
 
+class CountingHistogram:
+    """A histogram observed once per admitted request, on the event loop: plain counts, read
+    into a histogram family at scrape. prometheus-client's Histogram.observe takes ~1.6 us
+    (its locks), which a step admitting 64 requests paid 64 times; a batch's are added at once."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.bounds = name, documentation, buckets
+        self._counts = [0] * (len(buckets) + 1)  # per bucket, not cumulative; the last: above them all
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe_all(self, values: list[float]) -> None:
+        """Each of `values` observed (a batch's admissions: one call for all of them)."""
+        counts, bounds = self._counts, self.bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        self._sum += sum(values)
+
+    def collect(self) -> Iterator[Metric]:
+        counts, total = list(self._counts), self._sum  # (a scrape reads a copy: its count is its +Inf)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*self.bounds, math.inf), counts):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        family = HistogramMetricFamily(self.name, self.documentation)
+        family.add_metric([], buckets, total)
+        yield family
+
+
 @dataclass(frozen=True)
 class Families:
     """The metric families the daemon exports. Those a snapshot (or the GPU probe, or the log's
@@ -87,7 +126,9 @@ class Families:
     requests_running: Gauge  # registered at the first update
     preemptions: Counter
     num_blocks: Gauge  # registered at the first update
-    blocks: Gauge
+    blocks: Gauge  # deprecated: pool_blocks and reserved_blocks (docs/operators-guide.md, "Deprecated metrics")
+    pool_blocks: Gauge
+    reserved_blocks: Gauge  # registered at the first update
     group_blocks: Gauge
     group_reclaimed: Counter
     tenant_blocks: Gauge
@@ -98,9 +139,12 @@ class Families:
     # decisions
     decisions: Counter
     decision_latency: Histogram
+    queue_time: CountingHistogram
     # the decision log
     log_bytes: Gauge
-    log_rows: Counter
+    log_rows: Counter  # deprecated: log_rows_written and log_rows_folded
+    log_rows_written: Counter
+    log_rows_folded: Counter
     log_wal_resets: Counter
     log_stalls: Counter
     log_stall_seconds: Counter
@@ -150,10 +194,23 @@ def _pool_families(r: CollectorRegistry) -> dict[str, Gauge | Counter]:
         num_blocks=Gauge("kvbudget_num_blocks", "Pool capacity in blocks (null block excluded)", registry=None),
         blocks=Gauge(
             "kvbudget_blocks",
-            "Pool blocks by state: free (never cached) + evictable (cached, unreferenced) + held "
-            "= capacity; reserved = promised to running requests but not yet held",
+            f"{DEPRECATED} use kvbudget_pool_blocks and kvbudget_reserved_blocks: a sum over its states "
+            "counts the reserved blocks twice. Pool blocks by state: free (never cached) + evictable "
+            "(cached, unreferenced) + held = capacity; reserved = promised to running requests but not yet held",
             ["state"],
             registry=r,
+        ),
+        pool_blocks=Gauge(
+            "kvbudget_pool_blocks",
+            "Pool blocks by state, summing to kvbudget_num_blocks: free (never cached), evictable "
+            "(cached, unreferenced), held",
+            ["state"],
+            registry=r,
+        ),
+        reserved_blocks=Gauge(
+            "kvbudget_reserved_blocks",
+            "Blocks promised to running requests but not yet held (among the free and evictable ones)",
+            registry=None,
         ),
         group_blocks=Gauge(
             "kvbudget_group_blocks", "Blocks per KV-cache group and state (held, reserved)",
@@ -185,6 +242,12 @@ def _decision_families(r: CollectorRegistry) -> dict[str, Gauge | Counter | Hist
             "Time from an engine's call to its decisions being ready (log commit included)",
             buckets=LATENCY_BUCKETS_S, registry=r,
         ),
+        queue_time=CountingHistogram(  # (vLLM's vllm:request_queue_time_seconds)
+            "kvbudget_request_queue_time_seconds",
+            "Seconds from a request's submit to its first admission, on the daemon's clock (0: admitted "
+            "as it came); one rejected or aborted while waiting is not observed",
+            QUEUE_TIME_BUCKETS_S, registry=r,
+        ),
     )
 
 
@@ -194,8 +257,18 @@ def _log_families(r: CollectorRegistry) -> dict[str, Gauge | Counter]:
             "kvbudget_decision_log_bytes", "Size of the decision log's files (database, wal)", ["file"], registry=r
         ),
         log_rows=Counter(
-            "kvbudget_decision_log_rows", "Decision log rows committed, and moved into the indexed table",
+            "kvbudget_decision_log_rows",
+            f"{DEPRECATED} use kvbudget_decision_log_rows_written_total and "
+            "kvbudget_decision_log_rows_folded_total: a sum over its states counts a folded row twice. "
+            "Decision log rows committed, and moved into the indexed table",
             ["state"], registry=r,
+        ),
+        log_rows_written=Counter(
+            "kvbudget_decision_log_rows_written", "Decision log rows committed", registry=r
+        ),
+        log_rows_folded=Counter(
+            "kvbudget_decision_log_rows_folded", "Decision log rows moved into the indexed table (each one "
+            "written before)", registry=r,
         ),
         log_wal_resets=Counter(
             "kvbudget_decision_log_wal_resets", "Times the WAL was past its bound and was started over", registry=r

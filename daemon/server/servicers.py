@@ -17,6 +17,7 @@ import grpc
 
 from kvbudget.daemon.core.records import DecisionKind
 from kvbudget.daemon.server.auth import Authorizer, Role
+from kvbudget.daemon.server.error_details import abort
 from kvbudget.daemon.server.identity import check_may_open, check_owner
 from kvbudget.daemon.server.refusal import Refused, Status
 from kvbudget.daemon.server.service import CoreService
@@ -49,7 +50,7 @@ def answers(method):
         try:
             return await method(self, request, context)
         except Refused as refused:
-            await context.abort(STATUS_CODES[refused.status], refused.message)
+            await abort(context, STATUS_CODES[refused.status], refused.message)
 
     return answered
 
@@ -84,7 +85,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 check_owner(await self.auth.caller(context, _ENGINE), self.core.sessions.get(request.session_id))
             return await self._steps.step(request, started)
         except Refused as refused:
-            await context.abort(STATUS_CODES[refused.status], refused.message)
+            await abort(context, STATUS_CODES[refused.status], refused.message)
 
     @answers
     async def Events(self, request, context):
@@ -138,6 +139,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         released = sum(1 for d in decisions if d.engine_id == session.engine_id and d.kind == DecisionKind.RELEASE)
         return engine_pb2.CloseSessionResponse(released_requests=released)
 
+    @answers
+    async def ReportReplay(self, request, context):
+        await self.auth.require(context, Role.ENGINE)
+        await _report_replay(self.core, context, request.replay)
+        return engine_pb2.EngineServiceReportReplayResponse()
+
 
 class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
     def __init__(self, core: CoreService, auth: Authorizer, *, db_path: str, watch_max_hz: float) -> None:
@@ -150,15 +157,15 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         await self.auth.require(context, Role.OBSERVER)
         # Bounded so one watcher cannot ask the daemon to buffer millions of decisions for it.
         if request.interval_ms > MAX_WATCH_INTERVAL_MS:
-            await context.abort(INVALID, f"interval_ms: at most {MAX_WATCH_INTERVAL_MS}, got {request.interval_ms}")
+            await abort(context, INVALID, f"interval_ms: at most {MAX_WATCH_INTERVAL_MS}, got {request.interval_ms}")
         if request.max_decisions > MAX_WATCH_DECISIONS:
-            await context.abort(INVALID, f"max_decisions: at most {MAX_WATCH_DECISIONS}, got {request.max_decisions}")
+            await abort(context, INVALID, f"max_decisions: at most {MAX_WATCH_DECISIONS}, got {request.max_decisions}")
         interval_s = max((request.interval_ms or 100) / 1000.0, self.min_interval_s)
         try:
             watcher = self.core.watch_hub.add(request.max_decisions or 200)
         except TooManyWatchers:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            await abort(
+                context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"watchers: at most {self.core.watch_hub.max_watchers} at a time",
             )
         try:
@@ -185,15 +192,15 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         if request.kind != common_pb2.DECISION_KIND_UNSPECIFIED:
             kind = convert.kind_from_proto(request.kind)
             if kind is None:
-                await context.abort(INVALID, f"kind: unknown value {request.kind}")
+                await abort(context, INVALID, f"kind: unknown value {request.kind}")
         for name in ("since_unix_s", "until_unix_s"):
             value = getattr(request, name)
             if not math.isfinite(value) or value < 0:
-                await context.abort(INVALID, f"{name}: must be a finite time >= 0 (0: unbounded)")
+                await abort(context, INVALID, f"{name}: must be a finite time >= 0 (0: unbounded)")
         if request.until_unix_s and request.since_unix_s > request.until_unix_s:
-            await context.abort(INVALID, "since_unix_s: after until_unix_s")
+            await abort(context, INVALID, "since_unix_s: after until_unix_s")
         if request.limit > MAX_QUERY_LIMIT:
-            await context.abort(INVALID, f"limit: at most {MAX_QUERY_LIMIT}, got {request.limit}")
+            await abort(context, INVALID, f"limit: at most {MAX_QUERY_LIMIT}, got {request.limit}")
         rows = await asyncio.to_thread(
             query_decisions,
             self.db_path,
@@ -220,9 +227,9 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         )
 
     @answers
-    async def ReportReplay(self, request, context):
+    async def ReportReplay(self, request, context):  # deprecated: EngineService.ReportReplay
         await self.auth.require(context, Role.ENGINE)
-        self.core.report_replay(request.replay)
+        await _report_replay(self.core, context, request.replay)
         return observer_pb2.ReportReplayResponse()
 
 
@@ -237,7 +244,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         role = await self.auth.require(context, Role.ADMIN)
         policy = convert.policy_from_proto(request.policy)
         if policy is None:
-            await context.abort(INVALID, f"policy: unspecified or unknown value {request.policy}")
+            await abort(context, INVALID, f"policy: unspecified or unknown value {request.policy}")
         self.core.check_writable("the policy")
         previous = self.core.policy_name
         decisions = self.core.set_policy(policy)  # [] when `policy` is in force already
@@ -278,6 +285,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         if not was_draining:
             _journal(context, role, f"draining: {len(decisions)} waiting requests rejected, {running} running")
         return admin_pb2.DrainResponse(running=running)
+
+
+async def _report_replay(core: CoreService, context, replay: common_pb2.ReplayState) -> None:
+    problem = convert.fill_replay_policy(replay)
+    if problem is not None:
+        await abort(context, INVALID, problem)
+    core.report_replay(replay)
 
 
 def _journal(context, role: Role, change: str) -> None:

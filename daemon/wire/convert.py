@@ -12,7 +12,7 @@ from typing import Any
 
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason, RequestSpec, Snapshot, new_request_spec
 from kvbudget.daemon.config.sizing import kv_tokens
-from kvbudget.daemon.core.spec import KVCacheLayout
+from kvbudget.daemon.core.spec import KVCacheLayout, LayerKind
 from kvbudget.v1 import common_pb2, engine_pb2
 
 _KIND_TO_PROTO = {kind: getattr(common_pb2, f"DECISION_KIND_{kind.name}") for kind in DecisionKind}
@@ -20,6 +20,8 @@ _KIND_FROM_PROTO = {value: kind for kind, value in _KIND_TO_PROTO.items()}
 POLICY_NAMES = ("optimistic", "guaranteed", "predictive", "naive")
 _POLICY_TO_PROTO = {name: getattr(common_pb2, f"POLICY_{name.upper()}") for name in POLICY_NAMES}
 _POLICY_FROM_PROTO = {value: name for name, value in _POLICY_TO_PROTO.items()}
+# A group's layer type, as the enum beside its name (LayerKind's values are the names).
+_LAYER_TO_PROTO = {kind.value: getattr(common_pb2, f"LAYER_TYPE_{kind.value.upper()}") for kind in LayerKind}
 # `Reason.X.value` is a slow descriptor; a dict lookup is not (one per decision sent).
 _REASON_TEXT = {reason: reason.value for reason in Reason}
 
@@ -39,6 +41,21 @@ def policy_to_proto(policy: str) -> int:
 
 def policy_from_proto(value: int) -> str | None:
     return _POLICY_FROM_PROTO.get(value)
+
+
+def fill_replay_policy(replay: common_pb2.ReplayState) -> str | None:
+    """A replay report's policy in both its fields, from the one it sets: older replayers
+    send the name (`policy`, deprecated), newer ones the enum, and dashboards read either.
+    Returns the refusal's message for an enum value this daemon does not know."""
+    if replay.admission_policy:
+        name = _POLICY_FROM_PROTO.get(replay.admission_policy)
+        if name is None:
+            return f"replay.admission_policy: unknown value {replay.admission_policy}"
+        if not replay.policy:
+            replay.policy = name
+    elif replay.policy in _POLICY_TO_PROTO:
+        replay.admission_policy = _POLICY_TO_PROTO[replay.policy]
+    return None
 
 
 def kind_name(value: int) -> str:
@@ -209,6 +226,7 @@ def plan_to_proto(
             common_pb2.KVCacheGroup(
                 group_index=i,
                 layer_type=spec.kind.value,
+                layer_kind=_LAYER_TO_PROTO[spec.kind.value],
                 description=spec.describe(),
                 layer_ids=group.layer_ids,
                 sliding_window_tokens=getattr(spec, "sliding_window", 0),
@@ -346,6 +364,7 @@ def _groups_to_proto(s: Snapshot) -> list[common_pb2.GroupState]:
     return [
         common_pb2.GroupState(
             layer_type=g.kind,
+            layer_kind=_LAYER_TO_PROTO.get(g.kind, common_pb2.LAYER_TYPE_UNSPECIFIED),
             description=g.description,
             num_layers=g.num_layers,
             blocks_held=g.blocks_held,

@@ -21,68 +21,17 @@ from kvbudget.client.errors import CLIError
 if TYPE_CHECKING:
     from kvbudget.daemon.config.settings import DaemonConfig
 
-# DaemonConfig fields whose flag takes another shape than "one value of the field's type".
-_SPECIAL = {"tenants", "listen"}
-
-
-def _flag_type(annotation: str):
-    base = annotation.replace(" | None", "")
-    return {"str": str, "int": int, "float": float, "bool": bool}.get(base)
-
-
-def _size(text: str) -> int:
-    """A SIZE flag's value: `8GiB`, `80GB`, `80e9` or whole bytes, as `kvbudget estimate` takes."""
-    from kvbudget.units import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:  # (argparse: "argument --FLAG: ...", one line)
-        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvbudget.daemon.config.settings import LOG_LEVELS, SIZE_FIELDS, DaemonConfig, file_key, flag_name
+    from kvbudget.cli.daemon_flags import add_config_flags
 
     parser.add_argument("--config", metavar="FILE",
                         help=f"TOML config file (flags override it; default ${CONFIG_ENV}, else "
                              f"{DEFAULT_CONFIG_PATH} when it exists)")
     parser.add_argument(
-        "--check-config", action="store_true", help="validate the config and pool sizing, then exit"
+        "--check-config", action="store_true",
+        help="validate the config and pool sizing, report every mistake, then exit (0: valid, 2: not)",
     )
-    parser.add_argument(
-        "--listen",
-        action="append",
-        metavar="ADDRESS",
-        help="server.listen: unix:///PATH or HOST:PORT (repeat for several; default "
-             "unix:///run/kvbudget/kvbudget.sock)",
-    )
-    parser.add_argument(
-        "--tenant",
-        action="append",
-        metavar="NAME=SHARE[:WEIGHT]",
-        help="tenants.NAME: share of the pool (0-1) and fair-share weight; overrides that tenant "
-             "of the file, the others stay",
-    )
-    for f in dataclasses.fields(DaemonConfig):
-        if f.name in _SPECIAL:
-            continue
-        kind = _flag_type(str(f.type))
-        flag = flag_name(f.name)  # (config errors spell flags this way too)
-        # The file's key in every flag's help: most names match, some do not (--model is
-        # model.name, --metrics-address is metrics.address).
-        default_text = f" (default {f.default})" if f.default not in (None, "") else ""
-        if f.name == "block_size":  # (None: the model decides, hf_config.default_block_size)
-            default_text = " (default 16; 64 for MLA models)"
-        help_text = file_key(f.name) + default_text
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                help=help_text)
-        elif f.name in SIZE_FIELDS:
-            parser.add_argument(flag, dest=f.name, type=_size, default=None, metavar="SIZE",
-                                help=f"{help_text}: bytes, or a size such as 8GiB, 80GB or 80e9")
-        else:
-            parser.add_argument(flag, dest=f.name, type=kind or str, default=None, help=help_text,
-                                choices=LOG_LEVELS if f.name == "log_level" else None)
+    add_config_flags(parser)
 
 
 def _tenants(values: list[str] | None) -> dict[str, dict[str, float]] | None:
@@ -106,10 +55,11 @@ def _tenants(values: list[str] | None) -> dict[str, dict[str, float]] | None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
     """The flags given, as config fields (None: not given, the file or the default rules)."""
+    from kvbudget.cli.daemon_flags import SPECIAL
     from kvbudget.daemon.config.settings import DaemonConfig
 
     overrides: dict[str, object] = {
-        f.name: getattr(args, f.name, None) for f in dataclasses.fields(DaemonConfig) if f.name not in _SPECIAL
+        f.name: getattr(args, f.name, None) for f in dataclasses.fields(DaemonConfig) if f.name not in SPECIAL
     }
     overrides["listen"] = tuple(args.listen) if args.listen else None
     overrides["tenants"] = _tenants(args.tenant)
@@ -126,7 +76,11 @@ def load(args: argparse.Namespace):
         # user running the check; the start itself finds out by doing it).
         return load_config(args.config, _overrides(args), check_paths=bool(getattr(args, "check_config", False)))
     except ConfigError as exc:
-        raise CLIError(str(exc)) from None
+        # Every mistake on a line of its own, as the one a single mistake gets.
+        problems = getattr(exc, "problems", (exc,))
+        for problem in problems[:-1]:
+            print(f"kvbudget daemon: error: {problem}", file=sys.stderr)
+        raise CLIError(str(problems[-1])) from None
     except OSError as exc:
         raise CLIError(f"--config: {exc.strerror or exc}: {args.config}") from None
 

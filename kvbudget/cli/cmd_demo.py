@@ -32,11 +32,16 @@ START_TIMEOUT_S = 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = __doc__
-    parser.add_argument("--trace", default="azure", help="shipped trace name or file (azure)")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset ({DEFAULT_MODEL})")
-    parser.add_argument("--num-gpu-blocks", type=int, default=DEFAULT_BLOCKS,
+    from kvbudget.daemon.config.hf_config import preset_names
+    from kvbudget.daemon.core.admission_config import POLICIES
+
+    parser.add_argument("--trace", default="azure", metavar="TRACE",
+                        help="a shipped trace, mooncake or azure, or a trace file (azure)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, metavar="PRESET",
+                        help=f"model preset ({DEFAULT_MODEL}); presets: {', '.join(preset_names())}")
+    parser.add_argument("--num-gpu-blocks", type=int, default=DEFAULT_BLOCKS, metavar="N",
                         help=f"pool size in blocks ({DEFAULT_BLOCKS})")  # fmt: skip
-    parser.add_argument("--policy", default="optimistic", help="admission policy (optimistic)")
+    parser.add_argument("--policy", default="optimistic", choices=POLICIES, help="admission policy (optimistic)")
     parser.add_argument("--memory-mode", default="owned", choices=("owned", "accounting"),
                         help="owned: the daemon allocates the CPU pool; accounting: counts only")  # fmt: skip
     parser.add_argument("--speed", type=float, help=f"trace seconds per second ({DEFAULT_SPEED:g}; "

@@ -67,7 +67,10 @@ def parse_fraction(text: str, flag: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Values are parsed in `run`, so every mistake is one line naming the flag.
-    parser.add_argument("--model", metavar="PRESET|PATH", help="preset name or config.json path")
+    from kvbudget.daemon.config.hf_config import preset_names
+
+    parser.add_argument("--model", metavar="PRESET|PATH",
+                        help=f"a preset name or a model's config.json (or its folder); presets: {', '.join(preset_names())}")
     memory = parser.add_argument_group(
         "memory source (one of; default: the local GPU via NVML)",
         "sizes accept 80e9, 80GB (10^9), 8GiB (2^30); single letters: 8G = 8 GiB, 8g = 8 GB",

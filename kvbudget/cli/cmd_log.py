@@ -47,7 +47,9 @@ to now (`30s`, `10m`, `2h`, `1d`)."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
-    parser.add_argument("--db", default=DEFAULT_DB_PATH, help=f"decision log file (default {DEFAULT_DB_PATH})")
+    parser.add_argument("--db-path", dest="db", default=DEFAULT_DB_PATH, metavar="FILE",
+                        help=f"decision log file, as the daemon's --db-path (default {DEFAULT_DB_PATH})")
+    parser.add_argument("--db", dest="db", default=DEFAULT_DB_PATH, help=argparse.SUPPRESS)  # (before 0.2)
     parser.add_argument("--request", metavar="ID", help="only this request id")
     parser.add_argument("--engine", metavar="ID", help="only this engine id")
     parser.add_argument("--tenant", metavar="NAME", help="only this tenant")

@@ -24,7 +24,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "log": ("kvbudget.cli.cmd_log", "query the decision log"),
     "doctor": ("kvbudget.cli.cmd_doctor", "diagnose a running daemon: pool full or budget full?"),
     "admin": ("kvbudget.cli.cmd_admin", "operator actions: policy, tenant quotas, drain"),
+    "completion": ("kvbudget.cli.cmd_completion", "print the bash or zsh completion script"),
 }
+DESCRIPTION = ("KVBudget: per-request KV-cache budgeting and admission for LLM inference hosts. "
+               "Run `kvbudget COMMAND --help` for a command's flags.")
+# docs/cli-reference.md, "Exit status", says the same at length.
+EXIT_STATUS = """\
+exit status:
+  0    done (doctor: healthy)
+  1    what was asked found a problem: doctor's verdict is not healthy, admin drain --wait
+       timed out, the daemon stopped on a failure, the dashboard crashed
+  2    bad arguments or config (one line on stderr per mistake), or a daemon that could not
+       be reached or refused the call
+  130  interrupted (Ctrl-C); 143 / 129: the dashboard ended by SIGTERM / SIGHUP
+
+shell completion: eval "$(kvbudget completion bash)" (or zsh) in your shell's rc file"""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -46,16 +60,17 @@ def _chosen_command(argv: list[str]) -> str | None:
     return None
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+def build_parser(argv: list[str], *, every_command: bool = False) -> argparse.ArgumentParser:
     """All commands are listed; only the chosen one's module is imported, so a broken or
-    heavy command never affects the others."""
-    parser = OneLineParser(prog="kvbudget", description=__doc__.splitlines()[0])
+    heavy command never affects the others (`every_command`: all of them, for completion)."""
+    parser = OneLineParser(prog="kvbudget", description=DESCRIPTION, epilog=EXIT_STATUS,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kvbudget {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = parser.chosen = _chosen_command(argv)
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
+        if name == chosen or every_command:
             module = importlib.import_module(module_name)
             module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)

@@ -1,5 +1,6 @@
 """The client library: engine and observer clients, targets and TLS for the CLI and the
-dashboard, and the readings of a snapshot both show (pool parts, pressure, tenants).
+dashboard, the readings of a snapshot both show (pool parts, pressure, tenants), and the
+details of a daemon's refusal (refusals).
 
 The public names engines use are importable from here. They load on first use, so that
 importing a light module of this package (errors, target) does not load grpc: the CLI
@@ -19,6 +20,8 @@ _HOMES = {
     "StepBatch": "engine",
     "ObserverClient": "observer",
     "PolicySwitch": "messages",
+    "RefusalDetails": "refusals",
+    "refusal_details": "refusals",
     "policy_switch": "messages",
     "step_message": "messages",
     "submit_message": "messages",
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from kvbudget.client.engine import ClientClosed, EngineClient, SessionLost, StepBatch
     from kvbudget.client.messages import PolicySwitch, policy_switch, step_message, submit_message
     from kvbudget.client.observer import ObserverClient
+    from kvbudget.client.refusals import RefusalDetails, refusal_details
 
 
 def __getattr__(name: str) -> object:

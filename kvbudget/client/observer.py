@@ -13,7 +13,15 @@ from kvbudget.client.target import call_metadata
 from kvbudget.client.messages import PolicySwitch, policy_switch
 from kvbudget.daemon.core.records import Decision
 from kvbudget.daemon.wire import convert
-from kvbudget.v1 import admin_pb2, admin_pb2_grpc, common_pb2, observer_pb2, observer_pb2_grpc
+from kvbudget.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    engine_pb2,
+    engine_pb2_grpc,
+    observer_pb2,
+    observer_pb2_grpc,
+)
 
 
 class ObserverClient:
@@ -26,6 +34,7 @@ class ObserverClient:
         self._channel = open_channel(target, credentials)
         self._observer = observer_pb2_grpc.ObserverServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._engine = engine_pb2_grpc.EngineServiceStub(self._channel)  # (ReportReplay)
         self._closed = False
 
     async def __aenter__(self) -> ObserverClient:
@@ -98,9 +107,18 @@ class ObserverClient:
         )
 
     async def report_replay(self, replay: common_pb2.ReplayState) -> None:
-        await self._observer.ReportReplay(
-            observer_pb2.ReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
-        )
+        """EngineService.ReportReplay; a daemon older than it (0.1) gets the deprecated
+        ObserverService one instead."""
+        try:
+            await self._engine.ReportReplay(
+                engine_pb2.EngineServiceReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            await self._observer.ReportReplay(
+                observer_pb2.ReportReplayRequest(replay=replay), metadata=self._metadata, timeout=10.0
+            )
 
     async def set_policy(self, policy: str) -> PolicySwitch:
         """Switches the admission policy; says the previous one and what it did to the queue."""

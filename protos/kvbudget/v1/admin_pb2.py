@@ -25,13 +25,14 @@ _sym_db = _symbol_database.Default()
 from kvbudget.v1 import common_pb2 as kvbudget_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvbudget/v1/admin.proto\x12\x0bkvbudget.v1\x1a\x18kvbudget/v1/common.proto\"7\n\x10SetPolicyRequest\x12#\n\x06policy\x18\x01 \x01(\x0e\x32\x13.kvbudget.v1.Policy\"\xdb\x01\n\x11SetPolicyResponse\x12%\n\x08previous\x18\x01 \x01(\x0e\x32\x13.kvbudget.v1.Policy\x12\x14\n\x0cnum_admitted\x18\x02 \x01(\r\x12P\n\x12rejected_by_reason\x18\x03 \x03(\x0b\x32\x34.kvbudget.v1.SetPolicyResponse.RejectedByReasonEntry\x1a\x37\n\x15RejectedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"J\n\x15SetTenantQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tmax_share\x18\x02 \x01(\x01\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\x18\n\x16SetTenantQuotaResponse\"\x0e\n\x0c\x44rainRequest\" \n\rDrainResponse\x12\x0f\n\x07running\x18\x01 \x01(\r2\xf5\x01\n\x0c\x41\x64minService\x12J\n\tSetPolicy\x12\x1d.kvbudget.v1.SetPolicyRequest\x1a\x1e.kvbudget.v1.SetPolicyResponse\x12Y\n\x0eSetTenantQuota\x12\".kvbudget.v1.SetTenantQuotaRequest\x1a#.kvbudget.v1.SetTenantQuotaResponse\x12>\n\x05\x44rain\x12\x19.kvbudget.v1.DrainRequest\x1a\x1a.kvbudget.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvbudget/v1/admin.proto\x12\x0bkvbudget.v1\x1a\x18kvbudget/v1/common.proto\"7\n\x10SetPolicyRequest\x12#\n\x06policy\x18\x01 \x01(\x0e\x32\x13.kvbudget.v1.Policy\"\xdb\x01\n\x11SetPolicyResponse\x12%\n\x08previous\x18\x01 \x01(\x0e\x32\x13.kvbudget.v1.Policy\x12\x14\n\x0cnum_admitted\x18\x02 \x01(\r\x12P\n\x12rejected_by_reason\x18\x03 \x03(\x0b\x32\x34.kvbudget.v1.SetPolicyResponse.RejectedByReasonEntry\x1a\x37\n\x15RejectedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"J\n\x15SetTenantQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tmax_share\x18\x02 \x01(\x01\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\x18\n\x16SetTenantQuotaResponse\"\x0e\n\x0c\x44rainRequest\" \n\rDrainResponse\x12\x0f\n\x07running\x18\x01 \x01(\r2\xf5\x01\n\x0c\x41\x64minService\x12J\n\tSetPolicy\x12\x1d.kvbudget.v1.SetPolicyRequest\x1a\x1e.kvbudget.v1.SetPolicyResponse\x12Y\n\x0eSetTenantQuota\x12\".kvbudget.v1.SetTenantQuotaRequest\x1a#.kvbudget.v1.SetTenantQuotaResponse\x12>\n\x05\x44rain\x12\x19.kvbudget.v1.DrainRequest\x1a\x1a.kvbudget.v1.DrainResponseBE\n\x0forg.kvbudget.v1B\nAdminProtoP\x01Z\x16kvbudget/v1;kvbudgetv1\xaa\x02\x0bKvbudget.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvbudget.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\017org.kvbudget.v1B\nAdminProtoP\001Z\026kvbudget/v1;kvbudgetv1\252\002\013Kvbudget.V1'
   _globals['_SETPOLICYRESPONSE_REJECTEDBYREASONENTRY']._loaded_options = None
   _globals['_SETPOLICYRESPONSE_REJECTEDBYREASONENTRY']._serialized_options = b'8\001'
   _globals['_SETPOLICYREQUEST']._serialized_start=66

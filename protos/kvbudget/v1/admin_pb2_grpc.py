@@ -57,13 +57,15 @@ class AdminServiceServicer:
     """
 
     def SetPolicy(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Switches the admission policy for admissions from now on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SetTenantQuota(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Sets a tenant's quota and fair-share weight.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -28,6 +28,17 @@ class Policy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POLICY_GUARANTEED: _ClassVar[Policy]
     POLICY_PREDICTIVE: _ClassVar[Policy]
     POLICY_NAIVE: _ClassVar[Policy]
+
+class LayerType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LAYER_TYPE_UNSPECIFIED: _ClassVar[LayerType]
+    LAYER_TYPE_FULL_ATTENTION: _ClassVar[LayerType]
+    LAYER_TYPE_SLIDING_WINDOW: _ClassVar[LayerType]
+    LAYER_TYPE_CHUNKED_LOCAL: _ClassVar[LayerType]
+    LAYER_TYPE_MLA: _ClassVar[LayerType]
+    LAYER_TYPE_MAMBA: _ClassVar[LayerType]
+    LAYER_TYPE_CROSS_ATTENTION: _ClassVar[LayerType]
+    LAYER_TYPE_CAPPED: _ClassVar[LayerType]
 DECISION_KIND_UNSPECIFIED: DecisionKind
 DECISION_KIND_ADMIT: DecisionKind
 DECISION_KIND_QUEUE: DecisionKind
@@ -44,6 +55,14 @@ POLICY_OPTIMISTIC: Policy
 POLICY_GUARANTEED: Policy
 POLICY_PREDICTIVE: Policy
 POLICY_NAIVE: Policy
+LAYER_TYPE_UNSPECIFIED: LayerType
+LAYER_TYPE_FULL_ATTENTION: LayerType
+LAYER_TYPE_SLIDING_WINDOW: LayerType
+LAYER_TYPE_CHUNKED_LOCAL: LayerType
+LAYER_TYPE_MLA: LayerType
+LAYER_TYPE_MAMBA: LayerType
+LAYER_TYPE_CROSS_ATTENTION: LayerType
+LAYER_TYPE_CAPPED: LayerType
 
 class GroupBlocks(_message.Message):
     __slots__ = ("group_index", "block_ids")
@@ -100,7 +119,7 @@ class Decision(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., engine_id: _Optional[str] = ..., tenant: _Optional[str] = ..., policy: _Optional[_Union[Policy, str]] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., blocks_reserved: _Optional[_Iterable[int]] = ..., blocks_held: _Optional[_Iterable[int]] = ..., new_blocks: _Optional[_Iterable[_Union[GroupBlocks, _Mapping]]] = ..., freed_blocks: _Optional[int] = ..., cached_hit_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class KVCacheGroup(_message.Message):
-    __slots__ = ("group_index", "layer_type", "description", "layer_ids", "sliding_window_tokens", "attention_chunk_tokens", "token_cap", "max_encoder_tokens", "state_pages_per_request")
+    __slots__ = ("group_index", "layer_type", "description", "layer_ids", "sliding_window_tokens", "attention_chunk_tokens", "token_cap", "max_encoder_tokens", "state_pages_per_request", "layer_kind")
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAYER_TYPE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +129,7 @@ class KVCacheGroup(_message.Message):
     TOKEN_CAP_FIELD_NUMBER: _ClassVar[int]
     MAX_ENCODER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATE_PAGES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    LAYER_KIND_FIELD_NUMBER: _ClassVar[int]
     group_index: int
     layer_type: str
     description: str
@@ -119,7 +139,8 @@ class KVCacheGroup(_message.Message):
     token_cap: int
     max_encoder_tokens: int
     state_pages_per_request: int
-    def __init__(self, group_index: _Optional[int] = ..., layer_type: _Optional[str] = ..., description: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., sliding_window_tokens: _Optional[int] = ..., attention_chunk_tokens: _Optional[int] = ..., token_cap: _Optional[int] = ..., max_encoder_tokens: _Optional[int] = ..., state_pages_per_request: _Optional[int] = ...) -> None: ...
+    layer_kind: LayerType
+    def __init__(self, group_index: _Optional[int] = ..., layer_type: _Optional[str] = ..., description: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., sliding_window_tokens: _Optional[int] = ..., attention_chunk_tokens: _Optional[int] = ..., token_cap: _Optional[int] = ..., max_encoder_tokens: _Optional[int] = ..., state_pages_per_request: _Optional[int] = ..., layer_kind: _Optional[_Union[LayerType, str]] = ...) -> None: ...
 
 class PoolPlan(_message.Message):
     __slots__ = ("model", "block_size_tokens", "num_blocks", "page_size_bytes", "layers_per_group", "bytes_per_block", "groups", "max_model_len_tokens", "max_num_batched_tokens", "kv_tokens", "memory", "model_fingerprint")
@@ -166,20 +187,22 @@ class MemoryHandle(_message.Message):
     def __init__(self, device: _Optional[str] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., offset_bytes: _Optional[int] = ..., layout: _Optional[str] = ...) -> None: ...
 
 class GroupState(_message.Message):
-    __slots__ = ("layer_type", "description", "num_layers", "blocks_held", "blocks_reserved", "blocks_reclaimed")
+    __slots__ = ("layer_type", "description", "num_layers", "blocks_held", "blocks_reserved", "blocks_reclaimed", "layer_kind")
     LAYER_TYPE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_HELD_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_RESERVED_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    LAYER_KIND_FIELD_NUMBER: _ClassVar[int]
     layer_type: str
     description: str
     num_layers: int
     blocks_held: int
     blocks_reserved: int
     blocks_reclaimed: int
-    def __init__(self, layer_type: _Optional[str] = ..., description: _Optional[str] = ..., num_layers: _Optional[int] = ..., blocks_held: _Optional[int] = ..., blocks_reserved: _Optional[int] = ..., blocks_reclaimed: _Optional[int] = ...) -> None: ...
+    layer_kind: LayerType
+    def __init__(self, layer_type: _Optional[str] = ..., description: _Optional[str] = ..., num_layers: _Optional[int] = ..., blocks_held: _Optional[int] = ..., blocks_reserved: _Optional[int] = ..., blocks_reclaimed: _Optional[int] = ..., layer_kind: _Optional[_Union[LayerType, str]] = ...) -> None: ...
 
 class TenantState(_message.Message):
     __slots__ = ("tenant", "blocks_held", "blocks_reserved", "quota_blocks", "weight", "running", "waiting")
@@ -268,7 +291,7 @@ class DecisionLogState(_message.Message):
     def __init__(self, rows_written: _Optional[int] = ..., rows_folded: _Optional[int] = ..., stalls: _Optional[int] = ..., stall_s: _Optional[float] = ..., database_bytes: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., num_unwritten_decisions: _Optional[int] = ..., write_error: _Optional[str] = ..., unwritten_since_unix_s: _Optional[float] = ...) -> None: ...
 
 class ReplayState(_message.Message):
-    __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done")
+    __slots__ = ("replay_id", "trace", "position", "total", "speed", "policy", "done", "admission_policy")
     REPLAY_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +299,7 @@ class ReplayState(_message.Message):
     SPEED_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_POLICY_FIELD_NUMBER: _ClassVar[int]
     replay_id: str
     trace: str
     position: int
@@ -283,7 +307,8 @@ class ReplayState(_message.Message):
     speed: float
     policy: str
     done: bool
-    def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
+    admission_policy: Policy
+    def __init__(self, replay_id: _Optional[str] = ..., trace: _Optional[str] = ..., position: _Optional[int] = ..., total: _Optional[int] = ..., speed: _Optional[float] = ..., policy: _Optional[str] = ..., done: _Optional[bool] = ..., admission_policy: _Optional[_Union[Policy, str]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("time_unix_s", "policy", "num_blocks", "num_free_blocks", "num_held_blocks", "num_reserved_blocks", "num_evictable_blocks", "num_running", "num_waiting", "num_preemptions", "preemptions_by_reason", "rejections_by_reason", "decisions_by_kind", "groups", "tenants", "engines", "gpu", "replays", "prefix_hit_blocks", "prefix_query_blocks", "draining", "plan", "decision_log", "waiting_by_reason", "started_unix_s", "daemon_version", "num_tenants", "gpus")

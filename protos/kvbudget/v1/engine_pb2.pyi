@@ -140,3 +140,13 @@ class CloseSessionResponse(_message.Message):
     RELEASED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     released_requests: int
     def __init__(self, released_requests: _Optional[int] = ...) -> None: ...
+
+class EngineServiceReportReplayRequest(_message.Message):
+    __slots__ = ("replay",)
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    replay: _common_pb2.ReplayState
+    def __init__(self, replay: _Optional[_Union[_common_pb2.ReplayState, _Mapping]] = ...) -> None: ...
+
+class EngineServiceReportReplayResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

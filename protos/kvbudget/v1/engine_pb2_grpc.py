@@ -61,6 +61,11 @@ class EngineServiceStub:
                 request_serializer=kvbudget_dot_v1_dot_engine__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=kvbudget_dot_v1_dot_engine__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.ReportReplay = channel.unary_unary(
+                '/kvbudget.v1.EngineService/ReportReplay',
+                request_serializer=kvbudget_dot_v1_dot_engine__pb2.EngineServiceReportReplayRequest.SerializeToString,
+                response_deserializer=kvbudget_dot_v1_dot_engine__pb2.EngineServiceReportReplayResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
@@ -69,7 +74,8 @@ class EngineServiceServicer:
     """
 
     def OpenSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Opens the engine's session: the pool's plan, and a lease kept by Step and Heartbeat.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -99,7 +105,17 @@ class EngineServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Ends the session: its requests, running and waiting, are released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportReplay(self, request, context):
+        """A replayer reports how far its replay is, for the dashboards (Snapshot.replays). Here
+        since 0.2: it writes, so it needs the engine role; ObserverService.ReportReplay, where
+        it was, still works until it is removed in 0.3.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -131,6 +147,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=kvbudget_dot_v1_dot_engine__pb2.CloseSessionRequest.FromString,
                     response_serializer=kvbudget_dot_v1_dot_engine__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'ReportReplay': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReplay,
+                    request_deserializer=kvbudget_dot_v1_dot_engine__pb2.EngineServiceReportReplayRequest.FromString,
+                    response_serializer=kvbudget_dot_v1_dot_engine__pb2.EngineServiceReportReplayResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +291,33 @@ class EngineService:
             '/kvbudget.v1.EngineService/CloseSession',
             kvbudget_dot_v1_dot_engine__pb2.CloseSessionRequest.SerializeToString,
             kvbudget_dot_v1_dot_engine__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReplay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvbudget.v1.EngineService/ReportReplay',
+            kvbudget_dot_v1_dot_engine__pb2.EngineServiceReportReplayRequest.SerializeToString,
+            kvbudget_dot_v1_dot_engine__pb2.EngineServiceReportReplayResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,13 +25,20 @@ _sym_db = _symbol_database.Default()
 from kvbudget.v1 import common_pb2 as kvbudget_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvbudget/v1/observer.proto\x12\x0bkvbudget.v1\x1a\x18kvbudget/v1/common.proto\":\n\x0cWatchRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\x12\x15\n\rmax_decisions\x18\x02 \x01(\r\"}\n\rWatchResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.kvbudget.v1.Snapshot\x12(\n\tdecisions\x18\x02 \x03(\x0b\x32\x15.kvbudget.v1.Decision\x12\x19\n\x11\x64ropped_decisions\x18\x03 \x01(\x04\"\x14\n\x12GetSnapshotRequest\">\n\x13GetSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.kvbudget.v1.Snapshot\"\xc6\x01\n\x15QueryDecisionsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\'\n\x04kind\x18\x04 \x01(\x0e\x32\x19.kvbudget.v1.DecisionKind\x12\x14\n\x0csince_unix_s\x18\x05 \x01(\x01\x12\x14\n\x0cuntil_unix_s\x18\x06 \x01(\x01\x12\r\n\x05limit\x18\x07 \x01(\r\x12\x12\n\nbefore_seq\x18\x08 \x01(\x04\"B\n\x16QueryDecisionsResponse\x12(\n\tdecisions\x18\x01 \x03(\x0b\x32\x15.kvbudget.v1.Decision\"-\n\x0f\x45stimateRequest\x12\x1a\n\x12tokens_per_request\x18\x01 \x01(\r\"f\n\x10\x45stimateResponse\x12\x17\n\x0fmax_concurrency\x18\x01 \x01(\x01\x12\x1d\n\x15naive_max_concurrency\x18\x02 \x01(\x01\x12\x1a\n\x12\x62locks_per_request\x18\x03 \x03(\r\"?\n\x13ReportReplayRequest\x12(\n\x06replay\x18\x01 \x01(\x0b\x32\x18.kvbudget.v1.ReplayState\"\x16\n\x14ReportReplayResponse2\x9e\x03\n\x0fObserverService\x12@\n\x05Watch\x12\x19.kvbudget.v1.WatchRequest\x1a\x1a.kvbudget.v1.WatchResponse0\x01\x12P\n\x0bGetSnapshot\x12\x1f.kvbudget.v1.GetSnapshotRequest\x1a .kvbudget.v1.GetSnapshotResponse\x12Y\n\x0eQueryDecisions\x12\".kvbudget.v1.QueryDecisionsRequest\x1a#.kvbudget.v1.QueryDecisionsResponse\x12G\n\x08\x45stimate\x12\x1c.kvbudget.v1.EstimateRequest\x1a\x1d.kvbudget.v1.EstimateResponse\x12S\n\x0cReportReplay\x12 .kvbudget.v1.ReportReplayRequest\x1a!.kvbudget.v1.ReportReplayResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvbudget/v1/observer.proto\x12\x0bkvbudget.v1\x1a\x18kvbudget/v1/common.proto\":\n\x0cWatchRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\x12\x15\n\rmax_decisions\x18\x02 \x01(\r\"}\n\rWatchResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.kvbudget.v1.Snapshot\x12(\n\tdecisions\x18\x02 \x03(\x0b\x32\x15.kvbudget.v1.Decision\x12\x19\n\x11\x64ropped_decisions\x18\x03 \x01(\x04\"\x14\n\x12GetSnapshotRequest\">\n\x13GetSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.kvbudget.v1.Snapshot\"\xc6\x01\n\x15QueryDecisionsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\'\n\x04kind\x18\x04 \x01(\x0e\x32\x19.kvbudget.v1.DecisionKind\x12\x14\n\x0csince_unix_s\x18\x05 \x01(\x01\x12\x14\n\x0cuntil_unix_s\x18\x06 \x01(\x01\x12\r\n\x05limit\x18\x07 \x01(\r\x12\x12\n\nbefore_seq\x18\x08 \x01(\x04\"B\n\x16QueryDecisionsResponse\x12(\n\tdecisions\x18\x01 \x03(\x0b\x32\x15.kvbudget.v1.Decision\"-\n\x0f\x45stimateRequest\x12\x1a\n\x12tokens_per_request\x18\x01 \x01(\r\"f\n\x10\x45stimateResponse\x12\x17\n\x0fmax_concurrency\x18\x01 \x01(\x01\x12\x1d\n\x15naive_max_concurrency\x18\x02 \x01(\x01\x12\x1a\n\x12\x62locks_per_request\x18\x03 \x03(\r\"C\n\x13ReportReplayRequest\x12(\n\x06replay\x18\x01 \x01(\x0b\x32\x18.kvbudget.v1.ReplayState:\x02\x18\x01\"\x1a\n\x14ReportReplayResponse:\x02\x18\x01\x32\xa3\x03\n\x0fObserverService\x12@\n\x05Watch\x12\x19.kvbudget.v1.WatchRequest\x1a\x1a.kvbudget.v1.WatchResponse0\x01\x12P\n\x0bGetSnapshot\x12\x1f.kvbudget.v1.GetSnapshotRequest\x1a .kvbudget.v1.GetSnapshotResponse\x12Y\n\x0eQueryDecisions\x12\".kvbudget.v1.QueryDecisionsRequest\x1a#.kvbudget.v1.QueryDecisionsResponse\x12G\n\x08\x45stimate\x12\x1c.kvbudget.v1.EstimateRequest\x1a\x1d.kvbudget.v1.EstimateResponse\x12X\n\x0cReportReplay\x12 .kvbudget.v1.ReportReplayRequest\x1a!.kvbudget.v1.ReportReplayResponse\"\x03\x88\x02\x01\x42H\n\x0forg.kvbudget.v1B\rObserverProtoP\x01Z\x16kvbudget/v1;kvbudgetv1\xaa\x02\x0bKvbudget.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvbudget.v1.observer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\017org.kvbudget.v1B\rObserverProtoP\001Z\026kvbudget/v1;kvbudgetv1\252\002\013Kvbudget.V1'
+  _globals['_REPORTREPLAYREQUEST']._loaded_options = None
+  _globals['_REPORTREPLAYREQUEST']._serialized_options = b'\030\001'
+  _globals['_REPORTREPLAYRESPONSE']._loaded_options = None
+  _globals['_REPORTREPLAYRESPONSE']._serialized_options = b'\030\001'
+  _globals['_OBSERVERSERVICE'].methods_by_name['ReportReplay']._loaded_options = None
+  _globals['_OBSERVERSERVICE'].methods_by_name['ReportReplay']._serialized_options = b'\210\002\001'
   _globals['_WATCHREQUEST']._serialized_start=69
   _globals['_WATCHREQUEST']._serialized_end=127
   _globals['_WATCHRESPONSE']._serialized_start=129
@@ -49,9 +56,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ESTIMATERESPONSE']._serialized_start=658
   _globals['_ESTIMATERESPONSE']._serialized_end=760
   _globals['_REPORTREPLAYREQUEST']._serialized_start=762
-  _globals['_REPORTREPLAYREQUEST']._serialized_end=825
-  _globals['_REPORTREPLAYRESPONSE']._serialized_start=827
-  _globals['_REPORTREPLAYRESPONSE']._serialized_end=849
-  _globals['_OBSERVERSERVICE']._serialized_start=852
-  _globals['_OBSERVERSERVICE']._serialized_end=1266
+  _globals['_REPORTREPLAYREQUEST']._serialized_end=829
+  _globals['_REPORTREPLAYRESPONSE']._serialized_start=831
+  _globals['_REPORTREPLAYRESPONSE']._serialized_end=857
+  _globals['_OBSERVERSERVICE']._serialized_start=860
+  _globals['_OBSERVERSERVICE']._serialized_end=1279
 # @@protoc_insertion_point(module_scope)

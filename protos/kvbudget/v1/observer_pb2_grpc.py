@@ -75,25 +75,29 @@ class ObserverServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSnapshot(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The state now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def QueryDecisions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Decisions from the decision log, newest first.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Estimate(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """How many requests of a length the pool holds at once.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportReplay(self, request, context):
-        """Replayers report progress so dashboards can show it. Needs the engine role.
+        """Deprecated: use EngineService.ReportReplay (a write does not belong in a read-only
+        service). Still served, with the engine role, through 0.2; removed in 0.3.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
