@@ -42,7 +42,7 @@ def test_the_top_help_says_what_kvbudget_is_and_its_exit_statuses(capsys: pytest
 
 def test_daemon_flags_are_grouped_by_config_section_with_their_keys(capsys: pytest.CaptureFixture) -> None:
     sections = _sections(_help(capsys, "daemon"))
-    assert list(sections) == ["model", "pool", "admission", "tenants", "server", "log", "metrics"]
+    assert list(sections) == ["model", "pool", "parallel", "admission", "tenants", "server", "log", "metrics"]
     for spec in KEYS:  # every key's flag in its section's group, naming the key
         flag = flag_name(spec.field)
         block = sections[spec.section]

@@ -44,9 +44,8 @@ def policy_from_proto(value: int) -> str | None:
 
 
 def fill_replay_policy(replay: common_pb2.ReplayState) -> str | None:
-    """A replay report's policy in both its fields, from the one it sets: older replayers
-    send the name (`policy`, deprecated), newer ones the enum, and dashboards read either.
-    Returns the refusal's message for an enum value this daemon does not know."""
+    """A replay report's policy in both fields, from the one it sets (older replayers send the
+    deprecated name, newer the enum); the refusal's message for an enum value not known here."""
     if replay.admission_policy:
         name = _POLICY_FROM_PROTO.get(replay.admission_policy)
         if name is None:

@@ -12,6 +12,7 @@ SECTION_TITLES = {
     "model": "[model] the model the pool is for",
     "pool": "[pool] the pool's size and memory (one memory source: num_gpu_blocks, "
             "kv_cache_memory_bytes, or the GPU's memory)",
+    "parallel": "[parallel] the engine's layout over GPUs (vLLM's names; sizes are per GPU)",
     "admission": "[admission] who gets blocks, and when",
     "tenants": "[tenants.NAME] quotas and fair-share weights",
     "server": "[server] listening, credentials, sessions",
@@ -24,6 +25,10 @@ HELP = {
     "block_size": "tokens per block",
     "max_model_len": "the longest request in tokens; unset: the model's",
     "max_num_batched_tokens": "the engine's tokens per step",
+    "token_cap": "the engine caps every attention layer's cache at this many tokens",
+    "tensor_parallel_size": "GPUs a layer's heads are split over",
+    "pipeline_parallel_size": "GPUs the layers are split over, in stages",
+    "data_parallel_size": "replicas; each has its own pool and daemon (1 only)",
     "device": "auto, cpu, cuda or cuda:N",
     "memory_mode": "owned: the daemon allocates the pool; accounting: it only counts blocks",
     "gpu_memory_utilization": "the share of the GPU's memory the engine may use",
