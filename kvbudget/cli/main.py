@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "log": ("kvbudget.cli.cmd_log", "query the decision log"),
     "doctor": ("kvbudget.cli.cmd_doctor", "diagnose a running daemon: pool full or budget full?"),
     "admin": ("kvbudget.cli.cmd_admin", "operator actions: policy, tenant quotas, drain"),
+    "ask": ("kvbudget.cli.cmd_ask", "how soon a request of this shape would be admitted (for routers)"),
 }
 
 
