@@ -83,13 +83,18 @@ class HostArrivals:
     def __init__(self, router: Router, k: int, engines: list) -> None:
         self.router, self.k, self.engines = router, k, engines
 
+    def _route(self) -> None:
+        # Up to the earliest engine clock: an engine ahead (skipping quiet steps) must not
+        # route a request by hosts the simulation has not yet brought to its arrival.
+        if self.router.unrouted:
+            self.router.route_until(min(e.clock for e in self.engines))
+
     def __bool__(self) -> bool:
+        self._route()  # (so that a true answer still holds at the [0] that follows)
         return bool(self.router.queues[self.k] or self.router.unrouted)
 
     def __getitem__(self, i: int) -> SimRequest:
-        # Up to the earliest engine clock: an engine ahead (skipping quiet steps) must not
-        # route a request by hosts the simulation has not yet brought to its arrival.
-        self.router.route_until(min(e.clock for e in self.engines))
+        self._route()
         queue = self.router.queues[self.k]
         return queue[i] if queue else self.router.unrouted[i]
 
