@@ -59,6 +59,10 @@ def test_a_full_pool_answers_the_wait_and_asking_changes_nothing(tmp_path) -> No
                 assert out.returncode == 0, out.stderr
                 fields = json.loads(out.stdout)
                 assert (fields["reason"], fields["wait_steps"], fields["wait_s"]) == ("budget_full", 412, pytest.approx(20.6))
+                line = await asyncio.to_thread(ask, target, "--prompt-tokens", "16", "--max-tokens", "16")
+                assert line.stdout == (  # docs/routing.md's example
+                    "waits (budget_full): about 412 decode steps, 8.24 s; needs 2 blocks; 50 free, 0 spare, "
+                    "0 cached; 0 requests ahead needing 0\n")
                 text = await asyncio.to_thread(ask, target, "--prompt-tokens", "4000")
                 assert text.returncode == 0, text.stderr
                 assert text.stdout.startswith("not here: prompt_too_long (max_model_len 2048);")
@@ -74,6 +78,14 @@ def test_an_idle_pool_admits_now_and_bad_input_is_named(tmp_path) -> None:
         assert (out.returncode, out.stderr) == (0, "")
         # 128 tokens under optimistic: the 100-token prompt's 7 blocks, of 64 free.
         assert out.stdout == "admitted now; needs 7 blocks; 64 free, 64 spare, 0 cached; 0 requests ahead needing 0\n"
+
+        # docs/routing.md's buf curl example (JSON leaves out zeros and false).
+        from test_server_buf import _buf_command, _curl
+
+        answer = json.loads(_curl(_buf_command(), daemon, "-d", '{"prompt_tokens": 100, "max_new_tokens": 28}',
+                                  "http://localhost/kvbudget.v1.ObserverService/AskAdmission"))
+        assert answer == {"admitNow": True, "reason": "fits", "blocksNeeded": [7], "blocksNeededTotal": 7,
+                          "blocksFree": 64, "blocksSpare": 64}
 
         bad = ask(daemon.target, "--prompt-tokens", "0")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
