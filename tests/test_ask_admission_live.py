@@ -87,9 +87,12 @@ def test_an_idle_pool_admits_now_and_bad_input_is_named(tmp_path) -> None:
         assert answer == {"admitNow": True, "reason": "fits", "blocksNeeded": [7], "blocksNeededTotal": 7,
                           "blocksFree": 64, "blocksSpare": 64}
 
-        bad = ask(daemon.target, "--prompt-tokens", "0")
-        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
-        assert "--prompt-tokens" in bad.stderr and "Traceback" not in bad.stderr
+        for argv, flag in [(("--prompt-tokens", "0"), "--prompt-tokens"),
+                           (("--prompt-tokens", "5", "--priority", str(2**31)), "--priority"),
+                           (("--prompt-tokens", "5", "--step-s", "nan"), "--step-s")]:
+            bad = ask(daemon.target, *argv)
+            assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+            assert flag in bad.stderr and "Traceback" not in bad.stderr
 
         channel = grpc.insecure_channel(daemon.target)
         from kvbudget.v1 import observer_pb2_grpc

@@ -21,14 +21,14 @@ Exit status: 0 answered (whatever the answer); 2 bad arguments, or the daemon co
 reached or refused the call."""
 
 
-def _count(minimum: int):
+def _whole(minimum: int, maximum: int):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not minimum <= value < 2**32:
-            raise argparse.ArgumentTypeError(f"must be between {minimum} and {2**32 - 1}, got {text}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum}, got {text}")
         return value
 
     return parse
@@ -48,13 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     add_target_arguments(parser, token_help="bearer token for TCP, observer role")
-    parser.add_argument("--prompt-tokens", type=_count(1), required=True, metavar="N", help="prompt tokens")
+    parser.add_argument("--prompt-tokens", type=_whole(1, 2**32 - 1), required=True, metavar="N", help="prompt tokens")
     parser.add_argument(
-        "--max-tokens", "--max-new-tokens", dest="max_tokens", type=_count(0), default=None, metavar="M",
+        "--max-tokens", "--max-new-tokens", dest="max_tokens", type=_whole(0, 2**32 - 1), default=None, metavar="M",
         help="most output tokens (default: up to max_model_len)",
     )  # fmt: skip
     parser.add_argument("--tenant", default="", help="tenant, as engines send it")
-    parser.add_argument("--priority", type=int, default=0, help="lower is more important (default 0)")
+    parser.add_argument("--priority", type=_whole(-(2**31), 2**31 - 1), default=0, metavar="P", help="lower is more important (default 0)")
     parser.add_argument(
         "--step-s", type=_seconds, default=0.0, metavar="S", help="a decode step's seconds (default: the daemon's 0.02)"
     )
