@@ -100,3 +100,19 @@ def test_bad_shape_names_the_field(shape, step_s, field):
     with pytest.raises(AdmissionError) as info:
         outlook(busy_pool(), shape, 0.0, step_s)
     assert info.value.field == field
+
+
+def test_prefix_hits_held_by_a_running_request_are_not_asked_of_the_pool():
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 10,
+        AdmissionConfig(max_model_len=64, max_num_batched_tokens=32, watermark=0.0, policy="guaranteed"),
+    )  # fmt: skip
+    # a (20 + 12: 4 blocks) publishes its 2 full prompt blocks; c (8 + 24: 4) leaves 2 spare.
+    ctrl.submit(RequestSpec("a", 20, 12, prefix_hashes=(11, 12)), 0.0)
+    ctrl.progress("a", 20, 0.0)
+    ctrl.submit(RequestSpec("c", 8, 24), 0.0)
+    hit = outlook(ctrl, Shape(20, 12, prefix_hashes=(11, 12)), 1.0)
+    miss = outlook(ctrl, Shape(20, 12), 1.0)
+    assert (hit.blocks_needed, hit.blocks_needed_total, hit.admit_now) == ((4,), 2, True)
+    assert (miss.blocks_needed_total, miss.admit_now, miss.reason, miss.blocks_spare) == (4, False, "budget_full", 2)
+    assert kinds(ctrl.submit(RequestSpec("b", 20, 12, prefix_hashes=(11, 12)), 1.0)) == [("admit", "prefix_hit", "b")]
