@@ -92,6 +92,9 @@ RPCS: dict[str, tuple[str, Callable[[grpc.Channel, tuple], object]]] = {
                                                        timeout=10)),
     "ObserverService.Estimate": ("observer", lambda ch, md: observer_pb2_grpc.ObserverServiceStub(ch).Estimate(
         observer_pb2.EstimateRequest(tokens_per_request=100), metadata=md, timeout=10)),
+    "ObserverService.AskAdmission": ("observer", lambda ch, md: observer_pb2_grpc.ObserverServiceStub(ch)
+                                     .AskAdmission(observer_pb2.AskAdmissionRequest(prompt_tokens=100), metadata=md,
+                                                   timeout=10)),
     "ObserverService.ReportReplay": ("engine", lambda ch, md: observer_pb2_grpc.ObserverServiceStub(ch).ReportReplay(
         observer_pb2.ReportReplayRequest(replay=common_pb2.ReplayState(replay_id="kvbt-replay", trace="t")),
         metadata=md, timeout=10)),

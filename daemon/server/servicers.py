@@ -16,6 +16,7 @@ import time
 import grpc
 
 from kvbudget.daemon.core.records import DecisionKind
+from kvbudget.daemon.server.ask_admission import ask_admission
 from kvbudget.daemon.server.auth import Authorizer, Role
 from kvbudget.daemon.server.error_details import abort
 from kvbudget.daemon.server.identity import check_may_open, check_owner
@@ -225,6 +226,11 @@ class ObserverServicer(observer_pb2_grpc.ObserverServiceServicer):
         return observer_pb2.EstimateResponse(
             max_concurrency=max_concurrency, naive_max_concurrency=naive, blocks_per_request=per_group
         )
+
+    @answers
+    async def AskAdmission(self, request, context):
+        await self.auth.require(context, Role.OBSERVER)
+        return ask_admission(self.core.controller, request, time.time())
 
     @answers
     async def ReportReplay(self, request, context):  # deprecated: EngineService.ReportReplay

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvbudget.cli import replay_live, replay_offline
+from kvbudget.cli import replay_hosts, replay_live, replay_offline
 from kvbudget.cli.replay_flags import POLICY_NAMES, int_flag
 from kvbudget.cli.replay_offline import DEFAULT_MODEL
 from kvbudget.cli.replay_variants import SYNTAX, chosen_variants
@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "admission.backfill_depth=0, admission.watermark=0, admission.admit_on=first_chunk")
     engine = parser.add_argument_group("simulated engine")
     engine.add_argument("--engines", metavar="K", default="1", help="engines sharing the pool (1)")
+    replay_hosts.add_arguments(engine)  # --hosts, --route
     engine.add_argument("--max-num-seqs", metavar="N", default="256", help="sequences per engine (256)")
     engine.add_argument("--max-num-batched-tokens", metavar="N",
                         help="offline only: tokens per step (8192; live: the daemon's)")  # fmt: skip
@@ -116,6 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     variants = chosen_variants(args)
+    args.hosts_routes = replay_hosts.chosen(args)
     if args.offline and (args.target or args.token):
         raise CLIError("--offline runs in-process; drop --target / --token")
     if args.offline and (args.tls_ca or args.tls_cert or args.tls_key):

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("kvbudget.cli.cmd_doctor", "diagnose a running daemon: pool full or budget full?"),
     "admin": ("kvbudget.cli.cmd_admin", "operator actions: policy, tenant quotas, drain"),
     "completion": ("kvbudget.cli.cmd_completion", "print the bash or zsh completion script"),
+    "ask": ("kvbudget.cli.cmd_ask", "how soon a request of this shape would be admitted (for routers)"),
 }
 DESCRIPTION = ("KVBudget: per-request KV-cache budgeting and admission for LLM inference hosts. "
                "Run `kvbudget COMMAND --help` for a command's flags.")

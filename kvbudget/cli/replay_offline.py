@@ -22,6 +22,11 @@ def run(args: argparse.Namespace, trace, variants: list[Variant]):
     if args.config and args.policy is None and args.compare is None:
         variants = [Variant(setup.policy, setup.policy)]  # the file's, as the daemon would start with
     runs = [(v, variant_setup(setup, v)) for v in variants]  # every run's settings checked first
+    if getattr(args, "hosts_routes", None):
+        from kvbudget.cli import replay_hosts
+
+        (variant, one), = runs
+        return replay_hosts.run(trace, one, variant.policy, *args.hosts_routes)
     results = []
     for variant, one in runs:
         try:

@@ -106,6 +106,10 @@ class ObserverClient:
             observer_pb2.EstimateRequest(tokens_per_request=tokens_per_request), metadata=self._metadata, timeout=10.0
         )
 
+    async def ask_admission(self, request: observer_pb2.AskAdmissionRequest) -> observer_pb2.AskAdmissionResponse:
+        """How soon a request of this shape could be admitted (docs/routing.md); changes nothing."""
+        return await self._observer.AskAdmission(request, metadata=self._metadata, timeout=10.0)
+
     async def report_replay(self, replay: common_pb2.ReplayState) -> None:
         """EngineService.ReportReplay; a daemon older than it (0.1) gets the deprecated
         ObserverService one instead."""

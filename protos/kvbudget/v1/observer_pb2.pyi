@@ -86,3 +86,49 @@ class ReportReplayRequest(_message.Message):
 class ReportReplayResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AskAdmissionRequest(_message.Message):
+    __slots__ = ("prompt_tokens", "max_new_tokens", "tenant", "priority", "prefix_hashes", "step_s")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASHES_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    max_new_tokens: int
+    tenant: str
+    priority: int
+    prefix_hashes: _containers.RepeatedScalarFieldContainer[int]
+    step_s: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., step_s: _Optional[float] = ...) -> None: ...
+
+class AskAdmissionResponse(_message.Message):
+    __slots__ = ("admit_now", "reason", "final", "blocks_needed", "blocks_needed_total", "blocks_free", "blocks_spare", "blocks_reclaimable", "requests_ahead", "blocks_ahead", "wait_steps", "wait_s", "detail")
+    ADMIT_NOW_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_NEEDED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_SPARE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_RECLAIMABLE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    WAIT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    admit_now: bool
+    reason: str
+    final: bool
+    blocks_needed: _containers.RepeatedScalarFieldContainer[int]
+    blocks_needed_total: int
+    blocks_free: int
+    blocks_spare: int
+    blocks_reclaimable: int
+    requests_ahead: int
+    blocks_ahead: int
+    wait_steps: int
+    wait_s: float
+    detail: str
+    def __init__(self, admit_now: _Optional[bool] = ..., reason: _Optional[str] = ..., final: _Optional[bool] = ..., blocks_needed: _Optional[_Iterable[int]] = ..., blocks_needed_total: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_spare: _Optional[int] = ..., blocks_reclaimable: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., blocks_ahead: _Optional[int] = ..., wait_steps: _Optional[int] = ..., wait_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...

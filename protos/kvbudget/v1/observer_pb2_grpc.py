@@ -60,6 +60,11 @@ class ObserverServiceStub:
                 request_serializer=kvbudget_dot_v1_dot_observer__pb2.ReportReplayRequest.SerializeToString,
                 response_deserializer=kvbudget_dot_v1_dot_observer__pb2.ReportReplayResponse.FromString,
                 _registered_method=True)
+        self.AskAdmission = channel.unary_unary(
+                '/kvbudget.v1.ObserverService/AskAdmission',
+                request_serializer=kvbudget_dot_v1_dot_observer__pb2.AskAdmissionRequest.SerializeToString,
+                response_deserializer=kvbudget_dot_v1_dot_observer__pb2.AskAdmissionResponse.FromString,
+                _registered_method=True)
 
 
 class ObserverServiceServicer:
@@ -103,6 +108,14 @@ class ObserverServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskAdmission(self, request, context):
+        """For a router: how soon a request of this shape could be admitted here, from the
+        admission core's own formulas. Changes nothing (no request, block or decision).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ObserverServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +143,11 @@ def add_ObserverServiceServicer_to_server(servicer, server):
                     servicer.ReportReplay,
                     request_deserializer=kvbudget_dot_v1_dot_observer__pb2.ReportReplayRequest.FromString,
                     response_serializer=kvbudget_dot_v1_dot_observer__pb2.ReportReplayResponse.SerializeToString,
+            ),
+            'AskAdmission': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskAdmission,
+                    request_deserializer=kvbudget_dot_v1_dot_observer__pb2.AskAdmissionRequest.FromString,
+                    response_serializer=kvbudget_dot_v1_dot_observer__pb2.AskAdmissionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +286,33 @@ class ObserverService:
             '/kvbudget.v1.ObserverService/ReportReplay',
             kvbudget_dot_v1_dot_observer__pb2.ReportReplayRequest.SerializeToString,
             kvbudget_dot_v1_dot_observer__pb2.ReportReplayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskAdmission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvbudget.v1.ObserverService/AskAdmission',
+            kvbudget_dot_v1_dot_observer__pb2.AskAdmissionRequest.SerializeToString,
+            kvbudget_dot_v1_dot_observer__pb2.AskAdmissionResponse.FromString,
             options,
             channel_credentials,
             insecure,
