@@ -20,7 +20,7 @@ source {script}
 try() {{ COMP_WORDS=("$@"); COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 )); _kvbudget; echo "${{COMPREPLY[*]}}"; }}
 """
 CASES = [  # (the words typed, the last one being completed; what is offered)
-    (["kvbudget", ""], "demo daemon tui replay estimate log doctor admin completion"),
+    (["kvbudget", ""], "demo daemon tui replay estimate log doctor admin completion ask"),
     (["kvbudget", "do"], "doctor"),
     (["kvbudget", "daemon", "--pol"], "--policy"),
     (["kvbudget", "daemon", "--policy", ""], "optimistic guaranteed predictive naive"),
