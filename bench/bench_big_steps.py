@@ -1,6 +1,7 @@
 """Heartbeat latency of one engine while another sends big steps, and the daemon's memory.
 
     python bench/bench_big_steps.py [--ops 10000] [--steps 10] [--pings 400] [--ping-every-s 0.01]
+                                    [--unsliced]
 
 Issue 30, point 4: a 100,000-op step held the daemon's event loop for seconds, and an engine
 heartbeating with a 1 s lease lost its session. This starts a real daemon (a pool of
@@ -13,8 +14,9 @@ heartbeating with a 1 s lease lost its session. This starts a real daemon (a poo
 
 For each: heartbeat p50, p99 and max (ms). Also the big steps' own latency, the daemon's
 resident memory (VmRSS) before the big steps, right after them and after the pinger's
-last round, and the leases the daemon saw lapse (its journal). Figures of one run on one
-machine: compare bare and loaded of the same run.
+last round, and the leases the daemon saw lapse (its journal). `--unsliced` runs the daemon
+with big steps applied whole (daemon/server/sliced.py off), for comparison. Figures of one
+run on one machine: compare bare and loaded of the same run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ import grpc  # noqa: E402
 
 from kvbudget.v1 import engine_pb2, engine_pb2_grpc  # noqa: E402
 from tests.daemon_harness import DaemonProcess  # noqa: E402
+
+
+UNSLICED_DAEMON = (
+    "import sys\n"
+    "import kvbudget.daemon.server.sliced as sliced\n"
+    "sliced.SLICE_OPS = 10**9\n"
+    "from kvbudget.cli.main import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
 
 
 def rss_mb(pid: int) -> float:
@@ -98,8 +109,11 @@ def summary(latencies: list[float]) -> str:
 
 async def bench(workdir: Path, args: argparse.Namespace) -> None:
     blocks = str(args.ops * 2 + 65)
-    with DaemonProcess(workdir, "--num-gpu-blocks", blocks, "--max-ops-per-step", str(args.ops),
-                       "--max-model-len", "2048", lease_ttl_s=60) as daemon:
+    daemon = DaemonProcess(workdir, "--num-gpu-blocks", blocks, "--max-ops-per-step", str(args.ops),
+                           "--max-model-len", "2048", lease_ttl_s=60)
+    if args.unsliced:
+        daemon.args[1:3] = ["-c", UNSLICED_DAEMON]  # (in place of `-m kvbudget`)
+    with daemon:
         pid = daemon.process.pid
         bare = await ping(daemon.target, args.ping_every_s, pings=args.pings)
         rss_before = rss_mb(pid)
@@ -118,7 +132,7 @@ async def bench(workdir: Path, args: argparse.Namespace) -> None:
         after = await ping(daemon.target, args.ping_every_s, pings=args.pings)
         rss_settled = rss_mb(pid)
         lapsed = daemon.stderr().count("expired; taking its blocks back")
-    print(f"daemon: {blocks} blocks, max_ops_per_step {args.ops:,}; {args.steps} steps of {args.ops:,} ops "
+    print(f"daemon: {blocks} blocks, max_ops_per_step {args.ops:,}, {'unsliced' if args.unsliced else 'sliced'}; {args.steps} steps of {args.ops:,} ops "
           f"in {elapsed:.1f} s")
     print(f"heartbeat, bare:   {summary(bare)}")
     print(f"heartbeat, loaded: {summary(loaded)}")
@@ -135,6 +149,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--pings", type=int, default=400)
     parser.add_argument("--ping-every-s", type=float, default=0.01)
+    parser.add_argument("--unsliced", action="store_true", help="big steps applied whole, for comparison")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         asyncio.run(bench(Path(workdir), args))
