@@ -74,3 +74,39 @@ async def test_a_big_step_lets_the_loop_go_between_slices_and_decides_as_a_whole
     # The other engine's step waited for the last slice: its decision comes after them all.
     [queued] = other_reply.decisions
     assert queued.seq == OPS + 1
+
+
+async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides_as_a_whole_one(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "decisions.db")
+    log.start()
+    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
+                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
+                       options=CoreOptions(tick_s=3600.0))
+    twin = controller()
+    await core.start()
+    try:
+        session = await core.open_session("big", 60, "", False)
+        admitted = engine_pb2.StepRequest(session_id=session.session_id, step_seq=1)
+        admitted.submits.extend(engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=4, max_new_tokens=4)
+                                for i in range(2_400))  # (all admitted: two slices)
+        await core.steps.step(admitted, time.perf_counter())
+        apply_step(twin, StepOps(submits=[convert.submit_to_spec(op, "big", 1000.0) for op in admitted.submits]), 1000.0)
+        finishes = engine_pb2.StepRequest(session_id=session.session_id, step_seq=2)
+        finishes.finishes.extend(engine_pb2.Finish(request_id=f"r{i}") for i in range(2_400))
+        step = asyncio.ensure_future(core.steps.step(finishes, time.perf_counter()))
+        seen_mid_step = set()
+        while not step.done():
+            await asyncio.sleep(0)
+            held = core.controller.snapshot(0.0).num_held_blocks
+            if 0 < held < 2_400:
+                seen_mid_step.add(held)
+        reply = await step
+    finally:
+        await core.stop()
+        log.close()
+    assert seen_mid_step == {1_400, 400}  # after the first slice's 1,000 releases, and the second's
+    whole = apply_step(twin, StepOps(finishes=[f"r{i}" for i in range(2_400)]), 1000.0)
+    fields = ("seq", "kind", "reason", "request_id", "freed_blocks", "num_free_blocks")
+    sliced = [tuple(getattr(d, f) for f in fields) for d in map(convert.decision_from_proto, reply.decisions)]
+    assert sliced == [tuple(getattr(d, f) for f in fields) for d in whole]
+    assert len(whole) == 2_400
