@@ -110,3 +110,31 @@ async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides
     sliced = [tuple(getattr(d, f) for f in fields) for d in map(convert.decision_from_proto, reply.decisions)]
     assert sliced == [tuple(getattr(d, f) for f in fields) for d in whole]
     assert len(whole) == 2_400
+
+
+async def test_a_big_step_whose_caller_left_between_slices_is_applied_whole_and_kept_for_the_resend(
+    tmp_path: Path,
+) -> None:
+    log = DecisionLog(tmp_path / "decisions.db")
+    log.start()
+    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
+                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
+                       options=CoreOptions(tick_s=3600.0))
+    await core.start()
+    try:
+        session = await core.open_session("big", 60, "", False)
+        request, _ = submits("big")
+        request.session_id = session.session_id
+        step = asyncio.ensure_future(core.steps.step(request, time.perf_counter()))
+        while core.controller.snapshot(0.0).num_held_blocks == 0:
+            await asyncio.sleep(0)
+        step.cancel()  # (after the first slice: its caller's deadline passed)
+        while core.steps.gate.busy:
+            await asyncio.sleep(0)
+        assert core.controller.snapshot(0.0).num_held_blocks == 2_475  # every slice applied
+        resent = await core.steps.step(request, time.perf_counter())  # the same step, its reply lost
+    finally:
+        await core.stop()
+        log.close()
+    assert step.cancelled()
+    assert len(resent.decisions) == OPS and resent.decisions[-1].seq == OPS  # nothing applied twice

@@ -68,10 +68,10 @@ class Steps:
             core.check_writable("this step")
         engine_id = session.engine_id
         if self.gate.busy or is_big(request):
-            async with self.gate.hold():  # (a big step's slices, or a step waiting for them)
-                session.renew(self._lease_now())  # (its lease counts from its turn)
-                decisions, committed, reply = await self._apply_sliced(session, request, engine_id, started)
-            kept = self._keep(session, request, reply, decisions, committed)
+            # Shielded: a caller gone between two slices (its deadline) must not leave its
+            # step half applied; it is applied whole and kept for the resend.
+            sliced = asyncio.ensure_future(self._sliced_step(session, request, engine_id, started))
+            decisions, committed, reply, kept = await asyncio.shield(sliced)
         else:
             now = time.time()
             try:
@@ -92,6 +92,14 @@ class Steps:
         if len(decisions) > 1000 and (size := reply.ByteSize()) > MAX_MESSAGE_BYTES:
             _too_large(session, kept, decisions, size)
         return reply
+
+    async def _sliced_step(
+        self, session: Session, request: engine_pb2.StepRequest, engine_id: str, started: float,
+    ) -> tuple[list[Decision], asyncio.Future, engine_pb2.StepResponse, KeptStep | None]:
+        async with self.gate.hold():  # (a big step's slices, or a step waiting for them)
+            session.renew(self._lease_now())  # (its lease counts from its turn)
+            decisions, committed, reply = await self._apply_sliced(session, request, engine_id, started)
+        return decisions, committed, reply, self._keep(session, request, reply, decisions, committed)
 
     async def _apply_sliced(
         self, session: Session, request: engine_pb2.StepRequest, engine_id: str, started: float,
