@@ -71,6 +71,7 @@ class Steps:
             # Shielded: a caller gone between two slices (its deadline) must not leave its
             # step half applied; it is applied whole and kept for the resend.
             sliced = asyncio.ensure_future(self._sliced_step(session, request, engine_id, started))
+            sliced.add_done_callback(_read_outcome)  # (a refusal nobody waits for any more is no ERROR)
             decisions, committed, reply, kept = await asyncio.shield(sliced)
         else:
             now = time.time()
@@ -260,10 +261,18 @@ class Steps:
         return unanswered.reply
 
 
+def _read_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 async def _all_of(commits: list[asyncio.Future]) -> None:
-    """Done once every slice's commit is; fails with the first failure (as one commit would)."""
-    for commit in commits:
-        await commit
+    """Done once every slice's commit is; fails with the first failure (as one commit would),
+    each failure read (an unread one is an ERROR in the journal)."""
+    outcomes = await asyncio.gather(*commits, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _unanswered(
