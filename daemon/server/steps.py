@@ -115,20 +115,20 @@ class Steps:
         except StepRejected as problem:
             raise rejected(problem) from None
         decisions: list[Decision] = []
-        commits: list[asyncio.Future] = []
         reply = engine_pb2.StepResponse()
         for part in slices(ops, core.controller):
             try:
                 made = apply_step(core.controller, part, now)
             except BrokenStep as broken:
+                core.record(decisions)  # (the slices before stand: logged, and on its Events stream)
                 await self._broken(session, request, broken)
-            commits.append(core.record(made, engine_id, started))
             decisions += made
             convert.add_decisions(reply.decisions, made, engine_id)
             await asyncio.sleep(0)  # (heartbeats and other calls run here)
         reply.num_free_blocks = core.num_free_blocks
-        committed = commits[-1] if len(commits) == 1 else asyncio.ensure_future(_all_of(commits))
-        return decisions, committed, reply
+        # One batch, as the whole step's: past 1,024 rows the writer thread commits it (an
+        # inline commit per slice would hold the loop whenever the file is busy).
+        return decisions, core.record(decisions, engine_id, started), reply
 
     def _keep(self, session: Session, request: engine_pb2.StepRequest, reply: engine_pb2.StepResponse,
               decisions: list[Decision], committed: asyncio.Future) -> KeptStep | None:
@@ -264,15 +264,6 @@ class Steps:
 def _read_outcome(task: asyncio.Future) -> None:
     if not task.cancelled():
         task.exception()
-
-
-async def _all_of(commits: list[asyncio.Future]) -> None:
-    """Done once every slice's commit is; fails with the first failure (as one commit would),
-    each failure read (an unread one is an ERROR in the journal)."""
-    outcomes = await asyncio.gather(*commits, return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
 
 
 def _unanswered(
