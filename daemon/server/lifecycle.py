@@ -24,16 +24,17 @@ from kvbudget.daemon.server import sdnotify
 from kvbudget.daemon.server.auth import Authorizer
 from kvbudget.daemon.server.grpc_server import build_server, served_certificate
 from kvbudget.daemon.server.health import Health
-from kvbudget.daemon.server.in_flight import GIVE_UP_S, InFlightCalls, Stopped, stop_server
+from kvbudget.daemon.server.in_flight import GIVE_UP_S, InFlightCalls
 from kvbudget.daemon.server.listeners import (
     Listener, open_to_group, prepare_unix_sockets, remove_sockets, warn_if_tcp_is_open_to_all,
 )
 from kvbudget.daemon.server.notify_loop import notify_loop
 from kvbudget.daemon.server.service import CoreOptions, CoreService
 from kvbudget.daemon.server.sessions import SessionTable
+from kvbudget.daemon.server.stopping import stop_serving
 from kvbudget.daemon.server.startup import (
-    StartupError, allocate_memory, build_controller, number_on_from_the_log, open_log, probe_gpu, serving_summary,
-    start_metrics, take_writer_lock, warn_if_the_log_outgrows_its_disk,
+    StartupError, allocate_memory, build_controller, close_left_open, number_on_from_the_log, open_log, probe_gpu,
+    serving_summary, start_metrics, take_writer_lock, warn_if_the_log_outgrows_its_disk,
 )
 from kvbudget.daemon.server.tls import ServedCertificate
 from kvbudget.daemon.config.tokens_file import Roles, load_roles, tokens_file_warnings
@@ -134,26 +135,10 @@ class Daemon:
         return self._exit_status
 
     async def _stop_serving(self, core: CoreService, health: Health, server: grpc.aio.Server) -> None:
-        """NOT_SERVING and STOPPING=1 first (load balancers and systemd learn it), then the
-        streams end, the server waits up to drain_timeout_s for calls in flight, the core drains."""
-        log.info("stopping: draining in-flight calls and flushing the decision log")
-        sdnotify.stopping("stopping: flushing the decision log")
-        await health.set_serving(False)
-        core.draining = True
-        core.watch_hub.close_all()  # long-lived streams end, so in-flight calls can finish
-        core.end_all_streams()  # (expired sessions' too, still waiting for their decisions)
-        health.end_watches()
-        stopped = await stop_server(server, self._calls, self.config.drain_timeout_s)
-        if stopped is Stopped.CUT_SHORT:
-            log.info("stopped: no call in flight; closed the connections still open")
-        elif stopped is Stopped.ABANDONED:
+        """The stop's steps (stopping.py); the open requests get their last row there."""
+        if await stop_serving(core, health, server, self._calls, drain_timeout_s=self.config.drain_timeout_s,
+                              db_path=self.config.db_path):
             self._server_abandoned = True
-            log.warning(
-                "stopping without waiting for gRPC any longer: past drain_timeout_s (%gs), a "
-                "connection would not close (a client that stopped reading: frozen or hung); "
-                "its calls were cancelled", self.config.drain_timeout_s,
-            )
-        await core.stop()
 
     async def _stop_server_now(self, server: grpc.aio.Server) -> None:
         """On the way out (a start-up that failed half-way, or after the stop): the server
@@ -212,6 +197,7 @@ class Daemon:
             memory=memory,
         )
         decision_log = await self._open_log(stack)
+        await close_left_open(decision_log, config.db_path, controller.snapshot(0.0).num_free_blocks)
         await number_on_from_the_log(controller, config.db_path)
         warn_if_the_log_outgrows_its_disk(decision_log.figures(), config.db_path)
         metrics = start_metrics(config)

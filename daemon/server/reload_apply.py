@@ -29,7 +29,8 @@ async def apply_reload(
     target = plan.config
     if target.policy != running.policy:
         try:
-            await core.record(core.set_policy(target.policy))
+            async with core.steps.gate.between_steps():  # (not between a big step's slices)
+                await core.record(core.set_policy(target.policy))
         except Exception as exc:  # applied; its POLICY decision waits to be written
             log.error("reload: policy %s: decision log: %s", target.policy, exc)
     if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):

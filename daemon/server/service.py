@@ -26,6 +26,7 @@ from kvbudget.daemon.log.schema import DecisionLogError
 from kvbudget.daemon.log.unwritten import UnwrittenError
 from kvbudget.daemon.server.dispatch import Dispatcher
 from kvbudget.daemon.server.refusal import Refused, Status, invalid, rejected
+from kvbudget.daemon.server.replay_report import check_replay
 from kvbudget.daemon.server.sessions import ReplayTable, Session, SessionExists, SessionTable, TooManySessions
 from kvbudget.daemon.server.snapshot_view import engine_states
 from kvbudget.daemon.server.steps import Steps
@@ -37,7 +38,6 @@ log = logging.getLogger("kvbudget.daemon")
 MAX_LEASE_TTL_S = 3600
 MAX_QUOTED = 128  # characters of a caller's unbounded text quoted back in a refusal
 MAX_ESTIMATE_TOKENS = 1 << 24
-MAX_REPLAY_TEXT = 512  # a trace's name (a file name is at most 255 bytes)
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,9 @@ class CoreService:
                     Status.ALREADY_EXISTS,
                     f"engine_id: {engine_id!r} already has a live session (set replace_existing to end it)",
                 )
-            self.check_writable("replacing the session")  # replacing it decides (EXPIRE its requests)
-            await self.commit(self.close_engine(existing, expire=True))
+            async with self.steps.gate.between_steps():
+                self.check_writable("replacing the session")  # replacing it decides (EXPIRE its requests)
+                await self.commit(self.close_engine(existing, expire=True))
         try:
             return sessions.open(engine_id, lease_ttl_s, sessions.clock.now())
         except SessionExists:
@@ -225,9 +226,10 @@ class CoreService:
 
     async def close_session(self, session: Session) -> list[Decision]:
         """Ends a session at its engine's word: its requests are released (aborted)."""
-        self.check_writable("the close")  # closing decides (RELEASE its requests): not while they wait
-        decisions = self.close_engine(session, expire=False)
-        await self.commit(decisions)
+        async with self.steps.gate.between_steps():
+            self.check_writable("the close")  # closing decides (RELEASE its requests): not while they wait
+            decisions = self.close_engine(session, expire=False)
+            await self.commit(decisions)
         return decisions
 
     def requests_of(self, engine_id: str) -> tuple[list, list]:
@@ -261,19 +263,7 @@ class CoreService:
         return decisions
 
     def report_replay(self, replay: common_pb2.ReplayState) -> None:
-        try:
-            check_request_id("replay.replay_id", replay.replay_id)
-        except StepRejected as problem:
-            raise rejected(problem) from None
-        if replay.total and replay.position > replay.total:
-            raise invalid("replay.position: beyond replay.total")
-        # Every snapshot and Watch update carries each replay: a 5 MB trace name broke every
-        # observer on gRPC's 4 MB default, and 64 of them the daemon's own 64 MiB limit.
-        for field, text, limit in (("replay.trace", replay.trace, MAX_REPLAY_TEXT), ("replay.policy", replay.policy, 64)):
-            if len(text) > limit or not text.isprintable():
-                raise invalid(f"{field}: printable text, at most {limit} characters")
-        if not (math.isfinite(replay.speed) and replay.speed >= 0):
-            raise invalid(f"replay.speed: a finite number >= 0 (0: as fast as possible), got {replay.speed}")
+        check_replay(replay)
         if not self.replays.report(replay, time.monotonic()):
             raise Refused(Status.RESOURCE_EXHAUSTED, f"replay.replay_id: at most {self.replays.max_replays} replays")
 
@@ -375,6 +365,8 @@ class CoreService:
                 log.exception("background tick failed")
 
     async def tick(self, now_mono: float) -> None:  # (the ticker's; tests call it at the times they choose)
+        if self.steps.gate.busy:  # a big step is applied in slices: no lease lapses meanwhile (sliced.py)
+            return
         if self.log.num_unwritten:
             # The log cannot write: decide nothing unasked until it can (the writer retries
             # each second); expired leases and the queue are seen to on the first tick after.

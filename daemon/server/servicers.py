@@ -251,10 +251,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         policy = convert.policy_from_proto(request.policy)
         if policy is None:
             await abort(context, INVALID, f"policy: unspecified or unknown value {request.policy}")
-        self.core.check_writable("the policy")
-        previous = self.core.policy_name
-        decisions = self.core.set_policy(policy)  # [] when `policy` is in force already
-        await self.core.commit(decisions)
+        async with self.core.steps.gate.between_steps():  # (not between a big step's slices)
+            self.core.check_writable("the policy")
+            previous = self.core.policy_name
+            decisions = self.core.set_policy(policy)  # [] when `policy` is in force already
+            await self.core.commit(decisions)
         # The operator hears what the switch did to the queue (naive can reject all of it).
         reply = admin_pb2.SetPolicyResponse(previous=convert.policy_to_proto(previous))
         for decision in decisions:
@@ -273,7 +274,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         role = await self.auth.require(context, Role.ADMIN)
         account = self.core.controller.ledger.tenants.get(request.tenant)
         before = _quota(account.max_share, account.weight) if account is not None else _quota(None, 1.0)
-        self.core.set_tenant_quota(request.tenant, request.max_share, request.weight)
+        async with self.core.steps.gate.between_steps():
+            self.core.set_tenant_quota(request.tenant, request.max_share, request.weight)
         after = _quota(request.max_share or None, request.weight or 1.0)
         _journal(context, role, f"tenant {request.tenant!r} {before} -> {after}")
         return admin_pb2.SetTenantQuotaResponse()
@@ -281,10 +283,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     @answers
     async def Drain(self, request, context):
         role = await self.auth.require(context, Role.ADMIN)
-        self.core.check_writable("the drain")
-        was_draining = self.core.draining
-        decisions = self.core.drain()
-        await self.core.commit(decisions)  # the waiting requests' REJECTs, on their engines' Events
+        async with self.core.steps.gate.between_steps():
+            self.core.check_writable("the drain")
+            was_draining = self.core.draining
+            decisions = self.core.drain()
+            await self.core.commit(decisions)  # the waiting requests' REJECTs, on their engines' Events
         if self.on_drain is not None:
             await self.on_drain()
         running = self.core.snapshot().num_running

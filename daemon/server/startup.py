@@ -126,6 +126,17 @@ async def open_log(
     return decision_log
 
 
+async def close_left_open(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> None:
+    """Each request a killed daemon left open in the log gets its closing row (closing.py)."""
+    from kvbudget.daemon.log.schema import DecisionLogError
+    from kvbudget.daemon.server.closing import close_left_open_at_start
+
+    try:
+        await close_left_open_at_start(decision_log, db_path, num_free_blocks)
+    except DecisionLogError as exc:
+        raise StartupError(f"db_path: cannot close the requests left open in {db_path}: {exc}") from None
+
+
 async def number_on_from_the_log(controller: AdmissionController, db_path: str) -> None:
     """A restart numbers its decisions on from the log's last: seq stays unique in the log
     (from 1 again, a dashboard keyed on it met the same seq twice and crashed)."""

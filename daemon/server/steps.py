@@ -19,6 +19,7 @@ from kvbudget.daemon.core.validation import StepRejected, validate_step
 from kvbudget.daemon.log.unwritten import UnwrittenError
 from kvbudget.daemon.server.refusal import Refused, Status, rejected
 from kvbudget.daemon.server.sessions import KeptStep, Session, UnansweredStep
+from kvbudget.daemon.server.sliced import SliceGate, is_big, read_submits, slices
 from kvbudget.daemon.server.step_request import read_step, step_bytes
 from kvbudget.daemon.wire import convert
 from kvbudget.v1 import engine_pb2
@@ -41,6 +42,7 @@ class Steps:
         self._session = core.sessions.get
         self._lease_now = core.sessions.clock.now  # (the table's clock for its life)
         self._max_ops = core.options.max_ops_per_step
+        self.gate = SliceGate()  # (every other change to the pool waits while a sliced step runs)
 
     async def step(self, request: engine_pb2.StepRequest, started: float) -> engine_pb2.StepResponse:
         """The step's reply, once its decisions are in the log; Refused otherwise.
@@ -65,25 +67,78 @@ class Steps:
         ):
             core.check_writable("this step")
         engine_id = session.engine_id
-        now = time.time()
-        try:
-            ops = read_step(request, engine_id, now, self._max_ops)
-            validate_step(ops, engine_id, self._find, self._block_size)
-        except StepRejected as problem:
-            raise rejected(problem) from None
-        try:
-            decisions = apply_step(core.controller, ops, now)
-        except BrokenStep as broken:
-            await self._broken(session, request, broken)
-        committed = core.record(decisions, engine_id, started)
-        # Usually committed inline already; if it was queued behind others, the reply is built
-        # while the writer commits (SQLite releases the GIL). It is sent only after.
-        reply, kept = self._reply(session, request, decisions, committed)
+        if self.gate.busy or is_big(request):
+            # Shielded: a caller gone between two slices (its deadline) must not leave its
+            # step half applied; it is applied whole and kept for the resend.
+            sliced = asyncio.ensure_future(self._sliced_step(session, request, engine_id, started))
+            sliced.add_done_callback(_read_outcome)  # (a refusal nobody waits for any more is no ERROR)
+            decisions, committed, reply, kept = await asyncio.shield(sliced)
+        else:
+            now = time.time()
+            try:
+                ops = read_step(request, engine_id, now, self._max_ops)
+                validate_step(ops, engine_id, self._find, self._block_size)
+            except StepRejected as problem:
+                raise rejected(problem) from None
+            try:
+                decisions = apply_step(core.controller, ops, now)
+            except BrokenStep as broken:
+                await self._broken(session, request, broken)
+            committed = core.record(decisions, engine_id, started)
+            # Usually committed inline already; if it was queued behind others, the reply is built
+            # while the writer commits (SQLite releases the GIL). It is sent only after.
+            reply, kept = self._reply(session, request, decisions, committed)
         if not (committed.done() and committed.exception() is None):
             await self._settle(session, request, reply, decisions, committed)
         if len(decisions) > 1000 and (size := reply.ByteSize()) > MAX_MESSAGE_BYTES:
             _too_large(session, kept, decisions, size)
         return reply
+
+    async def _sliced_step(
+        self, session: Session, request: engine_pb2.StepRequest, engine_id: str, started: float,
+    ) -> tuple[list[Decision], asyncio.Future, engine_pb2.StepResponse, KeptStep | None]:
+        async with self.gate.hold():  # (a big step's slices, or a step waiting for them)
+            session.renew(self._lease_now())  # (its lease counts from its turn)
+            decisions, committed, reply = await self._apply_sliced(session, request, engine_id, started)
+        return decisions, committed, reply, self._keep(session, request, reply, decisions, committed)
+
+    async def _apply_sliced(
+        self, session: Session, request: engine_pb2.StepRequest, engine_id: str, started: float,
+    ) -> tuple[list[Decision], asyncio.Future, engine_pb2.StepResponse]:
+        """A step read, validated, applied and answered with the loop let go between slices
+        (sliced.py); the caller holds the gate. Returns (decisions, their commit, the reply)."""
+        core, now = self.core, time.time()
+        try:
+            ops = read_step(request, engine_id, now, self._max_ops, submits=False)
+            ops.submits = await read_submits(request, engine_id, now)
+            validate_step(ops, engine_id, self._find, self._block_size)
+        except StepRejected as problem:
+            raise rejected(problem) from None
+        decisions: list[Decision] = []
+        reply = engine_pb2.StepResponse()
+        for part in slices(ops, core.controller):
+            try:
+                made = apply_step(core.controller, part, now)
+            except BrokenStep as broken:
+                core.record(decisions)  # (the slices before stand: logged, and on its Events stream)
+                await self._broken(session, request, broken)
+            decisions += made
+            convert.add_decisions(reply.decisions, made, engine_id)
+            await asyncio.sleep(0)  # (heartbeats and other calls run here)
+        reply.num_free_blocks = core.num_free_blocks
+        # One batch, as the whole step's: past 1,024 rows the writer thread commits it (an
+        # inline commit per slice would hold the loop whenever the file is busy).
+        return decisions, core.record(decisions, engine_id, started), reply
+
+    def _keep(self, session: Session, request: engine_pb2.StepRequest, reply: engine_pb2.StepResponse,
+              decisions: list[Decision], committed: asyncio.Future) -> KeptStep | None:
+        """The step as kept for a resend if it is numbered (as `_reply` keeps it)."""
+        if not (step_seq := request.step_seq):
+            return None
+        done = committed.done() and committed.exception() is None
+        session.last_step = kept = (KeptStep(step_seq, request, None, reply) if done
+                                    else KeptStep(step_seq, request, committed, reply, decisions=decisions))
+        return kept
 
     def _reply(
         self, session: Session, request: engine_pb2.StepRequest, decisions: list[Decision], committed: asyncio.Future
@@ -92,13 +147,7 @@ class Steps:
         as kept for a resend if it is numbered."""
         reply = engine_pb2.StepResponse(num_free_blocks=self.core.num_free_blocks)
         convert.add_decisions(reply.decisions, decisions, session.engine_id)
-        kept = None
-        if step_seq := request.step_seq:
-            session.last_step = kept = (
-                KeptStep(step_seq, request, None, reply) if committed.done() and committed.exception() is None
-                else KeptStep(step_seq, request, committed, reply, decisions=decisions)
-            )
-        return reply, kept
+        return reply, self._keep(session, request, reply, decisions, committed)
 
     async def _settle(
         self, session: Session, request: engine_pb2.StepRequest, reply: engine_pb2.StepResponse,
@@ -210,6 +259,11 @@ class Steps:
             )
         session.unanswered = None
         return unanswered.reply
+
+
+def _read_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _unanswered(

@@ -1,0 +1,140 @@
+"""A big step applied in slices (issue 30, point 4): the event loop is let go between
+slices of 1,000 ops, the decisions are those of the whole step applied at once, and nothing
+else changes the pool meanwhile (another engine's step waits for the last slice). In
+process: the real controller, CoreService and DecisionLog on a file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.step import StepOps, apply_step
+from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.server.service import CoreOptions, CoreService
+from kvbudget.daemon.server.sessions import SessionTable
+from kvbudget.daemon.server.watch import WatchHub
+from kvbudget.daemon.wire import convert
+from kvbudget.v1 import common_pb2, engine_pb2
+
+from test_admission_support import SMALL_LAYOUTS
+
+OPS = 3_000  # three slices
+NUM_BLOCKS = 2_500  # 3,000 one-block requests: 2,475 admitted (the 1% watermark keeps 25 free), 525 queued
+
+
+def controller() -> AdmissionController:
+    return AdmissionController(SMALL_LAYOUTS["full"], NUM_BLOCKS, AdmissionConfig(max_model_len=64))
+
+
+def submits(engine_id: str) -> tuple[engine_pb2.StepRequest, StepOps]:
+    request = engine_pb2.StepRequest(step_seq=1)
+    request.submits.extend(engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=4, max_new_tokens=4)
+                           for i in range(OPS))
+    now = 1000.0
+    return request, StepOps(submits=[convert.submit_to_spec(op, engine_id, now) for op in request.submits])
+
+
+async def test_a_big_step_lets_the_loop_go_between_slices_and_decides_as_a_whole_one(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "decisions.db")
+    log.start()
+    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
+                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
+                       options=CoreOptions(tick_s=3600.0))
+    await core.start()
+    try:
+        big = await core.open_session("big", 60, "", False)
+        small = await core.open_session("small", 60, "", False)
+        request, ops = submits("big")
+        request.session_id = big.session_id
+        seen_mid_step: list[int] = []
+        step = asyncio.ensure_future(core.steps.step(request, time.perf_counter()))
+        other = None
+        while not step.done():
+            await asyncio.sleep(0)
+            held = core.controller.snapshot(0.0).num_held_blocks
+            if 0 < held < NUM_BLOCKS and other is None:  # between two slices
+                seen_mid_step.append(held)
+                other = asyncio.ensure_future(core.steps.step(engine_pb2.StepRequest(
+                    session_id=small.session_id, submits=[engine_pb2.Submit(request_id="s", prompt_tokens=4)]),
+                    time.perf_counter()))
+        reply = await step
+        other_reply = await other
+    finally:
+        await core.stop()
+        log.close()
+    assert seen_mid_step == [1_000]  # the loop ran after the first slice's 1,000 admits
+    twin = controller()
+    whole = apply_step(twin, ops, 1000.0)
+    fields = ("seq", "kind", "reason", "request_id", "blocks_held", "new_block_ids", "num_free_blocks", "num_waiting")
+    sliced = [tuple(getattr(d, f) for f in fields) for d in map(convert.decision_from_proto, reply.decisions)]
+    assert sliced == [tuple(getattr(d, f) for f in fields) for d in whole]
+    assert [d.kind.value for d in whole].count("queue") == 525
+    # The other engine's step waited for the last slice: its decision comes after them all.
+    [queued] = other_reply.decisions
+    assert queued.seq == OPS + 1
+
+
+async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides_as_a_whole_one(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "decisions.db")
+    log.start()
+    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
+                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
+                       options=CoreOptions(tick_s=3600.0))
+    twin = controller()
+    await core.start()
+    try:
+        session = await core.open_session("big", 60, "", False)
+        admitted = engine_pb2.StepRequest(session_id=session.session_id, step_seq=1)
+        admitted.submits.extend(engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=4, max_new_tokens=4)
+                                for i in range(2_400))  # (all admitted: two slices)
+        await core.steps.step(admitted, time.perf_counter())
+        apply_step(twin, StepOps(submits=[convert.submit_to_spec(op, "big", 1000.0) for op in admitted.submits]), 1000.0)
+        finishes = engine_pb2.StepRequest(session_id=session.session_id, step_seq=2)
+        finishes.finishes.extend(engine_pb2.Finish(request_id=f"r{i}") for i in range(2_400))
+        step = asyncio.ensure_future(core.steps.step(finishes, time.perf_counter()))
+        seen_mid_step = set()
+        while not step.done():
+            await asyncio.sleep(0)
+            held = core.controller.snapshot(0.0).num_held_blocks
+            if 0 < held < 2_400:
+                seen_mid_step.add(held)
+        reply = await step
+    finally:
+        await core.stop()
+        log.close()
+    assert seen_mid_step == {1_400, 400}  # after the first slice's 1,000 releases, and the second's
+    whole = apply_step(twin, StepOps(finishes=[f"r{i}" for i in range(2_400)]), 1000.0)
+    fields = ("seq", "kind", "reason", "request_id", "freed_blocks", "num_free_blocks")
+    sliced = [tuple(getattr(d, f) for f in fields) for d in map(convert.decision_from_proto, reply.decisions)]
+    assert sliced == [tuple(getattr(d, f) for f in fields) for d in whole]
+    assert len(whole) == 2_400
+
+
+async def test_a_big_step_whose_caller_left_between_slices_is_applied_whole_and_kept_for_the_resend(
+    tmp_path: Path,
+) -> None:
+    log = DecisionLog(tmp_path / "decisions.db")
+    log.start()
+    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
+                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
+                       options=CoreOptions(tick_s=3600.0))
+    await core.start()
+    try:
+        session = await core.open_session("big", 60, "", False)
+        request, _ = submits("big")
+        request.session_id = session.session_id
+        step = asyncio.ensure_future(core.steps.step(request, time.perf_counter()))
+        while core.controller.snapshot(0.0).num_held_blocks == 0:
+            await asyncio.sleep(0)
+        step.cancel()  # (after the first slice: its caller's deadline passed)
+        while core.steps.gate.busy:
+            await asyncio.sleep(0)
+        assert core.controller.snapshot(0.0).num_held_blocks == 2_475  # every slice applied
+        resent = await core.steps.step(request, time.perf_counter())  # the same step, its reply lost
+    finally:
+        await core.stop()
+        log.close()
+    assert step.cancelled()
+    assert len(resent.decisions) == OPS and resent.decisions[-1].seq == OPS  # nothing applied twice
