@@ -77,6 +77,35 @@ def test_adding_a_request_never_lowers_the_peak_and_equals_a_rebuilt_index(items
     assert with_it == PeakIndex([*items, Item(d, a, 0, s)], block, groups).peak()
 
 
+# ------------------------------------------------------------------ what is left to decode
+
+
+def test_what_is_left_comes_from_the_lengths_seen_past_what_was_generated_per_tenant():
+    """Tenant "a" finished 10, 20, 30, 40 tokens; "b" 100 x 4 (min_samples 4). Median,
+    nearest rank, of the lengths longer than what the request has generated, minus that."""
+    p = OutputLengthPredictor(min_samples=4)
+    for n in (10, 20, 30, 40):
+        p.observe("a", n)
+        p.observe("b", 100)
+    assert p.remaining("a", 0, 1000, 0.5) == 20  # rank ceil(0.5 * 4) = 2 of 10, 20, 30, 40
+    assert p.remaining("a", 15, 1000, 0.5) == 30 - 15  # of 20, 30, 40: rank 2
+    assert p.remaining("a", 15, 8, 0.5) == 8  # never past its own maximum
+    assert p.remaining("a", 40, 500, 0.5) == 500  # outlived every one seen: its maximum
+    assert p.remaining("b", 15, 1000, 0.5) == 85
+    # "c" has no window: everyone's 8 lengths; past 35: 40, 100 x 4 -> rank 3 = 100
+    assert p.remaining("c", 35, 1000, 0.5) == 65
+    assert OutputLengthPredictor(min_samples=4).remaining("a", 0, 77, 0.5) == 77  # cold: its maximum
+
+
+def test_preemptions_raise_the_quantile_of_what_is_left_the_same_share():
+    """One preemption: p90 -> p95, half of the way to 1; the median goes to p75 likewise."""
+    p = OutputLengthPredictor(min_samples=4)
+    for n in (10, 20, 30, 40):
+        p.observe("a", n)
+    p.on_preemption()
+    assert p.remaining("a", 0, 1000, 0.5) == 30  # rank ceil(0.75 * 4) = 3
+
+
 # ------------------------------------------------------------------ the controller
 
 

@@ -20,7 +20,7 @@ from kvbudget.daemon.config.sizing import (
     memory_source_conflict,
 )
 from kvbudget.daemon.core.admission import POLICIES
-from kvbudget.daemon.core.admission_config import ADMIT_ON
+from kvbudget.daemon.core.admission_config import ADMIT_ON, PREDICTIVE_ADMISSION
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
 from kvbudget.daemon.core.spec import KV_DTYPE_NAMES, KV_DTYPES
 
@@ -123,6 +123,11 @@ def _check_admission(c: DaemonConfig, fail: Failure) -> None:
         raise fail("admit_on", f"unknown setting {c.admit_on!r} (expected one of {', '.join(ADMIT_ON)})")
     if not 0.0 <= c.watermark < 1.0:
         raise fail("watermark", f"must be in [0, 1), got {c.watermark}")
+    if c.predictive_admission not in PREDICTIVE_ADMISSION:
+        expected = ", ".join(PREDICTIVE_ADMISSION)
+        raise fail("predictive_admission", f"unknown setting {c.predictive_admission!r} (expected one of {expected})")
+    if not 0.0 < c.peak_quantile <= 1.0:
+        raise fail("peak_quantile", f"must be in (0, 1], got {c.peak_quantile}")
     for name, quota in c.tenants.items():  # (TenantQuota values given as such skip _parse_tenants)
         problem = tenant_problem(name, quota)
         if problem is not None:
