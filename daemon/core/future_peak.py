@@ -20,6 +20,7 @@ one sweep (`PeakIndex`), then each candidate in O(log n).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvbudget.daemon.core.spec import LayerKind
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from kvbudget.daemon.core.requests import RequestState
 
 _GROWING = (LayerKind.FULL, LayerKind.MLA)  # a block every B tokens, none ever released
+_NONE = -(1 << 62)  # below any point: every point is >= -B * (blocks held today)
 
 
 class Item(NamedTuple):
@@ -61,32 +63,26 @@ class PeakIndex:
         self.B, self.G = B, G
         ordered = sorted(items)
         n = len(ordered)
-        self._d = [it.d for it in ordered]
-        # Suffix sums over the items at or after k (the ones alive at t = d_k), with a
-        # sentinel at n (nothing alive).
-        m, a, s, f = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
-        for k in range(n - 1, -1, -1):
-            it = ordered[k]
-            m[k], a[k], s[k], f[k] = m[k + 1] + 1, a[k + 1] + it.a, s[k + 1] + it.s, f[k + 1] + it.f
-        self._m, self._a, self._s, self._f = m, a, s, f
+        d = self._d = [it[0] for it in ordered]
+        # Suffix sums over the items at or after k (the ones alive at t = d_k), in C loops,
+        # with a sentinel 0 at n (nothing alive).
+        backwards = ordered[::-1]
+        a = self._a = list(accumulate((it[1] for it in backwards), initial=0))[::-1]
+        f = self._f = list(accumulate((it[2] for it in backwards), initial=0))[::-1]
+        s = self._s = list(accumulate((it[3] for it in backwards), initial=0))[::-1]
+        self._m = list(range(n, -1, -1))
         f_total = self._f_total = f[0]
-        lift = G * (B - 1)
+        lift = B - 1
         points = [
-            B * (a[k] - f_total + f[k]) + G * m[k] * self._d[k] + m[k] * lift - G * s[k] for k in range(n)
+            B * (a_k - f_total + f_k) + G * (m_k * (d_k + lift) - s_k)
+            for d_k, a_k, f_k, s_k, m_k in zip(d, a, f, s, range(n, 0, -1))
         ]
         # left[k]: max over j < k of D_j + G d_j (a candidate alive there adds the same
-        # G d_j + constant); right[k]: max over j >= k of D_j (a candidate gone by then
-        # frees nothing of today's). -1: none (every D is >= -B * f_total > -inf).
-        floor = -(1 << 62)
-        left = [floor] * (n + 1)
-        for k in range(n):
-            value = points[k] + G * self._d[k]
-            left[k + 1] = value if value > left[k] else left[k]
-        right = [floor] * (n + 1)
-        for k in range(n - 1, -1, -1):
-            right[k] = points[k] if points[k] > right[k + 1] else right[k + 1]
-        self._left, self._right = left, right
-        self.peak_scaled = right[0] if n else 0
+        # G d_j + a constant); right[k]: max over j >= k of D_j (a candidate gone by then
+        # frees nothing of today's). _NONE: no such point.
+        self._left = list(accumulate((p + G * d_k for p, d_k in zip(points, d)), max, initial=_NONE))
+        self._right = list(accumulate(reversed(points), max, initial=_NONE))[::-1]
+        self.peak_scaled = self._right[0] if n else 0
 
     def peak(self) -> int:
         """The batch's own peak of delta, in blocks (0 with nothing running)."""
@@ -150,30 +146,40 @@ class PeakGate:
         n = start + d
         return self.fit.held[n + self.fit.decode_ahead_tokens, n - 1]
 
-    def item(self, r: RequestState) -> Item:
-        """A running request as an Item: a prompt not computed yet is added at once."""
-        B, n = self.B, r.num_tokens
-        start = r.spec.prompt_tokens
-        if r.resume_len > start:
-            start = r.resume_len
-        if n > start:
-            start = n
-        d = self.remaining(r, start)
-        blocks = -(-start // B)
-        a = self.G * (blocks - -(-n // B))
-        held = r.held
-        if self.others:
-            later = self._later(start, d)
-            for g in self.others:
-                if later[g] > held[g]:
-                    a += later[g] - held[g]
-        f = sum(held) - r.hit_blocks * self.shared_groups
-        return Item(d, a, f if f > 0 else 0, blocks * B - start)
+    def items(self) -> list[tuple[int, int, int, int]]:
+        """The running requests as Items (plain tuples: this runs once per change of the
+        batch, for every running request): a prompt not computed yet is added at once."""
+        B, G, others, shared = self.B, self.G, self.others, self.shared_groups
+        remaining, later = self.remaining, self._later
+        out = []
+        append = out.append
+        for r in self.running.values():
+            n = r.num_tokens
+            prompt = r.spec.prompt_tokens
+            start = r.resume_len if r.resume_len > prompt else prompt
+            if n > start:
+                start = n
+            total = prompt + r.predicted_output
+            if total <= start:
+                d = remaining(r, start)
+            else:
+                d = (total if total < r.max_len else r.max_len) - start
+            blocks = -(-start // B)
+            a = G * (blocks + (-n // B))  # the prompt's blocks not held yet
+            held = r.held
+            if others:
+                final = later(start, d)
+                for g in others:
+                    if final[g] > held[g]:
+                        a += final[g] - held[g]
+            f = sum(held) - r.hit_blocks * shared
+            append((d, a, f if f > 0 else 0, blocks * B - start))
+        return out
 
     def index(self) -> PeakIndex:
         seq = self.recorder.seq
         if self._index is None or seq != self._seq:
-            self._index = PeakIndex([self.item(r) for r in self.running.values()], self.B, self.G)
+            self._index = PeakIndex(self.items(), self.B, self.G)  # type: ignore[arg-type]
             self._seq = seq
         return self._index
 
