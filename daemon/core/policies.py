@@ -1,8 +1,10 @@
 """Admission policies: what a request reserves when it is admitted (its *base* per group),
 and whether it may be preempted when it grows past that and the pool is dry:
 optimistic (base 0, preempts), guaranteed (worst case at L, never preempted), predictive
-(what it holds decoding at a predicted length) and naive (max_model_len in every group,
-a what-if baseline). Each policy in detail: docs/architecture/core.md.
+(base 0, admitted only while the predicted peak fits: future_peak.py; or, "reserve", what
+it holds decoding at a predicted length) and naive (max_model_len in every group, a
+what-if baseline). `chosen` picks the variant the settings name. Each policy in detail:
+docs/architecture/core.md.
 """
 
 from __future__ import annotations
