@@ -150,6 +150,26 @@ def test_a_request_about_to_finish_frees_its_blocks_for_the_peak(num_blocks, adm
     assert c.kind is (DecisionKind.ADMIT if admitted else DecisionKind.QUEUE)
 
 
+@pytest.mark.parametrize("num_blocks,admitted", [(9, True), (8, False)])
+def test_what_a_finish_frees_counts_for_a_longer_request_of_another_tenant(num_blocks, admitted):
+    """Tenant "short" has finished 8 tokens, "long" 48. "a" (short, prompt 40) has generated
+    6: 46 tokens in 6 blocks (2 slots free), 2 steps left. "c" (long, prompt 8: 1 block)
+    has 48 left. At t = 2: 8 * 1 + (2 - 2 + 7) + (2 + 7) = 24 -> 3; at t = 48 "a" is gone
+    and has freed its 6 blocks: 8 * (1 - 6) + (48 + 7) = 15 -> 1 (without them: 63 -> 7).
+    Peak 3: spare num_blocks - 6 = 3 admits, 2 holds."""
+    predictor = OutputLengthPredictor(min_samples=1)
+    predictor.observe("short", 8)
+    predictor.observe("long", 48)
+    config = AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="predictive")
+    ctrl = AdmissionController(SMALL_LAYOUTS["full"], num_blocks, config, predictor=predictor)
+    ctrl.submit(RequestSpec("a", 40, 8, tenant="short"), 0.0)
+    ctrl.progress("a", 40, 0.0)
+    ctrl.grow("a", 46, 0.0)
+    ctrl.progress("a", 45, 0.0)
+    [c] = ctrl.submit(RequestSpec("c", 8, 48, tenant="long"), 0.0)
+    assert c.kind is (DecisionKind.ADMIT if admitted else DecisionKind.QUEUE)
+
+
 @pytest.mark.parametrize("num_blocks,admitted", [(21, True), (20, False)])
 def test_window_groups_stop_growing_at_their_window(num_blocks, admitted):
     """Hybrid: two sliding groups (W = 16) and a full one, B = 8. Decoding at 32 tokens
