@@ -134,8 +134,11 @@ def test_switch_to_naive_rejects_queued_requests_that_can_no_longer_fit():
 
 
 def test_predictive_reserves_the_learned_quantile_and_raises_it_after_a_preemption():
+    """predictive_admission "reserve" (future-peak admission: test_future_peak.py)."""
     predictor = OutputLengthPredictor(quantile=0.9, min_samples=4)
-    config = AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="predictive", watermark=0.0)
+    config = AdmissionConfig(
+        max_model_len=64, max_num_batched_tokens=64, policy="predictive", watermark=0.0, predictive_admission="reserve"
+    )
     ctrl = AdmissionController(FULL, 20, config, predictor=predictor)
     # Cold start: no data, reserve max new tokens: 8 + 40 = 48 -> 6 blocks.
     [d] = ctrl.submit(RequestSpec("cold", 8, 40), 0.0)
@@ -170,7 +173,9 @@ def test_predictive_reserves_a_window_not_the_prefill_transient_in_window_groups
     hybrid = SMALL_LAYOUTS["hybrid"]
     predictor = OutputLengthPredictor(quantile=0.9, min_samples=1)
     predictor.observe("", 8)
-    config = AdmissionConfig(max_model_len=128, max_num_batched_tokens=64, policy="predictive", watermark=0.0)
+    config = AdmissionConfig(
+        max_model_len=128, max_num_batched_tokens=64, policy="predictive", watermark=0.0, predictive_admission="reserve"
+    )
     ctrl = AdmissionController(hybrid, 200, config, predictor=predictor)
     [d] = ctrl.submit(RequestSpec("p", 40, 40), 0.0)
     assert d.kind is DecisionKind.ADMIT and d.blocks_held == (5, 5, 5)

@@ -23,7 +23,7 @@ from kvbudget.daemon.config.sizing import (
     memory_source_conflict,
 )
 from kvbudget.daemon.core.admission import POLICIES
-from kvbudget.daemon.core.admission_config import ADMIT_ON
+from kvbudget.daemon.core.admission_config import ADMIT_ON, PREDICTIVE_ADMISSION
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
 from kvbudget.daemon.core.spec import KV_DTYPE_NAMES, KV_DTYPES
 
@@ -198,6 +198,14 @@ def _check_watermark(c: DaemonConfig, fail: Failure) -> None:
         raise fail("watermark", f"must be in [0, 1), got {c.watermark}")
 
 
+def _check_peak(c: DaemonConfig, fail: Failure) -> None:
+    if c.predictive_admission not in PREDICTIVE_ADMISSION:
+        expected = ", ".join(PREDICTIVE_ADMISSION)
+        raise fail("predictive_admission", f"unknown setting {c.predictive_admission!r} (expected one of {expected})")
+    if not 0.0 < c.peak_quantile <= 1.0:
+        raise fail("peak_quantile", f"must be in (0, 1], got {c.peak_quantile}")
+
+
 def _check_tenants(c: DaemonConfig, fail: Failure) -> None:
     problems = []
     for name, quota in c.tenants.items():  # (TenantQuota values given as such skip _parse_tenants)
@@ -298,6 +306,7 @@ _CHECKS: tuple[Callable[[DaemonConfig, Failure], None], ...] = (
     _check_policy,
     _check_admit_on,
     _check_watermark,
+    _check_peak,
     _check_tenants,
     check_server,
     _check_ops_per_step,

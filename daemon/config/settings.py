@@ -77,6 +77,9 @@ class DaemonConfig:
     backfill_depth: int = 16
     max_head_wait_s: float = 30.0
     reject_over_quota: bool = False
+    predictive_admission: str = "peak"  # predictive: "peak" (future-peak admission) or "reserve"
+    peak_quantile: float = 0.5  # future-peak admission: quantile of what a request has left
+    optimistic_peak: bool = False  # optimistic admits only while the predicted peak fits too
     # [tenants.NAME]
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     # [server]
@@ -130,6 +133,9 @@ class DaemonConfig:
             backfill_depth=self.backfill_depth,
             max_head_wait_s=self.max_head_wait_s,
             reject_over_quota=self.reject_over_quota,
+            predictive_admission=self.predictive_admission,
+            peak_quantile=self.peak_quantile,
+            optimistic_peak=self.optimistic_peak,
         )
 
 
@@ -176,6 +182,9 @@ KEYS: tuple[Key, ...] = (
     Key("admission", "backfill_depth", "backfill_depth", int),
     Key("admission", "max_head_wait_s", "max_head_wait_s", float),
     Key("admission", "reject_over_quota", "reject_over_quota", bool),
+    Key("admission", "predictive_admission", "predictive_admission", str),
+    Key("admission", "peak_quantile", "peak_quantile", float),
+    Key("admission", "optimistic_peak", "optimistic_peak", bool),
     Key("server", "listen", "listen", tuple),
     Key("server", "tokens_file", "tokens_file", str),
     Key("server", "tls_cert_file", "tls_cert_file", str),

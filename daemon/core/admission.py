@@ -20,6 +20,7 @@ from kvbudget.daemon.core.backfill import admit_from_queue, candidates
 from kvbudget.daemon.core.budget import blocks_held
 from kvbudget.daemon.core.decisions import DecisionRecorder
 from kvbudget.daemon.core.fit import FitCheck, extra_for_growth
+from kvbudget.daemon.core.future_peak import PeakGate
 from kvbudget.daemon.core.ledger import BlockLedger
 from kvbudget.daemon.core.pool import BlockPool
 from kvbudget.daemon.core.predictor import OutputLengthPredictor
@@ -53,7 +54,7 @@ class AdmissionController(AdmissionControls):
         self.config = config
         self.ledger = BlockLedger(layout, num_blocks)
         self.pool: BlockPool = self.ledger.pool
-        self.policy = policies.POLICIES[config.policy]
+        self.policy = policies.chosen(config.policy, config.predictive_admission, config.optimistic_peak)
         self.predictor = predictor or OutputLengthPredictor(quantile=config.predictor_quantile)
         self._num_groups = len(layout.groups)
         self._max_model_len = config.max_model_len  # read on every submit
@@ -75,6 +76,7 @@ class AdmissionController(AdmissionControls):
         self.admitting = True  # False once drained: close_admissions
         self._epoch = 0  # bumped when a policy or quota change may change any answer
         self._record = DecisionRecorder(self.pool, self._queue, self._running, self.policy.name)
+        self._peak = PeakGate(self.ledger, self._fit, self.predictor, config, self._running, self._record)
 
     # ================================================================ public API
     def submit(self, request: RequestSpec, now: float, admit: bool = True) -> list[Decision]:
@@ -324,11 +326,16 @@ class AdmissionController(AdmissionControls):
             if refusal.reason is not TENANT_QUOTA:
                 r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
             return None
+        if policy.gates_on_peak and not self._peak.admits(r, plan, self.ledger.spare):
+            r.wait_reason = Reason.BUDGET_FULL  # free now, but wanted by the batch's predicted peak
+            r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
+            return None
         if r.queued:
             self._queue.leave(r, self.ledger.tenants[r.tenant])
         r.policy = policy.name
         r.ahead_limit = fit.F if policy.bounds_ahead else 0
-        r.predicted_output = plan.predicted
+        if plan.predicted:  # (future-peak admission predicted it already: PeakGate)
+            r.predicted_output = plan.predicted
         self.ledger.admit(r, plan.hit, plan.base, plan.num_tokens, plan.held, plan.charge)
         self._running[r.spec.request_id] = r
         self._admissions += 1

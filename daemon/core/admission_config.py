@@ -18,6 +18,10 @@ POLICIES = tuple(policies.POLICIES)  # ("optimistic", "guaranteed", "predictive"
 # (`scheduler_reserve_full_isl`), or once its first prefill chunk fits (the rest may
 # preempt others as it is computed). Either way only the first chunk is allocated.
 ADMIT_ON = ("whole_prompt", "first_chunk")
+# How predictive admits: "peak", while the predicted peak of the running batch plus the
+# request fits (future_peak.py), reserving nothing; "reserve", each request reserves what
+# it holds at its predicted length (the policy before future-peak admission).
+PREDICTIVE_ADMISSION = ("peak", "reserve")
 
 
 class AdmissionError(Exception):
@@ -51,6 +55,10 @@ class AdmissionConfig:
     reject_over_quota: bool = False  # tenant over quota: reject (True) or queue (False)
     fair_share: bool = True  # across tenants: least charged per weight first (else arrival)
     predictor_quantile: float = 0.9  # predictive: output-length quantile reserved for
+    # Future-peak admission (future_peak.py, docs/architecture/core.md).
+    predictive_admission: str = "peak"  # one of PREDICTIVE_ADMISSION
+    peak_quantile: float = 0.5  # quantile of the lengths seen past a request's own: what it has left
+    optimistic_peak: bool = False  # optimistic admits only while the predicted peak fits too
 
     def validate(self) -> None:
         checks = (
@@ -64,6 +72,9 @@ class AdmissionConfig:
             ("backfill_depth", self.backfill_depth >= 0, "must not be negative"),
             ("max_head_wait_s", self.max_head_wait_s >= 0, "must not be negative"),
             ("predictor_quantile", 0.0 < self.predictor_quantile <= 1.0, "must be in (0, 1]"),
+            ("predictive_admission", self.predictive_admission in PREDICTIVE_ADMISSION,
+             f"must be one of {', '.join(PREDICTIVE_ADMISSION)}"),
+            ("peak_quantile", 0.0 < self.peak_quantile <= 1.0, "must be in (0, 1]"),
         )
         for name, ok, message in checks:
             if not ok:

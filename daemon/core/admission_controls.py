@@ -61,7 +61,8 @@ class AdmissionControls:
         previous = self.policy.name
         if policy == previous:
             return []
-        self.policy = policies.POLICIES[policy]
+        config = self.config
+        self.policy = policies.chosen(policy, config.predictive_admission, config.optimistic_peak)
         self._dirty = True
         self._epoch += 1
         return [self._record.switched(previous, policy, now), *self.schedule(now)]

@@ -1,8 +1,10 @@
 """Admission policies: what a request reserves when it is admitted (its *base* per group),
 and whether it may be preempted when it grows past that and the pool is dry:
 optimistic (base 0, preempts), guaranteed (worst case at L, never preempted), predictive
-(what it holds decoding at a predicted length) and naive (max_model_len in every group,
-a what-if baseline). Each policy in detail: docs/architecture/core.md.
+(base 0, admitted only while the predicted peak fits: future_peak.py; or, "reserve", what
+it holds decoding at a predicted length) and naive (max_model_len in every group, a
+what-if baseline). `chosen` picks the variant the settings name. Each policy in detail:
+docs/architecture/core.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Policy:
     # config.admit_on applies: "whole_prompt" admits once the whole prompt fits and reserves
     # nothing, not even for a preempted request (vLLM 0.33's default)
     checks_admit_on = False
+    gates_on_peak = False  # admits only while the predicted peak fits (future_peak.py)
     # Holds the engine to its contract: slots at most F ahead of computed tokens, what the
     # window groups' worst case assumes; a grow past that is refused, never denied.
     bounds_ahead = False
@@ -48,7 +51,30 @@ class Guaranteed(Policy):
         return max_len
 
 
+class PeakOptimistic(Optimistic):
+    """optimistic, admitting only while the predicted peak fits too (optimistic_peak)."""
+
+    gates_on_peak = True
+
+
 class Predictive(Policy):
+    """Future-peak admission: admitted as optimistic's (admit_on), reserving nothing, and
+    only while the predicted peak of the running batch plus it fits; preemption stays
+    the safety net."""
+
+    name = "predictive"
+    preempts = True
+    checks_admit_on = True
+    gates_on_peak = True
+
+    def reserved_length(self, prompt: int, max_len: int, resume_len: int, predicted: int) -> int:
+        return resume_len  # as optimistic's
+
+
+class ReservingPredictive(Policy):
+    """predictive_admission = "reserve": each request reserves what it holds decoding at
+    its predicted length."""
+
     name = "predictive"
     preempts = True
     uses_prediction = True
@@ -76,3 +102,10 @@ def contract_broken(num_tokens: int, computed: int, limit: int) -> str:
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (Optimistic(), Guaranteed(), Predictive(), Naive())}
+_VARIANTS = {("optimistic", True): PeakOptimistic(), ("predictive", "reserve"): ReservingPredictive()}
+
+
+def chosen(name: str, predictive_admission: str, optimistic_peak: bool) -> Policy:
+    """The policy `name` as the admission settings shape it."""
+    key = (name, predictive_admission if name == "predictive" else optimistic_peak)
+    return _VARIANTS.get(key) or POLICIES[name]

@@ -9,7 +9,7 @@ and why p90 (measured): docs/architecture/core.md.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
 
 
@@ -32,10 +32,13 @@ class _Window:
             insort(ordered, value)
         values.append(value)
 
-    def quantile(self, q: float) -> int:
+    def ordered(self) -> list[int]:
         if self._sorted is None:
             self._sorted = sorted(self.values)
-        values = self._sorted
+        return self._sorted
+
+    def quantile(self, q: float) -> int:
+        values = self.ordered()
         # nearest-rank quantile: the smallest value with at least q of the samples at or below it
         rank = max(1, math.ceil(q * len(values)))
         return values[rank - 1]
@@ -113,6 +116,26 @@ class OutputLengthPredictor:
         if len(window.values) < self.min_samples:
             return max_new_tokens
         return min(max_new_tokens, window.quantile(self.quantile))
+
+    def remaining(self, tenant: str, generated: int, max_remaining: int, quantile: float) -> int:
+        """Output tokens a running request that has `generated` is predicted to have left
+        (future_peak.py): the `quantile` of the lengths seen that are longer than that,
+        minus it (as the preemptions raised `self.quantile`, the quantile is raised the same
+        share of its way to 1). Nothing longer seen, or too few samples: `max_remaining`."""
+        window = self._by_tenant.get(tenant)
+        if window is None or len(window.values) < self.min_samples:
+            window = self._all
+        if len(window.values) < self.min_samples:
+            return max_remaining
+        values = window.ordered()
+        first = bisect_right(values, generated)
+        longer = len(values) - first
+        if not longer:
+            return max_remaining
+        if self.quantile > self.base_quantile:  # raised by preemptions (base < 1 then)
+            quantile = 1.0 - (1.0 - quantile) * (1.0 - self.quantile) / (1.0 - self.base_quantile)
+        rest = values[first + max(1, math.ceil(quantile * longer)) - 1] - generated
+        return rest if rest < max_remaining else max_remaining
 
     def num_samples(self, tenant: str | None = None) -> int:
         if tenant is None:

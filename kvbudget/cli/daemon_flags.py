@@ -46,6 +46,9 @@ HELP = {
     "max_queue_len": "waiting requests at most; 0: no bound",
     "backfill_depth": "requests a smaller one may pass in the queue",
     "max_head_wait_s": "after this, nothing passes the queue's head",
+    "predictive_admission": "predictive admits while the predicted peak fits (peak), or reserves (reserve)",
+    "peak_quantile": "the output-length quantile the peak predicts with",
+    "optimistic_peak": "optimistic too admits only while the predicted peak fits",
     "reject_over_quota": "reject, not queue, a request over its tenant's quota",
     "tokens_file": "bearer tokens and their roles (TOML)",
     "tls_cert_file": "the server's certificate (PEM)",
@@ -71,9 +74,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     from kvbudget.daemon.config.settings import (
         LOG_LEVELS, MEMORY_MODES, SIZE_FIELDS, DaemonConfig, file_key, flag_name,
     )
-    from kvbudget.daemon.core.admission_config import ADMIT_ON, POLICIES
+    from kvbudget.daemon.core.admission_config import ADMIT_ON, POLICIES, PREDICTIVE_ADMISSION
 
-    choices = {"policy": POLICIES, "admit_on": ADMIT_ON, "memory_mode": MEMORY_MODES, "log_level": LOG_LEVELS}
+    choices = {"policy": POLICIES, "admit_on": ADMIT_ON, "predictive_admission": PREDICTIVE_ADMISSION,
+               "memory_mode": MEMORY_MODES, "log_level": LOG_LEVELS}
     groups = {section: parser.add_argument_group(title) for section, title in SECTION_TITLES.items()}
     groups["server"].add_argument(
         "--listen", action="append", metavar="ADDRESS",

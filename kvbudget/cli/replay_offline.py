@@ -121,7 +121,8 @@ def offline_setup(args: argparse.Namespace, trace):
 
 # The daemon config's [admission] keys that are AdmissionConfig fields of the same name.
 FILE_ADMISSION = ("admit_on", "watermark", "lookahead_tokens", "max_queue_len", "backfill_depth",
-                  "max_head_wait_s", "reject_over_quota")  # fmt: skip
+                  "max_head_wait_s", "reject_over_quota", "predictive_admission", "peak_quantile",
+                  "optimistic_peak")  # fmt: skip
 
 
 def _admission(args: argparse.Namespace) -> dict[str, object]:
