@@ -1,0 +1,233 @@
+"""One vLLM step through the daemon: the ops sent, the decisions enacted, the books checked.
+
+`before()` runs at the top of vLLM's `schedule()`: it sends one Step (arrivals, progress,
+finishes, grows for the coming step), preempts in vLLM what the daemon preempted, and
+returns a `Gate` that hides from vLLM the waiting requests the daemon has not admitted and
+the running ones it denied, so vLLM's own loop admits and grows only as decided.
+`after()` restores them and compares the blocks each side holds. The daemon unreachable:
+`fail_mode` open (vLLM's own admission) or closed (nothing new starts); once a new session
+opens, what vLLM runs is submitted again. Why each step is built this way: docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kvbudget.vllm.books import Books
+from kvbudget.vllm.link import DaemonLink, LinkDown, SessionReset
+from kvbudget.vllm.metrics import AdapterMetrics
+from kvbudget.vllm.plan import coming_tokens, request_tenant, submit_spec, vllm_held
+from kvbudget.vllm.settings import AdapterSettings
+
+log = logging.getLogger("kvbudget.vllm")
+OPEN_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Gate:
+    """What `before()` took out of vLLM's queues for one `schedule()`; `restore()` puts it back."""
+
+    scheduler: object
+    waiting: list = field(default_factory=list)
+    running: list = field(default_factory=list)  # (index, request)
+
+    def restore(self) -> None:
+        s = self.scheduler
+        for index, request in self.running:
+            s.running.insert(min(index, len(s.running)), request)
+        if self.waiting:
+            s.waiting.prepend_requests(collections.deque(self.waiting))
+        self.waiting, self.running = [], []
+
+
+class Adapter:
+    def __init__(self, scheduler, settings: AdapterSettings, link: DaemonLink | None = None) -> None:
+        self.s = scheduler
+        self.settings = settings
+        self.metrics = AdapterMetrics()
+        self.books = Books(len(scheduler.kv_cache_config.kv_cache_groups))
+        self.null_block_id = scheduler.kv_cache_manager.block_pool.null_block.block_id
+        self.block_sizes = (scheduler.block_size, scheduler.hash_block_size)
+        self.arrivals: list[str] = []
+        self.finishes: list[str] = []
+        self.aborts: list[str] = []
+        self.down_since: float | None = None
+        self.link = link or DaemonLink(settings.target, settings.engine_id, token=settings.token,
+                                       credentials=_credentials(settings), step_timeout_s=settings.step_timeout_s,
+                                       replace_existing=settings.replace_existing)
+        try:
+            self.link.open(OPEN_TIMEOUT_S)
+            self._check_plan()
+        except LinkDown as error:
+            self._down(error)
+
+    # ------------------------------------------------------------ vLLM's hooks
+    def arrived(self, request) -> None:
+        self.arrivals.append(request.request_id)
+
+    def ended(self, requests, aborted: bool) -> None:
+        for request in requests:
+            rid = request.request_id
+            if rid in self.books.known:
+                (self.finishes if self.books.running(rid) and not aborted else self.aborts).append(rid)
+                self.books.forget(rid)
+
+    def outputs(self, engine_core_outputs) -> None:
+        for eco in engine_core_outputs.values():
+            for out in eco.outputs:
+                if out.finish_reason is not None and out.request_id in self.books.known:
+                    self.ended([out], aborted=not self.books.running(out.request_id))
+
+    def before(self) -> Gate:
+        try:
+            try:
+                decisions = self._step()
+            except SessionReset:
+                decisions = self._resync()
+        except (LinkDown, SessionReset) as error:
+            self._down(error)
+            return self._fail_gate()
+        if self.down_since is not None:
+            log.warning("kvbudget daemon at %s answers again: it decides again", self.settings.target)
+            self.down_since = None
+        self.metrics.add("steps")
+        verdict = self.books.apply(decisions)
+        for rid, reason in verdict.rejected.items():
+            self._reject(rid, reason)
+        self._preempt_unheld()
+        return self._gate(verdict.denied)
+
+    def after(self, output) -> None:
+        for rid in list(self.books.ready):
+            request = self.s.requests.get(rid)
+            if request is None or request in self.s.running:
+                self.books.ready.discard(rid)
+        if self.down_since is None and self.settings.check_accounting:
+            self.check_accounting()
+
+    def check_accounting(self) -> list:
+        held = {r.request_id: vllm_held(self.s.kv_cache_manager, r.request_id, self.null_block_id)
+                for r in self.s.running}
+        for rid in self.books.held:
+            if rid not in held and rid in self.s.requests:
+                held[rid] = vllm_held(self.s.kv_cache_manager, rid, self.null_block_id)
+        drifts = self.books.drift(held)
+        for drift in drifts:
+            self.metrics.add("drift")
+            log.warning("kvbudget accounting drift: %s", drift.line())
+        return drifts
+
+    def close(self) -> None:
+        self.link.close()
+
+    # ------------------------------------------------------------ the step
+    def _step(self) -> list:
+        s, books = self.s, self.books
+        held_running = [r for r in s.running if books.running(r.request_id)]
+        progress = []
+        for r in held_running:
+            rid, computed = r.request_id, min(r.num_computed_tokens, books.slots[r.request_id])
+            if computed != books.computed.get(rid, 0):
+                progress.append((rid, computed))
+        coming, budget_left = coming_tokens(s, held_running)
+        grows = [(c.request_id, min(c.slots, _max_len(s.requests[c.request_id], s.max_model_len)))
+                 for c in coming if c.slots > books.slots[c.request_id]]
+        submits = [self._spec(s.requests[rid]) for rid in dict.fromkeys(self.arrivals) if rid in s.requests]
+        decisions = self.link.step(submits, grows, progress, self.finishes, self.aborts, admit_tokens=max(budget_left, 0),
+                                   admit_seqs=max(s.max_num_running_reqs - len(s.running), 0))
+        for rid, computed in progress:
+            books.computed[rid] = computed
+        for spec in submits:
+            books.submitted(spec.request_id)
+        self.arrivals, self.finishes, self.aborts = [], [], []
+        return decisions
+
+    def _resync(self) -> list:
+        """A new session: the daemon holds nothing of ours. What vLLM runs is submitted at
+        the length whose KV it holds; what waits goes in with the next step's arrivals."""
+        self.metrics.add("resyncs")
+        self.books.forget_all()
+        self.finishes, self.aborts = [], []
+        specs = [self._spec(r, resume=True) for r in self.s.running]
+        decisions = self.link.step(specs)
+        for spec in specs:
+            self.books.submitted(spec.request_id)
+        self.arrivals = [r.request_id for r in self.s.waiting]
+        return decisions
+
+    def _spec(self, request, resume: bool = False):
+        tenant = request_tenant(request, self.settings.tenant_field, self.settings.tenant)
+        return submit_spec(request, self.settings.engine_id, tenant, self.block_sizes, resume)
+
+    # ------------------------------------------------------------ enacting
+    def _reject(self, rid: str, reason: str) -> None:
+        from vllm.outputs import RequestError
+
+        self.metrics.add("rejections")
+        # update_from_output finishes these with FINISHED_ERROR and tells the API client.
+        self.s.grammar_compile_error_reqs[rid] = RequestError(
+            code="kvbudget_rejected", message=f"the KV-cache budget daemon rejected this request: {reason}")
+
+    def _preempt_unheld(self) -> None:
+        """Preempts in vLLM each running request the daemon does not hold (it preempted it,
+        or queued it when it was submitted again)."""
+        now = time.monotonic()
+        for request in [r for r in self.s.running if not self.books.running(r.request_id)]:
+            self.s.running.remove(request)
+            self.s._preempt_request(request, now)
+            self.metrics.add("daemon_preemptions")
+
+    def _gate(self, denied: set[str]) -> Gate:
+        s = self.s
+        gate = Gate(s)
+        gate.waiting = [r for r in s.waiting if r.request_id not in self.books.ready]
+        if gate.waiting:
+            s.waiting.remove_requests(gate.waiting)
+        gate.running = [(i, r) for i, r in enumerate(s.running) if r.request_id in denied]
+        for _, request in reversed(gate.running):
+            s.running.remove(request)
+        return gate
+
+    def _fail_gate(self) -> Gate:
+        self.metrics.add("unreachable_steps")
+        gate = Gate(self.s)
+        if self.settings.fail_mode == "closed":  # nothing new starts without the daemon
+            gate.waiting = list(self.s.waiting)
+            if gate.waiting:
+                self.s.waiting.remove_requests(gate.waiting)
+        return gate
+
+    def _down(self, error: BaseException) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            self.metrics.add("link_failures")
+            what = "vLLM admits by itself" if self.settings.fail_mode == "open" else "no new request starts"
+            log.warning("kvbudget daemon at %s unreachable (%s): fail_%s, %s until it answers",
+                        self.settings.target, error, self.settings.fail_mode, what)
+
+    def _check_plan(self) -> None:
+        plan, s = self.link.plan, self.s
+        ours = (s.kv_cache_config.num_blocks, s.block_size, len(s.kv_cache_config.kv_cache_groups))
+        theirs = (plan.num_blocks + 1, plan.block_size_tokens, len(plan.groups))
+        if ours != theirs:
+            log.warning("kvbudget: vLLM's KV cache (blocks, block size, groups) %s differs from the daemon's "
+                        "pool %s (its null block counted): the books cannot agree", ours, theirs)
+
+
+def _max_len(request, max_model_len: int) -> int:
+    return min(request.num_prompt_tokens + request.max_tokens, max_model_len)
+
+
+def _credentials(settings: AdapterSettings):
+    if not settings.tls_ca:
+        return None
+    from kvbudget.client.tls import TlsFile, TlsFiles, channel_credentials
+
+    def pick(path: str | None, name: str):
+        return TlsFile(path, f"$KVBUDGET_{name}") if path else None
+
+    return channel_credentials(TlsFiles(ca=pick(settings.tls_ca, "TLS_CA"), cert=pick(settings.tls_cert, "TLS_CERT"),
+                                        key=pick(settings.tls_key, "TLS_KEY")))
