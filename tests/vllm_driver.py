@@ -96,7 +96,7 @@ def drive(scheduler, rows, max_tokens: int, *, step_base_s: float = 0.020, per_p
     """Plays `rows` (TraceRequest) through `scheduler`; `on_step(run)` after each step."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    run, t, i = Run(), 0.0, 0
+    run, t, i, idle = Run(), 0.0, 0, 0
     arrival, want, first = {}, {}, {}
     while (i < len(rows) or scheduler.has_unfinished_requests()) and run.steps < max_steps:
         while i < len(rows) and rows[i].arrival_s <= t + 1e-12:
@@ -139,6 +139,10 @@ def drive(scheduler, rows, max_tokens: int, *, step_base_s: float = 0.020, per_p
                 else:
                     run.finished += 1
                 run.makespan_s = t
+        idle = 0 if ids or i < len(rows) else idle + 1
+        if idle > 1000:
+            raise RuntimeError(f"stuck: nothing scheduled for {idle} steps; waiting "
+                               f"{[r.request_id for r in scheduler.waiting]}, running {[r.request_id for r in scheduler.running]}")
         if on_step is not None:
             on_step(run)
     run.waits = [first[rid] - arrival[rid] for rid in first]

@@ -23,7 +23,6 @@ from kvbudget.vllm.plan import coming_tokens, request_tenant, submit_spec, vllm_
 from kvbudget.vllm.settings import AdapterSettings
 
 log = logging.getLogger("kvbudget.vllm")
-OPEN_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -59,7 +58,7 @@ class Adapter:
                                        credentials=_credentials(settings), step_timeout_s=settings.step_timeout_s,
                                        replace_existing=settings.replace_existing)
         try:
-            self.link.open(OPEN_TIMEOUT_S)
+            self.link.open(settings.connect_timeout_s)
             self._check_plan()
         except LinkDown as error:
             self._down(error)
@@ -133,8 +132,7 @@ class Adapter:
             if computed != books.computed.get(rid, 0):
                 progress.append((rid, computed))
         coming, budget_left = coming_tokens(s, held_running)
-        grows = [(c.request_id, min(c.slots, _max_len(s.requests[c.request_id], s.max_model_len)))
-                 for c in coming if c.slots > books.slots[c.request_id]]
+        grows = self._grows(coming, dict(progress))
         submits = [self._spec(s.requests[rid]) for rid in dict.fromkeys(self.arrivals) if rid in s.requests]
         decisions = self.link.step(submits, grows, progress, self.finishes, self.aborts, admit_tokens=max(budget_left, 0),
                                    admit_seqs=max(s.max_num_running_reqs - len(s.running), 0))
@@ -144,6 +142,22 @@ class Adapter:
             books.submitted(spec.request_id)
         self.arrivals, self.finishes, self.aborts = [], [], []
         return decisions
+
+    def _grows(self, coming, progress: dict[str, int]) -> list[tuple[str, int]]:
+        """Grows for the requests whose coming step needs a block they do not hold, to the end
+        of that block, latest admitted first (docs/vllm.md, "One step": why both)."""
+        s, books, block = self.s, self.books, self.block_sizes[0]
+        grows = []
+        for c in reversed(coming):
+            rid = c.request_id
+            if c.slots <= books.slots[rid]:
+                continue
+            request = s.requests[rid]
+            computed = progress.get(rid, books.computed.get(rid, 0))
+            end = min(-(-c.slots // block) * block, _max_len(request, s.max_model_len),
+                      computed + s.scheduler_config.max_num_batched_tokens)
+            grows.append((rid, max(end, c.slots)))
+        return grows
 
     def _resync(self) -> list:
         """A new session: the daemon holds nothing of ours. What vLLM runs is submitted at
@@ -164,12 +178,8 @@ class Adapter:
 
     # ------------------------------------------------------------ enacting
     def _reject(self, rid: str, reason: str) -> None:
-        from vllm.outputs import RequestError
-
         self.metrics.add("rejections")
-        # update_from_output finishes these with FINISHED_ERROR and tells the API client.
-        self.s.grammar_compile_error_reqs[rid] = RequestError(
-            code="kvbudget_rejected", message=f"the KV-cache budget daemon rejected this request: {reason}")
+        self.s.kvbudget_reject(rid, f"the KV-cache budget daemon (kvbudget) rejected this request: {reason}")
 
     def _preempt_unheld(self) -> None:
         """Preempts in vLLM each running request the daemon does not hold (it preempted it,

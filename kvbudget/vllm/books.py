@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from kvbudget.daemon.core.records import Decision, DecisionKind
 
-_HOLDS = (DecisionKind.ADMIT, DecisionKind.GROW, DecisionKind.DENY, DecisionKind.RECLAIM)
+# Decisions that say what a running request holds. (A DENY does not: `not_running` comes
+# for a request this very step preempted, and must not make it running again.)
+_HOLDS = (DecisionKind.ADMIT, DecisionKind.GROW, DecisionKind.RECLAIM)
 _GONE = (DecisionKind.RELEASE, DecisionKind.EXPIRE, DecisionKind.REJECT)
 
 

@@ -6,6 +6,7 @@ kvbudget.vllm.Scheduler --no-async-scheduling`; settings come from KVBUDGET_* va
 
 from __future__ import annotations
 
+from vllm.outputs import RequestError
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.request import RequestStatus
 
@@ -50,6 +51,12 @@ class Scheduler(VllmScheduler):
         finished = super().finish_requests(request_ids, finished_status)
         self.kvbudget.ended(finished, aborted=finished_status != RequestStatus.FINISHED_STOPPED)
         return finished
+
+    def kvbudget_reject(self, request_id: str, message: str) -> None:
+        """Finishes a request the daemon rejected with an error its API client sees: the
+        next update_from_output finishes these with FINISHED_ERROR (vLLM's own path for a
+        request that cannot run) and sends the message."""
+        self.grammar_compile_error_reqs[request_id] = RequestError(code="kvbudget_rejected", message=message)
 
     def shutdown(self) -> None:
         try:

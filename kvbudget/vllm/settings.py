@@ -31,6 +31,7 @@ class AdapterSettings:
     tenant_field: str = "tenant"  # the key of a request's extra args (the API's vllm_xargs) naming its tenant
     fail_mode: str = "open"  # daemon unreachable: vLLM's own admission (open) or none new (closed)
     step_timeout_s: float = 2.0  # one Step's wait before the daemon counts as unreachable
+    connect_timeout_s: float = 10.0  # the first session's wait when vLLM starts (then: in the background)
     replace_existing: bool = True  # an engine restarted before its old lease lapsed takes its id back
     check_accounting: bool = True  # compare vLLM's blocks with the daemon's after each step
 
@@ -81,6 +82,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> AdapterSettings:
         tenant_field=text("TENANT_FIELD") or AdapterSettings.tenant_field,
         fail_mode=fail_mode,
         step_timeout_s=_number(env, "STEP_TIMEOUT_S", AdapterSettings.step_timeout_s),
+        connect_timeout_s=_number(env, "CONNECT_TIMEOUT_S", AdapterSettings.connect_timeout_s),
         replace_existing=_flag(env, "REPLACE_EXISTING", True),
         check_accounting=_flag(env, "CHECK_ACCOUNTING", True),
     )
