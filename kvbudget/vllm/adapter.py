@@ -120,6 +120,13 @@ class Adapter:
         return drifts
 
     def close(self) -> None:
+        """Tells the daemon the ends it has not heard yet (else closing the session would
+        release them as aborted), then closes the session."""
+        if (self.finishes or self.aborts) and self.down_since is None:
+            try:
+                self.books.apply(self.link.step((), (), (), self.finishes, self.aborts))
+            except (LinkDown, SessionReset):
+                pass
         self.link.close()
 
     # ------------------------------------------------------------ the step

@@ -19,6 +19,9 @@ ASYNC_REFUSED = (
     "--no-async-scheduling"
 )
 
+# Ends the daemon hears as an abort; the others (stop, length, repetition) are a finish.
+_ABORTED = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED)
+
 
 class Scheduler(VllmScheduler):
     def __init__(self, *args, **kwargs) -> None:
@@ -49,7 +52,7 @@ class Scheduler(VllmScheduler):
 
     def finish_requests(self, request_ids, finished_status: RequestStatus):
         finished = super().finish_requests(request_ids, finished_status)
-        self.kvbudget.ended(finished, aborted=finished_status != RequestStatus.FINISHED_STOPPED)
+        self.kvbudget.ended(finished, aborted=finished_status in _ABORTED)
         return finished
 
     def kvbudget_reject(self, request_id: str, message: str) -> None:
