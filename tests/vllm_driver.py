@@ -30,11 +30,11 @@ def model_dir(tmp: Path, preset: str = "llama-3.1-8b") -> Path:
 
 def build_scheduler(model: Path, num_gpu_blocks: int, *, cls=None, max_model_len: int = 4096,
                     max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, prefix_caching: bool = False,
-                    block_size: int = 16):
+                    block_size: int = 16, sliding_window: int | None = None):
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     if cls is None:
@@ -51,10 +51,11 @@ def build_scheduler(model: Path, num_gpu_blocks: int, *, cls=None, max_model_len
     hf = model_config.hf_text_config
     head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     register_all_kvcache_specs(config)
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=hf.num_key_value_heads, head_size=head,
-                             dtype=torch.bfloat16)
+    shape = dict(block_size=block_size, num_kv_heads=hf.num_key_value_heads, head_size=head, dtype=torch.bfloat16)
+    spec = SlidingWindowSpec(**shape, sliding_window=sliding_window) if sliding_window else FullAttentionSpec(**shape)
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(hf.num_hidden_layers)]
-    # One group of full-attention layers; the scheduler never touches the tensors.
+    # One group (full attention, or all layers in one sliding window); the scheduler never
+    # touches the tensors.
     kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
                               kv_cache_groups=[KVCacheGroupSpec(layers, spec)], hash_block_size=block_size)
     config.cache_config.num_gpu_blocks = num_gpu_blocks
