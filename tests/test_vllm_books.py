@@ -25,7 +25,7 @@ def test_admitted_requests_may_start_in_the_daemons_order_queued_ones_wait():
         decision(3, DecisionKind.ADMIT, "a", held=(1, 1), num_tokens=10),
     ])
     assert verdict.admitted == ["b", "a"]
-    assert books.ready == {"a", "b"} and not books.running("c")
+    assert list(books.ready) == ["b", "a"] and not books.running("c")
     assert books.held == {"b": (3, 2), "a": (1, 1)} and books.slots == {"b": 40, "a": 10}
 
 

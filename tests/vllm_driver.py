@@ -30,7 +30,7 @@ def model_dir(tmp: Path, preset: str = "llama-3.1-8b") -> Path:
 
 def build_scheduler(model: Path, num_gpu_blocks: int, *, cls=None, max_model_len: int = 4096,
                     max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, prefix_caching: bool = False,
-                    block_size: int = 16, sliding_window: int | None = None):
+                    block_size: int = 16, sliding_window: int | None = None, hybrid: bool = False):
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
@@ -52,12 +52,19 @@ def build_scheduler(model: Path, num_gpu_blocks: int, *, cls=None, max_model_len
     head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     register_all_kvcache_specs(config)
     shape = dict(block_size=block_size, num_kv_heads=hf.num_key_value_heads, head_size=head, dtype=torch.bfloat16)
-    spec = SlidingWindowSpec(**shape, sliding_window=sliding_window) if sliding_window else FullAttentionSpec(**shape)
+    full = FullAttentionSpec(**shape)
+    window = SlidingWindowSpec(**shape, sliding_window=sliding_window) if sliding_window else None
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(hf.num_hidden_layers)]
-    # One group (full attention, or all layers in one sliding window); the scheduler never
-    # touches the tensors.
-    kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
-                              kv_cache_groups=[KVCacheGroupSpec(layers, spec)], hash_block_size=block_size)
+    # One group (full attention, or all layers in one window), or with `hybrid` the
+    # even layers in a window and the odd ones full, in the daemon's group order (windowed
+    # first). The scheduler never touches the tensors.
+    if hybrid:
+        groups = [KVCacheGroupSpec(layers[0::2], window), KVCacheGroupSpec(layers[1::2], full)]
+        config.scheduler_config.disable_hybrid_kv_cache_manager = False  # (the CPU platform turns it off)
+    else:
+        groups = [KVCacheGroupSpec(layers, window or full)]
+    kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                              hash_block_size=block_size)
     config.cache_config.num_gpu_blocks = num_gpu_blocks
     return cls(vllm_config=config, kv_cache_config=kv_config, structured_output_manager=StructuredOutputManager(config),
                block_size=block_size, log_stats=False)

@@ -11,7 +11,6 @@ opens, what vLLM runs is submitted again. Why each step is built this way: docs/
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,16 +29,27 @@ class Gate:
     """What `before()` took out of vLLM's queues for one `schedule()`; `restore()` puts it back."""
 
     scheduler: object
-    waiting: list = field(default_factory=list)
+    order: list = field(default_factory=list)  # vLLM's waiting queue before the call
     running: list = field(default_factory=list)  # (index, request)
+    budget_cut: int = 0  # tokens taken off vLLM's step budget for this call
 
     def restore(self) -> None:
+        """Puts back the running requests at their places and rebuilds the waiting queue in
+        its order before the call, less what started, after any request vLLM preempted."""
         s = self.scheduler
+        s.max_num_scheduled_tokens += self.budget_cut
         for index, request in self.running:
             s.running.insert(min(index, len(s.running)), request)
-        if self.waiting:
-            s.waiting.prepend_requests(collections.deque(self.waiting))
-        self.waiting, self.running = [], []
+        left = list(s.waiting)
+        if left:
+            s.waiting.remove_requests(left)
+        before = {id(r) for r in self.order}
+        started = {id(r) for r in s.running}
+        back = [r for r in left if id(r) not in before]
+        back += [r for r in self.order if id(r) not in started and r.request_id in s.requests]
+        for request in back:
+            s.waiting.add_request(request)
+        self.order, self.running, self.budget_cut = [], [], 0
 
 
 class Adapter:
@@ -54,6 +64,7 @@ class Adapter:
         self.finishes: list[str] = []
         self.aborts: list[str] = []
         self.down_since: float | None = None
+        self.admit_tokens = 0  # what the last step told the daemon vLLM could still start
         self.link = link or DaemonLink(settings.target, settings.engine_id, token=settings.token,
                                        credentials=_credentials(settings), step_timeout_s=settings.step_timeout_s,
                                        replace_existing=settings.replace_existing)
@@ -97,13 +108,21 @@ class Adapter:
         for rid, reason in verdict.rejected.items():
             self._reject(rid, reason)
         self._preempt_unheld()
-        return self._gate(verdict.denied)
+        gate = self._gate(verdict.denied)
+        # A request preempted or denied this step leaves vLLM more of its token budget than
+        # the step told the daemon (admit_tokens): vLLM would give the requests the daemon
+        # admitted longer first chunks than the blocks granted. Its budget is cut to match.
+        _, left = coming_tokens(self.s, self.s.running)
+        if left > self.admit_tokens:
+            gate.budget_cut = left - self.admit_tokens
+            self.s.max_num_scheduled_tokens -= gate.budget_cut
+        return gate
 
     def after(self, output) -> None:
         for rid in list(self.books.ready):
             request = self.s.requests.get(rid)
             if request is None or request in self.s.running:
-                self.books.ready.discard(rid)
+                self.books.ready.pop(rid, None)
         if self.down_since is None and self.settings.check_accounting:
             self.check_accounting()
 
@@ -141,7 +160,8 @@ class Adapter:
         coming, budget_left = coming_tokens(s, held_running)
         grows = self._grows(coming, dict(progress))
         submits = [self._spec(s.requests[rid]) for rid in dict.fromkeys(self.arrivals) if rid in s.requests]
-        decisions = self.link.step(submits, grows, progress, self.finishes, self.aborts, admit_tokens=max(budget_left, 0),
+        self.admit_tokens = max(budget_left, 0)
+        decisions = self.link.step(submits, grows, progress, self.finishes, self.aborts, admit_tokens=self.admit_tokens,
                                    admit_seqs=max(s.max_num_running_reqs - len(s.running), 0))
         for rid, computed in progress:
             books.computed[rid] = computed
@@ -173,6 +193,7 @@ class Adapter:
         self.books.forget_all()
         self.finishes, self.aborts = [], []
         specs = [self._spec(r, resume=True) for r in self.s.running]
+        self.admit_tokens = self.s.max_num_scheduled_tokens  # (nothing waiting is submitted)
         decisions = self.link.step(specs)
         for spec in specs:
             self.books.submitted(spec.request_id)
@@ -199,10 +220,14 @@ class Adapter:
 
     def _gate(self, denied: set[str]) -> Gate:
         s = self.s
-        gate = Gate(s)
-        gate.waiting = [r for r in s.waiting if r.request_id not in self.books.ready]
-        if gate.waiting:
-            s.waiting.remove_requests(gate.waiting)
+        gate = Gate(s, order=list(s.waiting))
+        # vLLM sees only what the daemon admitted, in the daemon's order.
+        if gate.order:
+            s.waiting.remove_requests(gate.order)
+        by_id = {r.request_id: r for r in gate.order}
+        for rid in self.books.ready:
+            if rid in by_id:
+                s.waiting.add_request(by_id[rid])
         gate.running = [(i, r) for i, r in enumerate(s.running) if r.request_id in denied]
         for _, request in reversed(gate.running):
             s.running.remove(request)
@@ -212,9 +237,9 @@ class Adapter:
         self.metrics.add("unreachable_steps")
         gate = Gate(self.s)
         if self.settings.fail_mode == "closed":  # nothing new starts without the daemon
-            gate.waiting = list(self.s.waiting)
-            if gate.waiting:
-                self.s.waiting.remove_requests(gate.waiting)
+            gate.order = list(self.s.waiting)
+            if gate.order:
+                self.s.waiting.remove_requests(gate.order)
         return gate
 
     def _down(self, error: BaseException) -> None:

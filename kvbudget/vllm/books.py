@@ -47,7 +47,7 @@ class Books:
         self.slots: dict[str, int] = {}  # running in the daemon: slots held
         self.computed: dict[str, int] = {}  # last progress reported
         self.known: set[str] = set()  # submitted and not ended in the daemon
-        self.ready: set[str] = set()  # admitted by the daemon, not yet started by vLLM
+        self.ready: dict[str, None] = {}  # admitted by the daemon, not yet started by vLLM: in its order
         self.drift_total = 0
 
     def apply(self, decisions: Iterable[Decision]) -> Verdict:
@@ -60,7 +60,7 @@ class Books:
                 self.held[rid] = tuple(d.blocks_held) or (0,) * self.num_groups
                 self.slots[rid] = d.num_tokens
             if kind is DecisionKind.ADMIT:
-                self.ready.add(rid)
+                self.ready[rid] = None
                 verdict.admitted.append(rid)
             elif kind is DecisionKind.DENY:
                 verdict.denied.add(rid)
@@ -85,7 +85,7 @@ class Books:
         self.held.pop(request_id, None)
         self.slots.pop(request_id, None)
         self.computed.pop(request_id, None)
-        self.ready.discard(request_id)
+        self.ready.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:
         self._forget_blocks(request_id)
