@@ -93,3 +93,36 @@ def test_a_bad_setting_names_its_variable(name, value, says):
     with pytest.raises(SettingError) as error:
         read_settings({f"KVBUDGET_{name}": value})
     assert str(error.value).startswith(says)
+
+
+class FakeRequest:  # the fields of vLLM's Request the adapter reads
+    def __init__(self, prompt, outputs=0, extra=None, hashes=()):
+        from types import SimpleNamespace
+
+        self.request_id, self.num_prompt_tokens, self.max_tokens, self.priority = "q1", prompt, 100, 3
+        self.num_tokens = prompt + outputs
+        self.sampling_params = SimpleNamespace(extra_args=extra)
+        self.block_hashes = list(hashes)
+
+
+def test_a_submit_carries_vllms_numbers_tenant_and_block_hashes():
+    from kvbudget.vllm.plan import request_tenant, submit_spec
+
+    hashes = [bytes([i]) * 32 for i in (1, 2, 3)]  # vLLM's 32-byte hashes of full blocks
+    request = FakeRequest(40, extra={"tenant": "team-a"}, hashes=hashes)
+    spec = submit_spec(request, "vllm-a", request_tenant(request, "tenant", "default"), (16, 16))
+    assert (spec.request_id, spec.prompt_tokens, spec.max_new_tokens, spec.priority, spec.tenant, spec.engine_id) == (
+        "q1", 40, 100, 3, "team-a", "vllm-a")
+    # 40 tokens: 2 full blocks; each hash's first 8 bytes, little-endian.
+    assert spec.prefix_hashes == (0x0101010101010101, 0x0202020202020202)
+    # No tenant of its own: the default. vLLM hashing at another size than the daemon's blocks: no hashes.
+    plain = FakeRequest(40, hashes=hashes)
+    other = submit_spec(plain, "vllm-a", request_tenant(plain, "tenant", "default"), (16, 32))
+    assert (other.tenant, other.prefix_hashes) == ("default", ())
+
+
+def test_a_request_submitted_again_comes_at_the_length_it_reached():
+    from kvbudget.vllm.plan import submit_spec
+
+    spec = submit_spec(FakeRequest(40, outputs=25), "vllm-a", "", (16, 16), resume=True)
+    assert (spec.prompt_tokens, spec.max_new_tokens) == (65, 75)  # 100 new tokens in all, 25 made
