@@ -68,6 +68,7 @@ class Adapter:
         self.link = link or DaemonLink(settings.target, settings.engine_id, token=settings.token,
                                        credentials=_credentials(settings), step_timeout_s=settings.step_timeout_s,
                                        replace_existing=settings.replace_existing)
+        self.plan_checked = False
         try:
             self.link.open(settings.connect_timeout_s)
             self._check_plan()
@@ -103,6 +104,8 @@ class Adapter:
         if self.down_since is not None:
             log.warning("kvbudget daemon at %s answers again: it decides again", self.settings.target)
             self.down_since = None
+            if not self.plan_checked:  # (the daemon was not up when vLLM started)
+                self._check_plan()
         self.metrics.add("steps")
         verdict = self.books.apply(decisions)
         for rid, reason in verdict.rejected.items():
@@ -251,6 +254,7 @@ class Adapter:
                         self.settings.target, error, self.settings.fail_mode, what)
 
     def _check_plan(self) -> None:
+        self.plan_checked = True
         plan, s = self.link.plan, self.s
         ours = (s.kv_cache_config.num_blocks, s.block_size, len(s.kv_cache_config.kv_cache_groups))
         theirs = (plan.num_blocks + 1, plan.block_size_tokens, len(plan.groups))
