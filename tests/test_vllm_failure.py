@@ -95,3 +95,19 @@ def test_async_scheduling_is_refused_naming_the_setting(tmp_path, monkeypatch):
     monkeypatch.setenv("KVBUDGET_TARGET", f"unix://{tmp_path}/nobody.sock")
     with pytest.raises(ValueError, match="--no-async-scheduling"):
         build_scheduler(model_dir(tmp_path), BLOCKS, max_model_len=MAX_LEN)
+
+
+def test_a_vllm_pool_smaller_than_the_daemons_drifts_named_and_never_stalls(tmp_path, monkeypatch, caplog):
+    # The daemon budgets 3,000 blocks, vLLM has 1,000: vLLM's own allocation fails and it
+    # preempts by itself. The drift is counted and named; the request is taken back.
+    trace = load_trace("azure", limit=150)
+    with DaemonProcess(tmp_path, *ARGS) as daemon:
+        monkeypatch.setenv("KVBUDGET_TARGET", daemon.target)
+        scheduler = build_scheduler(model_dir(tmp_path), 1000, max_model_len=MAX_LEN)
+        run = drive(scheduler, trace.requests, trace.max_output_tokens)
+        counts = dict(scheduler.kvbudget.metrics.counts)
+        scheduler.shutdown()
+    assert (run.finished, run.rejected) == (149, 1)  # every request ends (r127's prompt is too long)
+    assert counts["drift"] > 0
+    assert any("kvbudget accounting drift: request 'r" in m for m in caplog.messages)
+    assert any("preempted" in m and "by itself; submitting it to the daemon again" in m for m in caplog.messages)

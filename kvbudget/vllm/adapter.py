@@ -63,6 +63,7 @@ class Adapter:
         self.arrivals: list[str] = []
         self.finishes: list[str] = []
         self.aborts: list[str] = []
+        self.requeue: list[str] = []  # aborted in the daemon this step, submitted again the next
         self.down_since: float | None = None
         self.admit_tokens = 0  # what the last step told the daemon vLLM could still start
         self.link = link or DaemonLink(settings.target, settings.engine_id, token=settings.token,
@@ -128,6 +129,20 @@ class Adapter:
                 self.books.ready.pop(rid, None)
         if self.down_since is None and self.settings.check_accounting:
             self.check_accounting()
+        self._take_back_dropped()
+
+    def _take_back_dropped(self) -> None:
+        """A request the daemon runs that vLLM itself preempted (its pool disagreed: a drift
+        already counted) would wait for an admission that never comes: it is aborted in the
+        daemon and submitted again with the next step, so nothing stalls."""
+        running = {id(r) for r in self.s.running}
+        for rid in [rid for rid in self.books.held if rid not in self.books.ready]:
+            request = self.s.requests.get(rid)
+            if request is not None and id(request) not in running:
+                log.warning("kvbudget: vLLM preempted %r by itself; submitting it to the daemon again", rid)
+                self.aborts.append(rid)
+                self.books.forget(rid)
+                self.requeue.append(rid)
 
     def check_accounting(self) -> list:
         held = {r.request_id: vllm_held(self.s.kv_cache_manager, r.request_id, self.null_block_id)
@@ -170,7 +185,7 @@ class Adapter:
             books.computed[rid] = computed
         for spec in submits:
             books.submitted(spec.request_id)
-        self.arrivals, self.finishes, self.aborts = [], [], []
+        self.arrivals, self.finishes, self.aborts, self.requeue = self.requeue, [], [], []
         return decisions
 
     def _grows(self, coming, progress: dict[str, int]) -> list[tuple[str, int]]:
