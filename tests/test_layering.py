@@ -23,6 +23,8 @@ SERVER = "kvbudget.daemon.server"
 CLI = "kvbudget.cli"
 TUI = "kvbudget.tui"
 CLIENT = "kvbudget.client"
+VLLM = "kvbudget.vllm"
+TRACES = "kvbudget.traces"
 
 
 class Import(NamedTuple):
@@ -122,6 +124,12 @@ RULES = [
         "the client imports no server or cli",
         lambda m: within(m, CLIENT),
         forbidding(SERVER, CLI),
+    ),
+    Rule(
+        "vllm-adapter-through-the-client",
+        "the vLLM adapter imports the client (and what the client uses), no other room of the daemon",
+        lambda m: within(m, VLLM),
+        forbidding(SERVER, CLI, TUI, LOG, CONFIG, TRACES),
     ),
     Rule(
         "server-only-from-cmd-daemon",
