@@ -119,6 +119,12 @@ def test_exposition_is_valid_and_names_follow_the_conventions(tmp_path) -> None:
     assert sample_value(text, "kvbudget_num_preemptions_total", reason="priority") == 0.0
     assert sample_value(text, "kvbudget_decisions_total", kind="admit", reason="fits") == 0.0
     assert sample_value(text, "kvbudget_decisions_total", kind="reject", reason="draining") == 0.0
+    # The model, at the first scrape already (known before the server starts), as vLLM's model_name.
+    assert sample_value(daemon.first_scrape, "kvbudget_model_info", model_name="llama-3.1-8b", block_size="16",
+                        tensor_parallel_size="1", pipeline_parallel_size="1") == 1.0
+    assert sample_value(text, "kvbudget_prefix_cache_query_tokens_total", model_name="llama-3.1-8b") == 0.0
+    assert sample_value(text, "kvbudget_tenant_request_queue_time_seconds_count", model_name="llama-3.1-8b",
+                        tenant="(other)") == 0.0
 
 
 MAX_TENANT_SERIES, OTHER_TENANTS = 50, "(other)"  # metrics.py's (test_metrics.py pins them)

@@ -214,7 +214,7 @@ class Daemon:
         decision_log = await self._open_log(stack)
         await number_on_from_the_log(controller, config.db_path)
         warn_if_the_log_outgrows_its_disk(decision_log.figures(), config.db_path)
-        metrics = start_metrics(config)
+        metrics = start_metrics(config, plan)
         if metrics is not None:
             stack.callback(metrics.stop)
         core = self._build_core(controller, decision_log, plan, metrics, gpu,
