@@ -404,7 +404,7 @@ def test_the_operators_guide_table_lists_every_metric_with_its_type() -> None:
 
 
 def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
-    """/metrics serves before the core's first metrics tick: a scrape then read a pool of 0
+    """/metrics serves before the core starts reading the pool: a scrape then read a pool of 0
     blocks and no GPU. Absent is the truth: nothing is known yet."""
     metrics = Metrics()
     unknown = ("kvbudget_num_blocks", "kvbudget_reserved_blocks", "kvbudget_kv_cache_usage_perc",

@@ -1,6 +1,7 @@
 """Prometheus metrics for the daemon, on their own registry (metrics_registry.py). Two feeds:
-`record()` with each batch of decisions (counters, latency) and `update()` with a periodic
-snapshot (gauges); cumulative figures in the snapshot become counters by their increase."""
+`record()` with each batch of decisions (counters, latency) and `update()` with a snapshot
+(gauges), as each scrape asks (metrics_scrape.py); cumulative figures in the snapshot become
+counters by their increase."""
 
 from __future__ import annotations
 

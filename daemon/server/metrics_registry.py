@@ -5,7 +5,7 @@ out prometheus-client's `_created` samples (vLLM's /metrics has none)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -60,23 +60,32 @@ def _without_created(families: Iterable[Metric]) -> Iterator[Metric]:
 
 class _Registry(CollectorRegistry):
     """A CollectorRegistry whose collect() (and `?name[]=` restricted views) leave the
-    `_created` samples out; registering, and every name, as in its base."""
+    `_created` samples out, and first call `before_collect` (the gauges read at scrape:
+    Metrics.read_at_scrape); registering, and every name, as in its base."""
+
+    def __init__(self, auto_describe: bool = False) -> None:
+        super().__init__(auto_describe=auto_describe)
+        self.before_collect: Callable[[], None] | None = None
 
     def collect(self) -> Iterable[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
         return _without_created(super().collect())
 
     def restricted_registry(self, names: Iterable[str]) -> _Restricted:
-        return _Restricted(super().restricted_registry(names))
+        return _Restricted(super().restricted_registry(names), self.before_collect)
 
 
 class _Restricted:
     """A restricted view (the HTTP server's, for `?name[]=`), less the `_created` samples:
     RestrictedRegistry reads the collectors itself, not through _Registry.collect()."""
 
-    def __init__(self, restricted: RestrictedRegistry) -> None:
-        self._restricted = restricted
+    def __init__(self, restricted: RestrictedRegistry, before_collect: Callable[[], None] | None) -> None:
+        self._restricted, self._before_collect = restricted, before_collect
 
     def collect(self) -> Iterable[Metric]:
+        if self._before_collect is not None:
+            self._before_collect()
         return _without_created(self._restricted.collect())
 
 
@@ -84,7 +93,7 @@ class _Restricted:
 class Families:
     """The metric families the daemon exports. Those a snapshot (or the GPU probe, or the log's
     figures) sets are not registered until `Metrics.update` first has a value for them: the
-    HTTP server serves before the core's first metrics tick, and until then they would read 0
+    HTTP server serves before the core starts (metrics_scrape.py), and until then they would read 0
     (a pool of 0 blocks, no GPU), which is a value, not the absence of one."""
 
     registry: CollectorRegistry
