@@ -95,7 +95,7 @@ class LayoutFacts(Protocol):
 
     tensor_parallel_size: int
     pipeline_parallel_size: int
-    tenants: Iterable[str]  # the names the config gives a quota or a weight
+    tenants: Iterable[str]  # the tenants the config names ([tenants.NAME])
 
 
 class Metrics:
