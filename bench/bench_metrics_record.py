@@ -1,5 +1,6 @@
 """What `Metrics.record` costs per decision, and how much of it the queue-time histogram's
-tracking adds (each request's wait, from its first QUEUE to its first ADMIT).
+tracking adds (each request's wait, from its first QUEUE to its first ADMIT, counted under
+its tenant: 7 tenants here, none of them named, so all under "(other)").
 
     python bench/bench_metrics_record.py [--batch 64] [--rounds 2000]
 
@@ -37,7 +38,8 @@ def counting_only(metrics: Metrics, decisions: list[Decision]) -> None:
 
 def batches(size: int) -> dict[str, list[Decision]]:
     def of(i: int, kind: DecisionKind, reason: Reason) -> Decision:
-        return Decision(seq=i, time_s=float(i), kind=kind, reason=reason, request_id=f"r{i // 2}")
+        return Decision(seq=i, time_s=float(i), kind=kind, reason=reason, request_id=f"r{i // 2}",
+                        tenant=f"user-{i % 7}")
 
     return {
         "grow": [of(i, DecisionKind.GROW, Reason.FITS) for i in range(size)],

@@ -395,11 +395,7 @@ def test_the_operators_guide_table_lists_every_metric_with_its_type() -> None:
         if row.startswith("| `kvbudget_"):
             names, kind = (cell.strip() for cell in row.strip("|").split("|")[:2])
             documented.update(dict.fromkeys(re.findall(r"`(kvbudget_[a-z_]+)", names), kind))
-    metrics = Metrics()
-    metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
-    metrics.update(snapshot(), FakeGpu(), FakeLog())
-    metrics.set_certificate_expiry(1_800_000_000.0)
-    metrics.set_client_ca_expiry(1_800_000_000.0)
+    metrics = full_metrics()
     families = list(text_string_to_metric_families(metrics.render().decode()))
     # (No `_created` companion of a counter or histogram is exported: nothing to leave out.)
     exposed = {f.name + ("_total" if f.type == "counter" else ""): f.type for f in families
@@ -408,7 +404,7 @@ def test_the_operators_guide_table_lists_every_metric_with_its_type() -> None:
 
 
 def test_snapshot_gauges_are_absent_until_the_first_snapshot_not_zero() -> None:
-    """/metrics serves before the core's first metrics tick: a scrape then read a pool of 0
+    """/metrics serves before the core starts reading the pool: a scrape then read a pool of 0
     blocks and no GPU. Absent is the truth: nothing is known yet."""
     metrics = Metrics()
     unknown = ("kvbudget_num_blocks", "kvbudget_reserved_blocks", "kvbudget_kv_cache_usage_perc",
@@ -448,11 +444,24 @@ EXPOSED_NAMES = {
     "kvbudget_prefix_cache_hits_total", "kvbudget_prefix_cache_queries_total", "kvbudget_tenant_blocks",
     "kvbudget_tenant_requests", "kvbudget_tls_certificate_expiry_timestamp_seconds",
     "kvbudget_tls_client_ca_expiry_timestamp_seconds",
+    "kvbudget_model_info", "kvbudget_prefix_cache_query_tokens_total", "kvbudget_prefix_cache_hit_tokens_total",
+    "kvbudget_tenant_request_queue_time_seconds_bucket", "kvbudget_tenant_request_queue_time_seconds_count",
+    "kvbudget_tenant_request_queue_time_seconds_sum",
 }
+
+
+def describe(metrics: Metrics) -> None:
+    """What the daemon tells its metrics at start (startup.start_metrics)."""
+    from kvbudget.daemon.config.settings import DaemonConfig, TenantQuota
+    from kvbudget.v1 import common_pb2
+
+    metrics.describe_pool(common_pb2.PoolPlan(model="llama-3.1-8b", block_size_tokens=16),
+                          DaemonConfig(model="llama-3.1-8b", tenants={"chat": TenantQuota(max_share=0.6)}))
 
 
 def full_metrics() -> Metrics:
     metrics = Metrics()
+    describe(metrics)
     metrics.record([decision(1, DecisionKind.PREEMPT, Reason.GROWTH)], latency_s=0.001)
     metrics.update(snapshot(), FakeGpu(), FakeLog())
     metrics.set_certificate_expiry(1_800_000_000.0)

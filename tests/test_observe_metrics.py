@@ -17,7 +17,7 @@ from prometheus_client.samples import Sample
 from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.core.records import DecisionKind, RequestSpec
 
-from daemon_harness import DaemonProcess, await_until, wait_until
+from daemon_harness import DaemonProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def test_exposition_is_valid_and_names_follow_the_conventions(tmp_path) -> None:
     """What `promtool check metrics` checks, and a series for each event before it first
     happens (a counter born at N has its first N lost to rate())."""
     with ScrapedAtOnce(tmp_path, "--metrics-address", "127.0.0.1:0") as daemon:
-        # Before the core's first metrics tick, as a rule: the pool's gauges are absent
+        # Before the core starts (it reads them at scrape from then on): the pool's gauges are absent
         # until a snapshot sets them, never a pool of 0 blocks.
         assert sample_value(daemon.first_scrape, "kvbudget_num_blocks") in (None, 64.0)
         text = wait_until(lambda: pool_known(scrape(daemon.port)), timeout=30, interval=0.2)
@@ -119,6 +119,12 @@ def test_exposition_is_valid_and_names_follow_the_conventions(tmp_path) -> None:
     assert sample_value(text, "kvbudget_num_preemptions_total", reason="priority") == 0.0
     assert sample_value(text, "kvbudget_decisions_total", kind="admit", reason="fits") == 0.0
     assert sample_value(text, "kvbudget_decisions_total", kind="reject", reason="draining") == 0.0
+    # The model, at the first scrape already (known before the server starts), as vLLM's model_name.
+    assert sample_value(daemon.first_scrape, "kvbudget_model_info", model_name="llama-3.1-8b", block_size="16",
+                        tensor_parallel_size="1", pipeline_parallel_size="1") == 1.0
+    assert sample_value(text, "kvbudget_prefix_cache_query_tokens_total", model_name="llama-3.1-8b") == 0.0
+    assert sample_value(text, "kvbudget_tenant_request_queue_time_seconds_count", model_name="llama-3.1-8b",
+                        tenant="(other)") == 0.0
 
 
 MAX_TENANT_SERIES, OTHER_TENANTS = 50, "(other)"  # metrics.py's (test_metrics.py pins them)
@@ -135,11 +141,9 @@ async def test_tenant_series_are_bounded_and_counters_survive_a_switch_and_a_dra
             decisions = await engine.step(submits=running + waiting)
             assert Counter(d.kind for d in decisions) == {DecisionKind.ADMIT: RUNNING, DecisionKind.QUEUE: WAITING}
 
-            async def queue_seen() -> str | None:  # gauges follow the daemon's 1 s metrics tick
-                text = await scrape_async(port)
-                return text if sample_value(text, "kvbudget_num_requests_waiting") == WAITING else None
-
-            before = await await_until(queue_seen, timeout=30, interval=0.2)
+            # The gauges are read at scrape: the first scrape after the step sees its queue.
+            before = await scrape_async(port)
+            assert sample_value(before, "kvbudget_num_requests_waiting") == WAITING
             names, waiting_sum = label_sum(before, "kvbudget_tenant_requests", "tenant", state="waiting")
             assert len(names) == MAX_TENANT_SERIES  # 121 tenants: 49 by name and the sum of the rest
             assert OTHER_TENANTS in names and "batch" in names  # the largest by blocks keeps its name
@@ -149,12 +153,9 @@ async def test_tenant_series_are_bounded_and_counters_survive_a_switch_and_a_dra
             await admin.set_policy("guaranteed")
             assert await admin.drain() == RUNNING
 
-            async def drained() -> str | None:
-                text = await scrape_async(port)
-                policy_seen = sample_value(text, "kvbudget_policy", policy="guaranteed") == 1.0
-                return text if policy_seen and sample_value(text, "kvbudget_num_requests_waiting") == 0 else None
-
-            after = await await_until(drained, timeout=30, interval=0.2)
+            after = await scrape_async(port)
+    assert sample_value(after, "kvbudget_policy", policy="guaranteed") == 1.0
+    assert sample_value(after, "kvbudget_num_requests_waiting") == 0
     assert sample_value(after, "kvbudget_num_requests_running") == RUNNING  # running ones finish
     assert sample_value(after, "kvbudget_kv_cache_usage_perc") == 1.0
     assert label_sum(after, "kvbudget_policy", "policy")[0] == {"guaranteed"}  # one policy in force

@@ -256,6 +256,53 @@ def test_physical_panel_with_a_gpu():
     ])
 
 
+def on_gpu(state: common_pb2.GpuState, index: int, nvml_device: str) -> common_pb2.GpuState:
+    placed = common_pb2.GpuState()
+    placed.CopyFrom(state)
+    placed.index, placed.nvml_device = index, nvml_device
+    return placed
+
+
+def test_physical_panel_shows_each_gpu_of_a_parallel_pool():
+    # Issue 33: a tensor-parallel pool on the host's GPUs 4 and 5 (CUDA_VISIBLE_DEVICES=4,5):
+    # numbered as nvidia-smi numbers them. GPU5: 90 of 141 GiB = 63.8% -> "64%"; the pool's
+    # own bytes and what is outside them are the first GPU's (as test_physical_panel_with_a_gpu).
+    # The verdict first: the panel's height is fixed, and eight GPUs would push it out.
+    first, second = on_gpu(gpu(100.0), 0, "4"), on_gpu(gpu(90.0, pool_gib=0.0), 1, "5")
+    state = state_of(snapshot(gpu=first, gpus=[first, second], num_waiting=2))
+    assert text_of(panels.physical_panel(state), width=60) == "\n".join([
+        "⇒ budget-bound: 2 waiting with 40% held, 10% reserved, GPU",
+        "memory flat",
+        "GPU4  100.0 GiB of 141.0 GiB 71% NVIDIA H200",
+        "GPU5  90.0 GiB of 141.0 GiB 64% NVIDIA H200",
+        "pool  80.0 GiB  logical 40% held",
+        "other 20.0 GiB outside the pool",
+        "mem   ▆",
+    ])
+    assert text_of(panels.physical_panel(state, compact=True), width=60) == "\n".join([
+        "⇒ budget-bound",
+        "GPU4  100.0 GiB of 141.0 GiB 71%",
+        "GPU5  90.0 GiB of 141.0 GiB 64%",
+        "pool  80.0 GiB  logical 40% held",
+        "other 20.0 GiB outside the pool",
+    ])
+
+
+def test_a_gpu_named_by_uuid_shows_its_cuda_index_and_one_unread_says_so():
+    uuid = on_gpu(gpu(100.0), 0, "GPU-5b8c2f0e-1c7a-4d0e-9a59-2f8e6c1d7a31")
+    lost = common_pb2.GpuState(present=False, note="NVML: GPU is lost", index=1, nvml_device="7")
+    state = state_of(snapshot(gpu=uuid, gpus=[uuid, lost]))
+    assert text_of(panels.physical_panel(state), width=60).splitlines()[:3] == [
+        "⇒ not bound: nothing waits, no preemptions",
+        "GPU0  100.0 GiB of 141.0 GiB 71% NVIDIA H200", "GPU7  not read (NVML: GPU is lost)"]
+
+
+def test_one_gpu_in_gpus_reads_as_a_daemon_that_sends_only_gpu():
+    one = on_gpu(gpu(100.0), 0, "3")
+    assert text_of(panels.physical_panel(state_of(snapshot(gpu=one, gpus=[one]))), width=60) == text_of(
+        panels.physical_panel(state_of(snapshot(gpu=one))), width=60)
+
+
 class TestVerdict:
     def test_unknown_before_the_first_snapshot(self):
         assert verdict(DashboardState.initial("x")).bound is Bound.UNKNOWN

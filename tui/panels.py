@@ -189,25 +189,23 @@ def layers_panel(state: DashboardState, compact: bool = False) -> RenderableType
 
 
 def physical_panel(state: DashboardState, compact: bool = False) -> RenderableType:
-    """GPU memory from NVML beside the pool's logical usage, and the one-line verdict."""
+    """GPU memory from NVML (each GPU a tensor x pipeline pool spans, one line each) beside
+    the pool's logical usage, and the one-line verdict."""
     s = state.snapshot
     if s is None:
         return WAITING
     gpu = s.gpu
-    judged = verdict(state)
     usage = s.num_held_blocks / s.num_blocks if s.num_blocks else 0.0
     lines: list[RenderableType] = []
+    # A tensor x pipeline pool: a line for each of its GPUs, the verdict above them (the
+    # panel's height is fixed: GPUs that do not fit are cut below it, the verdict never).
+    parallel = gpu.present and len(s.gpus) > 1
+    if parallel:
+        lines.append(verdict_line(state, compact))
+        lines.extend(gpu_line(g, compact, f"GPU{gpu_number(g):<3}") for g in s.gpus)
     if gpu.present:
-        physical = gpu.used_bytes / gpu.total_bytes if gpu.total_bytes else 0.0
-        gpu_line = Text.assemble(
-            ("GPU   ", "dim"),
-            (f"{gib(gpu.used_bytes)} of {gib(gpu.total_bytes)} ", ""),
-            (f"{physical:.0%}", usage_style(physical)),
-        )
-        if gpu.name and not compact:
-            gpu_line.append(f" {gpu.name}", style="dim")
-        gpu_line.no_wrap, gpu_line.overflow = True, "ellipsis"
-        lines.append(gpu_line)
+        if not parallel:
+            lines.append(gpu_line(gpu, compact, "GPU   "))
         lines.append(
             Text.assemble(
                 ("pool  ", "dim"),
@@ -216,7 +214,7 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
                 (" held", ""),
             )
         )
-        outside = max(0, gpu.used_bytes - gpu.pool_bytes)
+        outside = max(0, gpu.used_bytes - gpu.pool_bytes)  # (the pool's GPU: the first)
         lines.append(Text.assemble(("other ", "dim"), (f"{gib(outside)} outside the pool", "")))
         if not compact:
             trend = tuple(x.gpu_used_bytes for x in state.history)
@@ -224,9 +222,9 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
     else:
         # The daemon's note often starts with "no GPU" itself: say it once.
         note = gpu.note.removeprefix("no GPU").lstrip(":;, ")
-        gpu_line = Text.assemble(("GPU   ", "dim"), ("no GPU", "bold"), (f" ({note})" if note else "", ""))
-        gpu_line.no_wrap = False  # wrapped, not cut ("(NVML unavailable (NVM…"): 2 lines spare here
-        lines.append(gpu_line)
+        no_gpu = Text.assemble(("GPU   ", "dim"), ("no GPU", "bold"), (f" ({note})" if note else "", ""))
+        no_gpu.no_wrap = False  # wrapped, not cut ("(NVML unavailable (NVM…"): 2 lines spare here
+        lines.append(no_gpu)
         lines.append(
             Text.assemble(
                 ("pool  ", "dim"),
@@ -235,6 +233,14 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
                 (" held", ""),
             )
         )
+    if not parallel:
+        lines.append(verdict_line(state, compact))
+    return Group(*lines)
+
+
+def verdict_line(state: DashboardState, compact: bool) -> Text:
+    """The one-line verdict (its reason too, when not compact)."""
+    judged = verdict(state)
     style = {
         Bound.LOG_CANNOT_WRITE: "bold red",
         Bound.OUTSIDE_POOL: "bold red",
@@ -246,8 +252,30 @@ def physical_panel(state: DashboardState, compact: bool = False) -> RenderableTy
     line = Text.assemble(("⇒ ", "dim"), (judged.bound.value, style))
     if judged.why and not compact:
         line.append(f": {judged.why}")
-    lines.append(line)
-    return Group(*lines)
+    return line
+
+
+def gpu_number(gpu: common_pb2.GpuState) -> str:
+    """How the operator knows a GPU: its host index, as nvidia-smi numbers it (NVML's id);
+    CUDA's index where NVML's id is a UUID or was not read."""
+    return gpu.nvml_device if gpu.nvml_device.isdigit() else str(gpu.index)
+
+
+def gpu_line(gpu: common_pb2.GpuState, compact: bool, label: str) -> Text:
+    """One GPU's memory: used of total, the share used, its name (not when compact)."""
+    if not gpu.present:  # one of a pool's GPUs that NVML could not read
+        line = Text.assemble((label, "dim"), ("not read", "bold"), (f" ({gpu.note})" if gpu.note else "", ""))
+    else:
+        physical = gpu.used_bytes / gpu.total_bytes if gpu.total_bytes else 0.0
+        line = Text.assemble(
+            (label, "dim"),
+            (f"{gib(gpu.used_bytes)} of {gib(gpu.total_bytes)} ", ""),
+            (f"{physical:.0%}", usage_style(physical)),
+        )
+        if gpu.name and not compact:
+            line.append(f" {gpu.name}", style="dim")
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
 
 
 def replays_panel(state: DashboardState, compact: bool = False) -> RenderableType:

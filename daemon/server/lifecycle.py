@@ -200,7 +200,7 @@ class Daemon:
         await close_left_open(decision_log, config.db_path, controller.snapshot(0.0).num_free_blocks)
         await number_on_from_the_log(controller, config.db_path)
         warn_if_the_log_outgrows_its_disk(decision_log.figures(), config.db_path)
-        metrics = start_metrics(config)
+        metrics = start_metrics(config, plan)
         if metrics is not None:
             stack.callback(metrics.stop)
         core = self._build_core(controller, decision_log, plan, metrics, gpu,

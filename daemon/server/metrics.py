@@ -1,12 +1,13 @@
 """Prometheus metrics for the daemon, on their own registry (metrics_registry.py). Two feeds:
-`record()` with each batch of decisions (counters, latency) and `update()` with a periodic
-snapshot (gauges); cumulative figures in the snapshot become counters by their increase."""
+`record()` with each batch of decisions (counters, latency) and `update()` with a snapshot
+(gauges), as each scrape asks (metrics_scrape.py); cumulative figures in the snapshot become
+counters by their increase."""
 
 from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter, Gauge, generate_latest
@@ -82,6 +83,21 @@ class LogFigures(Protocol):
     stall_seconds: float
 
 
+class PoolPlanFacts(Protocol):
+    """What describe_pool reads from the pool's plan (a PoolPlan message)."""
+
+    model: str
+    block_size_tokens: int
+
+
+class LayoutFacts(Protocol):
+    """What describe_pool reads from the daemon's config (a DaemonConfig)."""
+
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    tenants: Iterable[str]  # the tenants the config names ([tenants.NAME])
+
+
 class Metrics:
     def __init__(self) -> None:
         self.families: Families = define_families()
@@ -102,6 +118,7 @@ class Metrics:
         self._server_thread: threading.Thread | None = None
         self._waiting_since: dict[str, float] = {}  # request id -> its first QUEUE's time
         self._preempted: set[str] = set()  # request ids whose next ADMIT is a re-admission
+        self._model_name, self._block_size = "", 0  # until describe_pool
 
     # ------------------------------------------------------------------ feeds
     def record(self, decisions: Sequence[Decision], latency_s: float | None = None) -> None:
@@ -116,7 +133,7 @@ class Metrics:
         # ends it (one admitted at once waited 0); a preempted request's next admission is
         # not a new wait. Only live requests are followed: an end forgets them. (Inline: a
         # method call per decision cost more than the rest of the loop.)
-        waiting, preempted, waits = self._waiting_since, self._preempted, []
+        waiting, preempted, waits, tenants = self._waiting_since, self._preempted, [], []
         for decision in decisions:
             kind = decision.kind
             key = (kind, decision.reason)
@@ -129,6 +146,7 @@ class Metrics:
                     preempted.discard(decision.request_id)
                 else:
                     waits.append(decision.time_s - queued_at if queued_at is not None else 0.0)
+                    tenants.append(decision.tenant)
             elif kind is _QUEUE:
                 waiting.setdefault(decision.request_id, decision.time_s)
             elif kind is _PREEMPT:
@@ -137,7 +155,7 @@ class Metrics:
                 waiting.pop(decision.request_id, None)
                 preempted.discard(decision.request_id)
         if waits:
-            self.families.queue_time.observe_all(waits)
+            self.families.queue_time.observe_all(waits, tenants)
         children = self._decision_children
         for key, count in counts.items():
             pair = children.get(key)
@@ -155,6 +173,21 @@ class Metrics:
         families = self.families
         preempt = families.preemptions.labels(reason=reason_text) if kind_text == DecisionKind.PREEMPT.value else None
         return families.decisions.labels(kind=kind_text, reason=reason_text), preempt
+
+    def describe_pool(self, plan: PoolPlanFacts, config: LayoutFacts) -> None:
+        """What the daemon serves, once at start: kvbudget_model_info, model_name on the
+        series that carry it, the prefix cache in tokens, and the tenants the config names
+        (each its own queue-time series; a reload's new ones are named by update())."""
+        f = self.families
+        with self._lock:
+            self._model_name, self._block_size = plan.model, plan.block_size_tokens
+            f.queue_time.model_name = plan.model
+            f.queue_time.name_tenants(config.tenants)
+            self._register_once(f.model_info, f.prefix_query_tokens, f.prefix_hit_tokens)
+            f.model_info.labels(plan.model, str(plan.block_size_tokens), str(config.tensor_parallel_size),
+                                str(config.pipeline_parallel_size)).set(1)
+            f.prefix_query_tokens.labels(plan.model)
+            f.prefix_hit_tokens.labels(plan.model)
 
     def set_certificate_expiry(self, not_after_unix_s: float) -> None:
         """The TLS certificate served now expires then (the server, at start and each reload);
@@ -221,6 +254,12 @@ class Metrics:
 
         self._add_increase(f.prefix_queries, ("prefix_queries",), snapshot.prefix_query_blocks)
         self._add_increase(f.prefix_hits, ("prefix_hits",), snapshot.prefix_hit_blocks)
+        if self._block_size:  # (described: the block size known)
+            self._add_increase(f.prefix_query_tokens.labels(self._model_name), ("prefix_query_tokens",),
+                               snapshot.prefix_query_blocks * self._block_size)
+            self._add_increase(f.prefix_hit_tokens.labels(self._model_name), ("prefix_hit_tokens",),
+                               snapshot.prefix_hit_blocks * self._block_size)
+        f.queue_time.name_tenants(t.tenant for t in snapshot.tenants if _configured(t))
 
     def _update_log(self, log: LogFigures) -> None:
         f = self.families
@@ -327,9 +366,13 @@ def tenant_series(tenants: Sequence[TenantSnapshot]) -> tuple[TenantSeries, Tena
 def _tenant_rank(tenant: TenantSnapshot) -> tuple[bool, int, int, str]:
     """Smallest first: tenants the config names (a quota or a weight: the operator's own
     dashboards name them), then by blocks held and reserved, then by requests."""
-    configured = tenant.quota_blocks is not None or tenant.weight != 1.0
-    return (not configured, -(tenant.blocks_held + tenant.blocks_reserved), -(tenant.running + tenant.waiting),
+    return (not _configured(tenant), -(tenant.blocks_held + tenant.blocks_reserved), -(tenant.running + tenant.waiting),
             tenant.tenant)
+
+
+def _configured(tenant: TenantSnapshot) -> bool:
+    """A tenant the config names, as a snapshot tells (a quota or a weight)."""
+    return tenant.quota_blocks is not None or tenant.weight != 1.0
 
 
 def _add_tenant(blocks: TenantSeries, requests: TenantSeries, name: str, tenants: Sequence[TenantSnapshot]) -> None:

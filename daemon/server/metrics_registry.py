@@ -5,9 +5,7 @@ out prometheus-client's `_created` samples (vLLM's /metrics has none)."""
 from __future__ import annotations
 
 import copy
-import math
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -19,12 +17,11 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
-from prometheus_client.utils import floatToGoString
 from prometheus_client.registry import RestrictedRegistry
 
 from kvbudget import __version__
+from kvbudget.daemon.server.metrics_histograms import QueueTimeHistograms
 
 # From a few tens of microseconds (an in-memory decision) to seconds: a commit held by the
 # decision log's write stall (its upkeep behind: daemon/log/pacing.py) waits that long, and above
@@ -63,60 +60,40 @@ def _without_created(families: Iterable[Metric]) -> Iterator[Metric]:
 
 class _Registry(CollectorRegistry):
     """A CollectorRegistry whose collect() (and `?name[]=` restricted views) leave the
-    `_created` samples out; registering, and every name, as in its base."""
+    `_created` samples out, and first call `before_collect` (the gauges read at scrape:
+    Metrics.read_at_scrape); registering, and every name, as in its base."""
+
+    def __init__(self, auto_describe: bool = False) -> None:
+        super().__init__(auto_describe=auto_describe)
+        self.before_collect: Callable[[], None] | None = None
 
     def collect(self) -> Iterable[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
         return _without_created(super().collect())
 
     def restricted_registry(self, names: Iterable[str]) -> _Restricted:
-        return _Restricted(super().restricted_registry(names))
+        return _Restricted(super().restricted_registry(names), self.before_collect)
 
 
 class _Restricted:
     """A restricted view (the HTTP server's, for `?name[]=`), less the `_created` samples:
     RestrictedRegistry reads the collectors itself, not through _Registry.collect()."""
 
-    def __init__(self, restricted: RestrictedRegistry) -> None:
-        self._restricted = restricted
+    def __init__(self, restricted: RestrictedRegistry, before_collect: Callable[[], None] | None) -> None:
+        self._restricted, self._before_collect = restricted, before_collect
 
     def collect(self) -> Iterable[Metric]:
+        if self._before_collect is not None:
+            self._before_collect()
         return _without_created(self._restricted.collect())
-
-
-class CountingHistogram:
-    """A histogram observed once per admitted request, on the event loop: plain counts, read
-    into a histogram family at scrape. prometheus-client's Histogram.observe takes ~1.6 us
-    (its locks), which a step admitting 64 requests paid 64 times; a batch's are added at once."""
-
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.bounds = name, documentation, buckets
-        self._counts = [0] * (len(buckets) + 1)  # per bucket, not cumulative; the last: above them all
-        self._sum = 0.0
-        registry.register(self)
-
-    def observe_all(self, values: list[float]) -> None:
-        """Each of `values` observed (a batch's admissions: one call for all of them)."""
-        counts, bounds = self._counts, self.bounds
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-        self._sum += sum(values)
-
-    def collect(self) -> Iterator[Metric]:
-        counts, total = list(self._counts), self._sum  # (a scrape reads a copy: its count is its +Inf)
-        cumulative, buckets = 0, []
-        for bound, count in zip((*self.bounds, math.inf), counts):
-            cumulative += count
-            buckets.append((floatToGoString(bound), cumulative))
-        family = HistogramMetricFamily(self.name, self.documentation)
-        family.add_metric([], buckets, total)
-        yield family
 
 
 @dataclass(frozen=True)
 class Families:
     """The metric families the daemon exports. Those a snapshot (or the GPU probe, or the log's
     figures) sets are not registered until `Metrics.update` first has a value for them: the
-    HTTP server serves before the core's first metrics tick, and until then they would read 0
+    HTTP server serves before the core starts (metrics_scrape.py), and until then they would read 0
     (a pool of 0 blocks, no GPU), which is a value, not the absence of one."""
 
     registry: CollectorRegistry
@@ -135,11 +112,14 @@ class Families:
     tenant_requests: Gauge
     prefix_queries: Counter
     prefix_hits: Counter
+    prefix_query_tokens: Counter  # registered by Metrics.describe_pool (they need the block size)
+    prefix_hit_tokens: Counter  # registered by Metrics.describe_pool
     policy: Gauge
+    model_info: Gauge  # registered by Metrics.describe_pool
     # decisions
     decisions: Counter
     decision_latency: Histogram
-    queue_time: CountingHistogram
+    queue_time: QueueTimeHistograms  # the whole, and by tenant
     # the decision log
     log_bytes: Gauge
     log_rows: Counter  # deprecated: log_rows_written and log_rows_folded
@@ -231,10 +211,25 @@ def _pool_families(r: CollectorRegistry) -> dict[str, Gauge | Counter]:
             "kvbudget_prefix_cache_queries", "Prompt blocks looked up in the prefix cache", registry=r
         ),
         prefix_hits=Counter("kvbudget_prefix_cache_hits", "Prompt blocks found in the prefix cache", registry=r),
+        **_prefix_token_families(),
     )
 
 
-def _decision_families(r: CollectorRegistry) -> dict[str, Gauge | Counter | Histogram]:
+def _prefix_token_families() -> dict[str, Counter]:
+    # Tokens, as vLLM counts its prefix cache (new names: the block counts stay as they are).
+    return dict(
+        prefix_query_tokens=Counter(
+            "kvbudget_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache (whole blocks)",
+            ["model_name"], registry=None,
+        ),
+        prefix_hit_tokens=Counter(
+            "kvbudget_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", ["model_name"],
+            registry=None,
+        ),
+    )
+
+
+def _decision_families(r: CollectorRegistry) -> dict[str, object]:
     return dict(
         decisions=Counter("kvbudget_decisions", "Decisions by kind and reason", ["kind", "reason"], registry=r),
         decision_latency=Histogram(
@@ -242,10 +237,12 @@ def _decision_families(r: CollectorRegistry) -> dict[str, Gauge | Counter | Hist
             "Time from an engine's call to its decisions being ready (log commit included)",
             buckets=LATENCY_BUCKETS_S, registry=r,
         ),
-        queue_time=CountingHistogram(  # (vLLM's vllm:request_queue_time_seconds)
+        queue_time=QueueTimeHistograms(  # (vLLM's vllm:request_queue_time_seconds)
             "kvbudget_request_queue_time_seconds",
             "Seconds from a request's submit to its first admission, on the daemon's clock (0: admitted "
             "as it came); one rejected or aborted while waiting is not observed",
+            "kvbudget_tenant_request_queue_time_seconds",
+            "kvbudget_request_queue_time_seconds by tenant: each tenant the config names, the others as (other)",
             QUEUE_TIME_BUCKETS_S, registry=r,
         ),
     )
@@ -290,6 +287,12 @@ def _log_families(r: CollectorRegistry) -> dict[str, Gauge | Counter]:
 def _policy_and_gpu_families(r: CollectorRegistry) -> dict[str, Gauge]:
     return dict(
         policy=Gauge("kvbudget_policy", "The admission policy in force (1 for it)", ["policy"], registry=r),
+        # vLLM's series carry model_name; an info metric puts it (and the layout) on any other
+        # by `* on(instance) group_left(model_name)`, the old series' labels left as they are.
+        model_info=Gauge(
+            "kvbudget_model_info", "The model this daemon budgets for and its pool's layout (always 1)",
+            ["model_name", "block_size", "tensor_parallel_size", "pipeline_parallel_size"], registry=None,
+        ),
         gpu_present=Gauge("kvbudget_gpu_present", "1 when NVML sees a GPU", registry=None),
         gpu_memory=Gauge(
             "kvbudget_gpu_memory_bytes", "GPU memory by state (total, used, free), from NVML", ["state"], registry=r

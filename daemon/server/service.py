@@ -25,6 +25,7 @@ from kvbudget.daemon.log.decision_log import DecisionLog
 from kvbudget.daemon.log.schema import DecisionLogError
 from kvbudget.daemon.log.unwritten import UnwrittenError
 from kvbudget.daemon.server.dispatch import Dispatcher
+from kvbudget.daemon.server.metrics_scrape import read_at_scrape
 from kvbudget.daemon.server.refusal import Refused, Status, invalid, rejected
 from kvbudget.daemon.server.replay_report import check_replay
 from kvbudget.daemon.server.sessions import ReplayTable, Session, SessionExists, SessionTable, TooManySessions
@@ -44,7 +45,6 @@ MAX_ESTIMATE_TOKENS = 1 << 24
 class CoreOptions:
     tick_s: float = 0.1  # lease expiry and queue scheduling
     gpu_refresh_s: float = 5.0
-    metrics_refresh_s: float = 1.0
     snapshot_cache_s: float = 0.02  # watchers at 10 Hz share one snapshot
     replay_stale_s: float = 30.0  # a replay not reported for this long is marked done
     max_ops_per_step: int | None = None  # server.max_ops_per_step; None: the core's cap only
@@ -92,6 +92,9 @@ class CoreService:
     async def start(self) -> None:
         self.dispatcher.start()
         self._ticker_task = asyncio.create_task(self._ticker(), name="kvbudget-ticker")
+        if self.metrics is not None:  # its gauges read as each scrape asks (metrics_scrape.py)
+            read_at_scrape(self.metrics, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                           lambda: (self.snapshot(), self._gpu, self.log.figures()))
 
     async def stop(self) -> None:
         """Ends streams, drains the dispatcher, flushes the log. Idempotent."""
@@ -340,7 +343,7 @@ class CoreService:
 
     # ------------------------------------------------------------------ background
     async def _ticker(self) -> None:
-        last_gpu = last_metrics = time.monotonic()
+        last_gpu = time.monotonic()
         while True:
             await asyncio.sleep(self.options.tick_s)
             now_mono = time.monotonic()
@@ -356,9 +359,6 @@ class CoreService:
                 if self._gpu_probe is not None and now_mono - last_gpu >= self.options.gpu_refresh_s:
                     last_gpu = now_mono
                     self._gpu = await asyncio.to_thread(self._gpu_probe)
-                if self.metrics is not None and now_mono - last_metrics >= self.options.metrics_refresh_s:
-                    last_metrics = now_mono
-                    self.metrics.update(self.snapshot(), self._gpu, self.log.figures())
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep the daemon alive; the next tick retries

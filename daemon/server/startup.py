@@ -164,14 +164,15 @@ def warn_if_the_log_outgrows_its_disk(figures, db_path: str) -> None:
         )
 
 
-def start_metrics(config: DaemonConfig) -> Metrics | None:
-    """The /metrics HTTP server, when metrics_address is set."""
+def start_metrics(config: DaemonConfig, plan) -> Metrics | None:
+    """The /metrics HTTP server, when metrics_address is set, describing the pool `plan` sizes."""
     if not config.metrics_address:
         return None
     from kvbudget.daemon.server.metrics import Metrics
 
     host, port = parse_host_port(config.metrics_address)  # type: ignore[misc]
     metrics = Metrics()
+    metrics.describe_pool(plan, config)
     try:
         bound = metrics.start_http(host, port)
     except OSError as exc:
