@@ -41,7 +41,7 @@ def test_example_file_loads_with_its_documented_values() -> None:
     assert config.policy == "optimistic"
     assert config.listen == (DEFAULT_LISTEN,)
     assert config.db_path == DEFAULT_DB_PATH
-    assert config.metrics_address == "127.0.0.1:9400"
+    assert config.metrics_address == "127.0.0.1:9401"
     assert config.tenants == {
         "interactive": TenantQuota(max_share=0.6, weight=2.0),
         "batch": TenantQuota(max_share=0.4, weight=1.0),

@@ -101,7 +101,7 @@ class DaemonConfig:
     retention_max_rows: int = 0  # 0: no row cap
     retention_max_bytes: int = DEFAULT_RETENTION_MAX_BYTES  # 0: no size cap
     # [metrics]
-    metrics_address: str = ""  # "" = off, e.g. "127.0.0.1:9400"
+    metrics_address: str = ""  # "" = off, e.g. "127.0.0.1:9401"
 
     @property
     def retention_s(self) -> float | None:
