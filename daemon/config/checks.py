@@ -196,10 +196,10 @@ def _check_ops_per_step(c: DaemonConfig, fail: Failure) -> None:
 _CHECKS: tuple[Callable[[DaemonConfig, Failure], None], ...] = (
     _check_model,
     _positive("block_size", "max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes",
-              "num_gpu_blocks", "gpu_probe_interval_s", "max_head_wait_s", "lease_ttl_s",
+              "num_gpu_blocks", "gpu_probe_interval_s", "lease_ttl_s",
               "watch_max_hz", "max_ops_per_step"),
     _non_negative("gpu_memory_bytes", "weights_bytes", "activation_reserve_bytes",
-                  "lookahead_tokens", "max_queue_len", "backfill_depth", "drain_timeout_s",
+                  "lookahead_tokens", "max_queue_len", "backfill_depth", "max_head_wait_s", "drain_timeout_s",
                   "retention_days", "retention_max_rows", "retention_max_bytes"),
     _check_pool,
     _check_admission,

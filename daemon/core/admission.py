@@ -16,7 +16,7 @@ from kvbudget.daemon.core.admission_controls import AdmissionControls
 from kvbudget.daemon.core.admission_config import (  # re-exported: see __all__
     POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
 )
-from kvbudget.daemon.core.backfill import admit_from_queue, candidates
+from kvbudget.daemon.core.backfill import Backfill
 from kvbudget.daemon.core.budget import blocks_held
 from kvbudget.daemon.core.decisions import DecisionRecorder
 from kvbudget.daemon.core.fit import FitCheck, extra_for_growth
@@ -75,6 +75,7 @@ class AdmissionController(AdmissionControls):
         self.admitting = True  # False once drained: close_admissions
         self._epoch = 0  # bumped when a policy or quota change may change any answer
         self._record = DecisionRecorder(self.pool, self._queue, self._running, self.policy.name)
+        self._backfill = Backfill(self._queue, self.ledger, self._fit, self.predictor, self._running)
 
     # ================================================================ public API
     def submit(self, request: RequestSpec, now: float, admit: bool = True) -> list[Decision]:
@@ -212,9 +213,8 @@ class AdmissionController(AdmissionControls):
         if decisions or self._dirty or full_pass:
             self._dirty = False
             config = self.config
-            decisions += admit_from_queue(
-                self._queue, self.ledger, now, self._epoch, config.backfill_depth, config.max_head_wait_s,
-                self._try_admit,
+            decisions += self._backfill.admit_from_queue(
+                now, self._epoch, config.backfill_depth, config.max_head_wait_s, self.policy, self._try_admit
             )
         return decisions
 
@@ -272,17 +272,18 @@ class AdmissionController(AdmissionControls):
         return r
 
     def _try_behind_queue(self, r: RequestState, now: float) -> Decision | None:
-        """`r` joins a queue that is not empty: tried now only if bounded backfill reaches
-        it; else None, waiting (reason `tenant_quota` behind its tenant's requests that wait
-        for the quota, unless it can never be admitted: REJECT)."""
+        """`r` joins a queue that is not empty: tried now only if backfill reaches it and
+        it cannot delay the head; else None, waiting (reason `tenant_quota` behind its
+        tenant's requests that wait for the quota, unless it can never be admitted: REJECT)."""
         self._queue.enter(r, self.ledger.tenants[r.tenant], False, now)
         quota_held: set[str] = set()
         config = self.config
-        for candidate in candidates(
-            self._queue, self.ledger.tenants, now, quota_held, config.backfill_depth, config.max_head_wait_s
-        ):
+        backfill = self._backfill
+        for candidate in backfill.candidates(now, quota_held, config.backfill_depth, config.max_head_wait_s):
             if candidate is r:
-                return self._try_admit(r, now)
+                if backfill.may_pass(r, self.policy):
+                    return backfill.admit(r, now, self._try_admit)
+                break  # it would delay the head: it waits (queue_ahead)
         if r.spec.tenant not in quota_held:
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
