@@ -214,7 +214,7 @@ class AdmissionController(AdmissionControls):
             self._dirty = False
             config = self.config
             decisions += self._backfill.admit_from_queue(
-                now, self._epoch, config.backfill_depth, config.max_head_wait_s, self.policy, self._try_admit
+                now, self._epoch, config.backfill_depth, config.max_head_wait_s, self._try_admit
             )
         return decisions
 
@@ -281,9 +281,7 @@ class AdmissionController(AdmissionControls):
         backfill = self._backfill
         for candidate in backfill.candidates(now, quota_held, config.backfill_depth, config.max_head_wait_s):
             if candidate is r:
-                if backfill.may_pass(r, self.policy):
-                    return backfill.admit(r, now, self._try_admit)
-                break  # it would delay the head: it waits (queue_ahead)
+                return backfill.admit(r, now, self._try_admit)
         if r.spec.tenant not in quota_held:
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
@@ -324,6 +322,9 @@ class AdmissionController(AdmissionControls):
             r.wait_reason = refusal.reason
             if refusal.reason is not TENANT_QUOTA:
                 r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
+            return None
+        if r.queued and not self._backfill.may_pass(r, policy):  # it fits, but would delay the head
+            r.wait_reason = Reason.QUEUE_AHEAD
             return None
         if r.queued:
             self._queue.leave(r, self.ledger.tenants[r.tenant])

@@ -21,7 +21,7 @@ from kvbudget.daemon.core.requests import RequestState
 from kvbudget.daemon.core.waiting_queue import WaitingQueue
 
 # Hot enum members as module constants (an enum member lookup is slow on 3.11).
-TENANT_QUOTA, QUEUE_AHEAD = Reason.TENANT_QUOTA, Reason.QUEUE_AHEAD
+TENANT_QUOTA = Reason.TENANT_QUOTA
 ADMIT = DecisionKind.ADMIT
 _UNBOUNDED = 1 << 40  # max new tokens asked of the predictor: its answer, unclipped
 
@@ -90,9 +90,11 @@ class Backfill:
                 tried += 1
 
     def may_pass(self, r: RequestState, policy: Policy) -> bool:
-        """Whether `r`, a candidate behind the head of this pass, may be admitted before it:
-        it is expected to end before the head can start, or what it holds then leaves the
-        head what it needs (EASY). Not asked again until blocks come back (see _kept)."""
+        """Whether `r`, a candidate of this pass that fits now, may be admitted: it is the
+        head, or it is expected to end before the head can start, or what it holds then
+        leaves the head what it needs (EASY). The controller asks once the fit test passed,
+        so a request refused for its tenant's quota or for blocks keeps that reason. One kept
+        back is not asked again until blocks come back or the head changes (_kept)."""
         head = self.head
         if head is None or r is head:
             return True
@@ -167,7 +169,7 @@ class Backfill:
         return decision
 
     def admit_from_queue(
-        self, now: float, epoch: int, backfill_depth: int, max_head_wait_s: float, policy: Policy,
+        self, now: float, epoch: int, backfill_depth: int, max_head_wait_s: float,
         try_admit: Callable[[RequestState, float], Decision | None],
     ) -> list[Decision]:
         """One admission pass: try the candidates in order, and start over after each ADMIT or
@@ -190,11 +192,8 @@ class Backfill:
                     # retried, its spare being the whole pool.)
                     continue
                 head = self.head
-                if head is not None and r is not head:
-                    # (may_pass's own first test, inlined: most candidates end here)
-                    if head is self._kept_head and kept.get(r.order, -1) >= spare or not self.may_pass(r, policy):
-                        r.wait_reason = QUEUE_AHEAD
-                        continue
+                if head is not None and r is not head and head is self._kept_head and kept.get(r.order, -1) >= spare:
+                    continue  # kept behind this head, and no blocks came back since (may_pass)
                 decision = self.admit(r, now, try_admit)
                 if decision is not None:  # admitted or rejected: the order changed, start over
                     decisions.append(decision)
