@@ -179,9 +179,12 @@ class Backfill:
         answer); `try_admit` sets a request's `failed_spare` and `failed_epoch` when it
         lacked blocks."""
         decisions: list[Decision] = []
-        queue, ledger, kept = self.queue, self.ledger, self._kept
+        queue, ledger, kept, fit = self.queue, self.ledger, self._kept, self.fit
         changed = True
         while changed and queue:
+            budget = fit.budget
+            if budget is not None and (budget[0] <= 0 or budget[1] <= 0):
+                break  # the engine's step can start nothing more: no need to walk the queue
             changed = False
             spare = ledger.spare  # (only an ADMIT changes it, and the pass starts over)
             for r in self.candidates(now, set(), backfill_depth, max_head_wait_s):
