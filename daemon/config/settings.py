@@ -75,7 +75,7 @@ class DaemonConfig:
     lookahead_tokens: int = 0
     max_queue_len: int = 0
     backfill_depth: int = 16
-    max_head_wait_s: float = 30.0
+    max_head_wait_s: float = 0.0  # 0: aging follows the workload alone (core/aging.py)
     reject_over_quota: bool = False
     predictive_admission: str = "peak"  # predictive: "peak" (future-peak admission) or "reserve"
     peak_quantile: float = 0.5  # future-peak admission: quantile of what a request has left

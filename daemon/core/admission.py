@@ -16,7 +16,7 @@ from kvbudget.daemon.core.admission_controls import AdmissionControls
 from kvbudget.daemon.core.admission_config import (  # re-exported: see __all__
     POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
 )
-from kvbudget.daemon.core.backfill import admit_from_queue, candidates
+from kvbudget.daemon.core.backfill import Backfill
 from kvbudget.daemon.core.budget import blocks_held
 from kvbudget.daemon.core.decisions import DecisionRecorder
 from kvbudget.daemon.core.fit import FitCheck, extra_for_growth
@@ -77,6 +77,7 @@ class AdmissionController(AdmissionControls):
         self._epoch = 0  # bumped when a policy or quota change may change any answer
         self._record = DecisionRecorder(self.pool, self._queue, self._running, self.policy.name)
         self._peak = PeakGate(self.ledger, self._fit, self.predictor, config, self._running, self._record)
+        self._backfill = Backfill(self._queue, self.ledger, self._fit, self.predictor, self._running)
 
     # ================================================================ public API
     def submit(self, request: RequestSpec, now: float, admit: bool = True) -> list[Decision]:
@@ -214,9 +215,8 @@ class AdmissionController(AdmissionControls):
         if decisions or self._dirty or full_pass:
             self._dirty = False
             config = self.config
-            decisions += admit_from_queue(
-                self._queue, self.ledger, now, self._epoch, config.backfill_depth, config.max_head_wait_s,
-                self._try_admit,
+            decisions += self._backfill.admit_from_queue(
+                now, self._epoch, config.backfill_depth, config.max_head_wait_s, self._try_admit
             )
         return decisions
 
@@ -274,17 +274,16 @@ class AdmissionController(AdmissionControls):
         return r
 
     def _try_behind_queue(self, r: RequestState, now: float) -> Decision | None:
-        """`r` joins a queue that is not empty: tried now only if bounded backfill reaches
-        it; else None, waiting (reason `tenant_quota` behind its tenant's requests that wait
-        for the quota, unless it can never be admitted: REJECT)."""
+        """`r` joins a queue that is not empty: tried now only if backfill reaches it and
+        it cannot delay the head; else None, waiting (reason `tenant_quota` behind its
+        tenant's requests that wait for the quota, unless it can never be admitted: REJECT)."""
         self._queue.enter(r, self.ledger.tenants[r.tenant], False, now)
         quota_held: set[str] = set()
         config = self.config
-        for candidate in candidates(
-            self._queue, self.ledger.tenants, now, quota_held, config.backfill_depth, config.max_head_wait_s
-        ):
+        backfill = self._backfill
+        for candidate in backfill.candidates(now, quota_held, config.backfill_depth, config.max_head_wait_s):
             if candidate is r:
-                return self._try_admit(r, now)
+                return backfill.admit(r, now, self._try_admit)
         if r.spec.tenant not in quota_held:
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
@@ -329,6 +328,9 @@ class AdmissionController(AdmissionControls):
         if policy.gates_on_peak and not self._peak.admits(r, plan, self.ledger.spare):
             r.wait_reason = Reason.BUDGET_FULL  # free now, but wanted by the batch's predicted peak
             r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
+            return None
+        if r.queued and not self._backfill.may_pass(r, policy):  # it fits, but would delay the head
+            r.wait_reason = Reason.QUEUE_AHEAD
             return None
         if r.queued:
             self._queue.leave(r, self.ledger.tenants[r.tenant])

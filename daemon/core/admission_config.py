@@ -51,7 +51,9 @@ class AdmissionConfig:
     watermark: float = 0.01  # optimistic: share of the pool kept free at admission
     max_queue_len: int = 0  # 0: unbounded
     backfill_depth: int = 16  # requests behind a blocked head that may be tried
-    max_head_wait_s: float = 30.0  # aging: after this, nothing may pass the head
+    # Aging (aging.py): a head may be passed while it has waited less than a multiple of the
+    # recent waits' median and, if > 0, less than max_head_wait_s (0: no fixed bound).
+    max_head_wait_s: float = 0.0
     reject_over_quota: bool = False  # tenant over quota: reject (True) or queue (False)
     fair_share: bool = True  # across tenants: least charged per weight first (else arrival)
     predictor_quantile: float = 0.9  # predictive: output-length quantile reserved for

@@ -40,9 +40,9 @@ Offline and live decide alike for the same trace, policy, model, pool and
 --grow-ahead-blocks (whose defaults differ: 4 offline, 16 live), on a fresh daemon with
 the same admission settings (offline: --config with the daemon's file, or --set), but for
 two things a live run cannot replay. The daemon
-keeps time by its own clock: max_head_wait_s (aging: 30 s, after which nothing passes
-the queue's head) counts wall seconds there, trace seconds offline, so at --speed X it
-starts X times later in the trace, and never in a run --as-fast-as-possible. And a
+keeps time by its own clock: aging (after 3x the median recent wait, or max_head_wait_s
+if set, nothing passes the queue's head) counts wall seconds there, trace seconds
+offline, so at --speed X a fixed cap starts X times later in the trace. And a
 daemon remembers: a predictive daemon's output lengths, and the prefix cache's
 blocks, from what it served before.
 """
