@@ -16,6 +16,7 @@ from kvbudget.daemon.core.admission_controls import AdmissionControls
 from kvbudget.daemon.core.admission_config import (  # re-exported: see __all__
     POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
 )
+from kvbudget.daemon.core.aging import RecentWaits
 from kvbudget.daemon.core.backfill import Backfill
 from kvbudget.daemon.core.budget import blocks_held
 from kvbudget.daemon.core.decisions import DecisionRecorder
@@ -255,6 +256,11 @@ class AdmissionController(AdmissionControls):
     @property
     def num_waiting(self) -> int:
         return len(self._queue)
+
+    @property
+    def recent_waits(self) -> RecentWaits:
+        """The waits aging follows (read by outlook.py, which must age a line as the queue does)."""
+        return self._backfill.waits
 
     def request(self, request_id: str) -> RequestState:
         """The live state of a known request (read-only); `find` gives None for an unknown id."""

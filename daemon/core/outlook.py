@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbudget.daemon.core.admission import AdmissionController, AdmissionError
-from kvbudget.daemon.core.backfill import candidates
+from kvbudget.daemon.core.backfill import Backfill
 from kvbudget.daemon.core.fit import FitCheck
 from kvbudget.daemon.core.records import Reason, RequestSpec
 from kvbudget.daemon.core.requests import RequestState
@@ -103,8 +103,9 @@ def outlook(controller: AdmissionController, shape: Shape, now: float, step_s: f
     refusal = fit.refusal(r, plan, policy, controller.num_running > 0)
     ahead = _ahead(controller, view.tenants, shape)
     quota_held: set[str] = set()
-    reached = any(c is r for c in candidates(
-        _Line([*ahead, r]), view.tenants, now, quota_held, config.backfill_depth, config.max_head_wait_s))  # type: ignore[arg-type]
+    line = Backfill(_Line([*ahead, r]), view, fit, controller.predictor, {})  # type: ignore[arg-type]
+    line.waits = controller.recent_waits  # (read only: candidates() asks it for the aging bound)
+    reached = any(c is r for c in line.candidates(now, quota_held, config.backfill_depth, config.max_head_wait_s))
     blocks_ahead = sum(fit.plan(a, policy).need for a in ahead)
     reason, is_final, detail = Reason.FITS, False, ""
     if refusal is not None:
