@@ -139,3 +139,21 @@ def test_a_kvbudget_that_reads_versions_1_and_2_refuses_a_version_3_log_by_name(
     monkeypatch.setattr(schema, "READABLE_VERSIONS", frozenset({"1", "2"}))  # what a kvbudget before 3 knows
     with pytest.raises(DecisionLogError, match="has schema version 3, this kvbudget reads versions 1, 2"):
         query_decisions(path)
+
+
+def test_the_dashboards_decision_list_shows_an_admin_row_with_its_who(tmp_path: Path) -> None:
+    pytest.importorskip("textual")
+    from tui_helpers import state_of, snapshot, text_of
+
+    from kvbudget.daemon.wire import convert
+    from kvbudget.tui import decisions
+    from kvbudget.tui.state import DecisionRow
+
+    message = convert.decision_to_proto(admin_decision(7))
+    row = DecisionRow.from_proto(message)
+    assert [c.plain for c in decisions.decision_cells(row)] == ["7", "admin", "quota", "", "", "team-a", "—"]
+    assert "by config reload: no quota weight 1 -> max_share 0.5 weight 1" in text_of(
+        decisions.decision_detail(row), width=120)
+    # The `/` filter finds it by its kind and tenant.
+    state = state_of(snapshot(), decisions=[message])
+    assert [r.row.seq for r in decisions.visible_decisions(state, "admin team-a", 10)] == [7]
