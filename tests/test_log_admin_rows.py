@@ -93,6 +93,17 @@ async def test_set_quota_writes_who_and_before_after_and_kvbudget_log_shows_it(d
     assert last == []
 
 
+@pytest.mark.slow
+def test_a_drain_is_an_admin_row_once(tmp_path: Path) -> None:
+    with DaemonProcess(tmp_path) as process:
+        for _ in range(2):  # the second drain changes nothing: no row
+            drained = kvbudget("admin", "--target", process.target, "drain")
+            assert drained.returncode == 0, drained.stderr
+        rows = admin_rows(process)
+    assert [(r["reason"], r["tenant"], r["detail"]) for r in rows] == [
+        ("draining", "", "by unix socket (admin): admitting -> draining")]
+
+
 def admin_decision(seq: int) -> Decision:
     return Decision(seq=seq, time_s=1000.0 + seq, kind=DecisionKind.ADMIN, reason=Reason.QUOTA, request_id="",
                     tenant="team-a", policy="optimistic", detail="by config reload: no quota weight 1 -> "

@@ -21,7 +21,7 @@ class DecisionKind(str, enum.Enum):
     RELEASE = "release"  # request finished or aborted: its blocks went back
     EXPIRE = "expire"  # the engine's lease lapsed: the request's blocks went back
     POLICY = "policy"  # the admission policy was switched
-    ADMIN = "admin"  # an operator changed a setting (a tenant's quota): detail is "by WHO: BEFORE -> AFTER"
+    ADMIN = "admin"  # an operator changed a setting (a quota, a drain): detail is "by WHO: BEFORE -> AFTER"
 
 
 class Reason(str, enum.Enum):

@@ -1,7 +1,7 @@
 """Operator changes as rows of the decision log (kind `admin`): who, what, before -> after.
 
 A quota set over AdminService or by a config reload lasts until the next restart or
-reload; its row is where `kvbudget log --kind admin` finds why the daemon runs otherwise
+reload (a drain, until the restart); its row is where `kvbudget log --kind admin` finds why the daemon runs otherwise
 than its config file says. The detail reads "by WHO: BEFORE -> AFTER" (docs/log-schema.md).
 """
 
@@ -50,3 +50,8 @@ def by_whom(decisions: list[Decision], by: str) -> list[Decision]:
     """A policy switch's decisions, its POLICY row's detail ("A -> B") saying who switched."""
     return [dataclasses.replace(d, detail=f"by {by}: {d.detail}") if d.kind is DecisionKind.POLICY else d
             for d in decisions]
+
+
+def drain_change(core: CoreService, by: str) -> Decision:
+    """The ADMIN row of a drain (reason `draining`), made before the drain's rejections."""
+    return core.controller.note_change(Reason.DRAINING, "", f"by {by}: admitting -> draining", time.time())

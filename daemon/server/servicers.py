@@ -16,7 +16,7 @@ import time
 import grpc
 
 from kvbudget.daemon.core.records import DecisionKind
-from kvbudget.daemon.server.admin_changes import by_whom, quota_change, tenant_quota, who
+from kvbudget.daemon.server.admin_changes import by_whom, drain_change, quota_change, tenant_quota, who
 from kvbudget.daemon.server.ask_admission import ask_admission
 from kvbudget.daemon.server.auth import Authorizer, Role
 from kvbudget.daemon.server.error_details import abort
@@ -288,12 +288,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @answers
     async def Drain(self, request, context):
-        role = await self.auth.require(context, Role.ADMIN)
+        caller = await self.auth.caller(context, Role.ADMIN)
+        role = caller.role
         async with self.core.steps.gate.between_steps():
             self.core.check_writable("the drain")
             was_draining = self.core.draining
+            noted = [] if was_draining else [drain_change(self.core, who(caller, context.peer()))]
             decisions = self.core.drain()
-            await self.core.commit(decisions)  # the waiting requests' REJECTs, on their engines' Events
+            # (the admin row first, then the waiting requests' REJECTs, on their engines' Events)
+            await self.core.commit([*noted, *decisions])
         if self.on_drain is not None:
             await self.on_drain()
         running = self.core.snapshot().num_running
