@@ -77,7 +77,7 @@ def test_set_policy_prints_the_switch_status_shows_it_and_the_log_has_it(daemon,
     rows = [json.loads(line) for line in log.stdout.splitlines()]
     assert rows[-1]["kind"] == DecisionKind.POLICY.value
     assert rows[-1]["policy"] == target
-    assert rows[-1]["detail"] == f"{before} -> {target}"
+    assert rows[-1]["detail"] == f"by unix socket (admin): {before} -> {target}"  # who, before -> after
     # And in the daemon's own log (the journal): who asked, what, before -> after (issue 32).
     assert f"admin change by unix: (admin): policy {before} -> {target}; waiting requests: 0 admitted, 0 rejected" \
         in daemon.stderr()

@@ -125,7 +125,7 @@ def test_schema_has_one_column_per_decision_field_meta_and_indexes(log: Decision
     assert COLUMNS[1:] == tuple(Decision.__dataclass_fields__)  # every Decision field, in order
     meta = dict(conn.execute("SELECT key, value FROM meta"))
     assert meta["app"] == "kvbudget"
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "2"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "3"
     indexes = {row[1]: row for row in conn.execute(f"PRAGMA index_list({INDEXED})")}
     for column in INDEXED_COLUMNS:
         index_name = f"idx_decisions_{column}"
@@ -962,7 +962,7 @@ def test_a_version_1_log_is_readable_and_upgraded_in_place_by_the_daemon(db_path
     with DecisionLog(db_path) as log:
         log.append_inline([make_decision(3)]).result()
     conn = sqlite3.connect(db_path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
     indexes = {row[1] for row in conn.execute(f"PRAGMA index_list({INDEXED})")}
     assert indexes == {f"idx_decisions_{column}" for column in INDEXED_COLUMNS}
     conn.close()

@@ -69,7 +69,7 @@ def test_a_log_from_before_the_seq_index_gets_it_when_the_daemon_opens_it(tmp_pa
 
     assert "USING INDEX idx_decisions_seq" in plan(path, sql, params)
     db = sqlite_utils.Database(path)
-    assert db["meta"].get("schema_version")["value"] == "2"
+    assert db["meta"].get("schema_version")["value"] == "3"  # (and upgrades a version-2 file)
     newest = [row["seq"] for row in db["decisions"].rows_where(order_by="seq desc", limit=3)]
     assert newest == [50, 49, 48]
     assert [row["seq"] for row in query_decisions(path, limit=3)] == [50, 49, 48]

@@ -60,3 +60,23 @@ def test_datasette_metadata_describes_the_view_and_its_tables() -> None:
     for name in ("decisions", "decisions_indexed", "decisions_recent"):
         assert tables[name]["columns"] == documented_columns(), name
     assert "meta" in tables
+
+
+def test_the_doc_names_every_kind_the_version_and_the_operator_rows() -> None:
+    from kvbudget.cli.cmd_log import KINDS
+    from kvbudget.daemon.core.records import DecisionKind
+    from kvbudget.daemon.log.schema import SCHEMA_VERSION
+
+    rows = table_rows(doc_section("Columns", SCHEMA_DOC), ("column", "type", "unit", "meaning"))
+    (kind_meaning,) = [meaning for column, _type, _unit, meaning, *_ in rows if names(column) == ["kind"]]
+    kinds = re.findall(r"`([a-z_]+)`", kind_meaning)
+    assert kinds == [k.value for k in DecisionKind] == list(KINDS)  # `kvbudget log --kind` takes each
+    tables = table_rows(doc_section("What to query", SCHEMA_DOC), ("name", "kind", "holds"))
+    (meta,) = [holds for name, _kind, holds, *_ in tables if names(name) == ["meta"]]
+    assert f"`schema_version` (`{SCHEMA_VERSION}`)" in meta
+    # The operator rows' table: the (kind, reason) pairs the daemon writes for a change
+    # (daemon/server/admin_changes.py; tests/test_log_admin_rows.py writes each).
+    changes = table_rows(doc_section("Operator changes (`admin` and `policy` rows)", SCHEMA_DOC),
+                         ("what", "`kind`", "`reason`"))
+    assert sorted((kind.strip("`"), reason.strip("`")) for _what, kind, reason, *_ in changes) == [
+        ("admin", "draining"), ("admin", "quota"), ("policy", "switch")]

@@ -211,9 +211,10 @@ def test_drain_refuses_new_work_but_lets_running_requests_end(tmp_path) -> None:
         assert d.observer.GetSnapshot(observer_pb2.GetSnapshotRequest()).snapshot.draining
         events.cancel()
         d.channel.close()
-    # In the log, in order: nothing admitted after the drain.
+    # In the log, in order: the drain (an operator's change), then nothing admitted after it.
     assert [(r["request_id"], r["kind"], r["reason"]) for r in process.decision_rows("kind != 'policy' ORDER BY id")] == [
-        ("r", "admit", "fits"), ("q", "queue", "pool_full"), ("q", "reject", "draining"), ("r", "release", "finished"),
+        ("r", "admit", "fits"), ("q", "queue", "pool_full"), ("", "admin", "draining"), ("q", "reject", "draining"),
+        ("r", "release", "finished"),
     ]
 
 

@@ -112,9 +112,19 @@ async def test_a_full_log_disk_refuses_steps_loses_no_decision_and_recovers_by_i
                         await refused_call
                     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
                     assert "was not applied: retry once the log can write" in refused.value.details()
+            # So is an operator's quota: its `admin` row could not be written (issue 32).
+            quota = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "kvbudget", "admin", "--target", daemon.target, "set-quota", "team-z",
+                 "--max-share", "0.5"],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert quota.returncode == 2 and len(quota.stderr.splitlines()) == 1
+            assert "so the quota was not applied: retry once the log can write" in quota.stderr
             snapshot = await observer.snapshot()
             assert snapshot.num_running == 21 and snapshot.decision_log.num_unwritten_decisions == 20
             assert [e.engine_id for e in snapshot.engines] == ["e1"]
+            assert "team-z" not in [t.tenant for t in snapshot.tenants]
             doctor = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "kvbudget", "doctor", "--target", daemon.target, "--samples", "1"],
                 capture_output=True, text=True, timeout=60,

@@ -66,7 +66,14 @@ async def test_sighup_applies_what_may_change_live_and_says_what_waits(tmp_path)
             assert "WARNING: reload: enable_prefix_caching changed; that takes a restart" in stderr
             # The switch is a decision like any other, in the log.
             policy_rows = daemon.decision_rows("kind = 'policy'")
-            assert [r["detail"] for r in policy_rows] == ["optimistic -> guaranteed"]
+            assert [r["detail"] for r in policy_rows] == ["by config reload: optimistic -> guaranteed"]
+            # So is each quota it changed (issue 32): who, before -> after, per tenant.
+            quota_rows = daemon.decision_rows("kind = 'admin' ORDER BY seq")
+            assert [(r["reason"], r["tenant"], r["detail"]) for r in quota_rows] == [
+                ("quota", "team-a", "by config reload: max_share 0.25 weight 1 -> max_share 0.5 weight 1"),
+                ("quota", "team-b", "by config reload: no quota weight 1 -> max_share 0.125 weight 2"),
+            ]
+            assert policy_rows[0]["seq"] < quota_rows[0]["seq"]
 
             # A file that no longer loads changes nothing; the daemon goes on.
             config.write_text('[admission]\npolicy = "bogus"\n')

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.daemon.core import policies
 from kvbudget.daemon.core.admission_config import POLICIES, AdmissionConfig, AdmissionError
-from kvbudget.daemon.core.records import Decision
+from kvbudget.daemon.core.records import Decision, Reason
 
 if TYPE_CHECKING:
     from kvbudget.daemon.core.decisions import DecisionRecorder
@@ -72,6 +72,10 @@ class AdmissionControls:
         self.ledger.set_quota(tenant, max_share, weight)
         self._dirty = True
         self._epoch += 1
+
+    def note_change(self, reason: Reason, tenant: str, detail: str, now: float) -> Decision:
+        """The decision that records an operator's change (ADMIN) for the log; changes nothing."""
+        return self._record.changed(reason, tenant, detail, now)
 
     def retune(
         self, *, max_queue_len: int, backfill_depth: int, max_head_wait_s: float, watermark: float,

@@ -114,3 +114,13 @@ class DecisionRecorder:
             detail=f"{previous} -> {policy}", num_free_blocks=self._pool.num_free_blocks,
             num_waiting=self._queue.size, num_running=len(self._running),
         )
+
+    def changed(self, reason: Reason, tenant: str, detail: str, now: float) -> Decision:
+        """ADMIN: an operator's change (`detail` says who, before -> after), numbered with the rest."""
+        self.seq += 1
+        self.by_kind[DecisionKind.ADMIN] = self.by_kind.get(DecisionKind.ADMIN, 0) + 1
+        return Decision(
+            seq=self.seq, time_s=now, kind=DecisionKind.ADMIN, reason=reason, request_id="", tenant=tenant,
+            policy=self.policy, detail=detail, num_free_blocks=self._pool.num_free_blocks,
+            num_waiting=self._queue.size, num_running=len(self._running),
+        )

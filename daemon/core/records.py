@@ -21,6 +21,7 @@ class DecisionKind(str, enum.Enum):
     RELEASE = "release"  # request finished or aborted: its blocks went back
     EXPIRE = "expire"  # the engine's lease lapsed: the request's blocks went back
     POLICY = "policy"  # the admission policy was switched
+    ADMIN = "admin"  # an operator changed a setting (a quota, a drain): detail is "by WHO: BEFORE -> AFTER"
 
 
 class Reason(str, enum.Enum):
@@ -47,6 +48,7 @@ class Reason(str, enum.Enum):
     # wire: a grow past the engine contract is refused there (validation.py), not denied.
     OVER_RESERVATION = "over_reservation"
     SWITCH = "switch"
+    QUOTA = "quota"  # ADMIN: a tenant's quota or weight changed
     NOT_RUNNING = "not_running"  # grow for a request that is waiting (e.g. preempted this step)
 
 

@@ -1,7 +1,7 @@
 """The decision log's file format: tables, the row encoding of a Decision, and versioning.
 
 Readers query the view `decisions` over `decisions_recent` (no index: cheap commits) and
-`decisions_indexed` (rows folded in later); version-1 files are upgraded in place.
+`decisions_indexed` (rows folded in later); files of versions 1 and 2 are upgraded in place.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ import sqlite_utils
 
 from kvbudget.daemon.core.records import Decision, DecisionKind, Reason
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = frozenset({"1", "2"})  # version 1 has the same columns in one table
+# Version 3 added the `admin` kind (an operator's change, reason `quota`): same columns, but
+# a kvbudget that knows only versions 1-2 would fail on the kind mid-read (its QueryDecisions
+# cannot name it), so it refuses the file by its version instead. Versions 1 and 2 hold no
+# admin rows: read as they are, upgraded (the version bumped) when a daemon opens them.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = frozenset({"1", "2", "3"})  # version 1 has the same columns in one table
 APP_NAME = "kvbudget"
 VIEW = "decisions"  # what readers query
 RECENT = "decisions_recent"  # what commits write
@@ -142,7 +146,7 @@ def decision_from_row(row: dict[str, Any]) -> Decision:
 
 # ----------------------------------------------------------------------- schema
 def _create_tables(db: sqlite_utils.Database) -> None:
-    """The version-2 tables, indexes and view (an existing `decisions_indexed` is kept)."""
+    """The tables, indexes and view (an existing `decisions_indexed` is kept)."""
     for table in (INDEXED, RECENT):
         db[table].create(COLUMN_TYPES, pk="id", column_order=["id", *COLUMNS], if_not_exists=True)
     ensure_indexes(db)
@@ -157,7 +161,7 @@ def ensure_indexes(db: sqlite_utils.Database) -> None:
 
 
 def create_or_upgrade(db: sqlite_utils.Database, where: str) -> None:
-    """Create the schema in an empty file, upgrade a version-1 log, or check it is current."""
+    """Create the schema in an empty file, upgrade a version-1 or -2 log, or check it is current."""
     if not db.table_names():
         with db.atomic():
             db["meta"].create({"key": str, "value": str}, pk="key")
@@ -169,7 +173,7 @@ def create_or_upgrade(db: sqlite_utils.Database, where: str) -> None:
                 ]
             )
             _create_tables(db)
-    elif check_meta(db.conn, where) == "1":
+    elif (version := check_meta(db.conn, where)) == "1":
         # Version 1: the indexed table was named `decisions`. Renaming keeps its rows and
         # indexes (whose names already read idx_decisions_<column>).
         with db.atomic():
@@ -179,6 +183,8 @@ def create_or_upgrade(db: sqlite_utils.Database, where: str) -> None:
     else:
         with db.atomic():
             ensure_indexes(db)
+            if version != str(SCHEMA_VERSION):  # version 2: the same tables; it may now hold admin rows
+                db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
     if check_meta(db.conn, where) != str(SCHEMA_VERSION):
         raise DecisionLogError(f"{where}: upgrade to schema version {SCHEMA_VERSION} failed")
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.core.admission import AdmissionError
+from kvbudget.daemon.server.admin_changes import RELOAD, by_whom, quota_change, tenant_quota
 from kvbudget.daemon.server.reload import RETUNE_KEYS, ReloadPlan, tenant_updates
 from kvbudget.daemon.server.startup import warn_if_the_log_outgrows_its_disk
 from kvbudget.daemon.server.tls import warn_if_expired
@@ -30,12 +31,12 @@ async def apply_reload(
     if target.policy != running.policy:
         try:
             async with core.steps.gate.between_steps():  # (not between a big step's slices)
-                await core.record(core.set_policy(target.policy))
+                await core.record(by_whom(core.set_policy(target.policy), RELOAD))
         except Exception as exc:  # applied; its POLICY decision waits to be written
             log.error("reload: policy %s: decision log: %s", target.policy, exc)
     if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
         core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
-    target, changes = _set_quotas(core, plan, running, target)
+    target, changes = await _set_quotas(core, plan, running, target)
     core.log.retention_s = target.retention_s  # (read by the writer at each pass)
     core.log.max_rows = target.retention_rows
     core.log.max_bytes = target.retention_bytes
@@ -55,18 +56,27 @@ async def apply_reload(
     return target, changes
 
 
-def _set_quotas(
+async def _set_quotas(
     core: CoreService, plan: ReloadPlan, running: DaemonConfig, target: DaemonConfig,
 ) -> tuple[DaemonConfig, tuple[str, ...]]:
-    """The tenants' new quotas set; one the core refuses keeps its old quota, and then the
-    running config says so (the next reload compares with it) and the changes do not claim it."""
+    """The tenants' new quotas set, each change an `admin` row in the decision log; one the
+    core refuses keeps its old quota, and then the running config says so (the next reload
+    compares with it) and the changes do not claim it."""
     kept_quotas: list[str] = []
-    for tenant, max_share, weight in tenant_updates(running, target):
+    rows = []
+    async with core.steps.gate.between_steps():  # (the rows take seqs between steps')
+        for tenant, max_share, weight in tenant_updates(running, target):
+            before = tenant_quota(core, tenant)
+            try:
+                core.controller.set_tenant_quota(tenant, max_share, weight)
+            except AdmissionError as exc:  # (the rest of the reload stands)
+                log.error("reload: tenants.%s.%s; that tenant keeps its quota", tenant, exc)
+                kept_quotas.append(tenant)
+            rows += quota_change(core, tenant, before, RELOAD)
         try:
-            core.controller.set_tenant_quota(tenant, max_share, weight)
-        except AdmissionError as exc:  # (the rest of the reload stands)
-            log.error("reload: tenants.%s.%s; that tenant keeps its quota", tenant, exc)
-            kept_quotas.append(tenant)
+            await core.record(rows)
+        except Exception as exc:  # applied; the rows wait to be written
+            log.error("reload: quotas: decision log: %s", exc)
     if not kept_quotas:
         return target, plan.changes
     tenants = dict(target.tenants)

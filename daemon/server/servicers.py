@@ -16,6 +16,7 @@ import time
 import grpc
 
 from kvbudget.daemon.core.records import DecisionKind
+from kvbudget.daemon.server.admin_changes import by_whom, drain_change, quota_change, tenant_quota, who
 from kvbudget.daemon.server.ask_admission import ask_admission
 from kvbudget.daemon.server.auth import Authorizer, Role
 from kvbudget.daemon.server.error_details import abort
@@ -247,14 +248,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @answers
     async def SetPolicy(self, request, context):
-        role = await self.auth.require(context, Role.ADMIN)
+        caller = await self.auth.caller(context, Role.ADMIN)
+        role = caller.role
         policy = convert.policy_from_proto(request.policy)
         if policy is None:
             await abort(context, INVALID, f"policy: unspecified or unknown value {request.policy}")
         async with self.core.steps.gate.between_steps():  # (not between a big step's slices)
             self.core.check_writable("the policy")
             previous = self.core.policy_name
-            decisions = self.core.set_policy(policy)  # [] when `policy` is in force already
+            decisions = by_whom(self.core.set_policy(policy), who(caller, context.peer()))  # [] if in force
             await self.core.commit(decisions)
         # The operator hears what the switch did to the queue (naive can reject all of it).
         reply = admin_pb2.SetPolicyResponse(previous=convert.policy_to_proto(previous))
@@ -271,23 +273,30 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @answers
     async def SetTenantQuota(self, request, context):
-        role = await self.auth.require(context, Role.ADMIN)
-        account = self.core.controller.ledger.tenants.get(request.tenant)
-        before = _quota(account.max_share, account.weight) if account is not None else _quota(None, 1.0)
+        caller = await self.auth.caller(context, Role.ADMIN)
         async with self.core.steps.gate.between_steps():
+            # (as a policy switch: refused while the log cannot write, so the change never
+            # goes unrecorded; its row is written before the call answers)
+            self.core.check_writable("the quota")
+            before = tenant_quota(self.core, request.tenant)
             self.core.set_tenant_quota(request.tenant, request.max_share, request.weight)
-        after = _quota(request.max_share or None, request.weight or 1.0)
-        _journal(context, role, f"tenant {request.tenant!r} {before} -> {after}")
+            changes = quota_change(self.core, request.tenant, before, who(caller, context.peer()))
+            await self.core.commit(changes)
+        after = tenant_quota(self.core, request.tenant)
+        _journal(context, caller.role, f"tenant {request.tenant!r} {before} -> {after}")
         return admin_pb2.SetTenantQuotaResponse()
 
     @answers
     async def Drain(self, request, context):
-        role = await self.auth.require(context, Role.ADMIN)
+        caller = await self.auth.caller(context, Role.ADMIN)
+        role = caller.role
         async with self.core.steps.gate.between_steps():
             self.core.check_writable("the drain")
             was_draining = self.core.draining
+            noted = [] if was_draining else [drain_change(self.core, who(caller, context.peer()))]
             decisions = self.core.drain()
-            await self.core.commit(decisions)  # the waiting requests' REJECTs, on their engines' Events
+            # (the admin row first, then the waiting requests' REJECTs, on their engines' Events)
+            await self.core.commit([*noted, *decisions])
         if self.on_drain is not None:
             await self.on_drain()
         running = self.core.snapshot().num_running
@@ -309,6 +318,3 @@ def _journal(context, role: Role, change: str) -> None:
     where an operator finds why the daemon runs otherwise than its config file says."""
     log.info("admin change by %s (%s): %s", context.peer() or "unknown peer", role.value, change)
 
-
-def _quota(max_share: float | None, weight: float) -> str:
-    return f"max_share {max_share:g} weight {weight:g}" if max_share else f"no quota weight {weight:g}"

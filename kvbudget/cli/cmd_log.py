@@ -23,7 +23,7 @@ from kvbudget.units import format_bytes
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-KINDS = ("admit", "queue", "reject", "grow", "deny", "preempt", "reclaim", "release", "expire", "policy")
+KINDS = ("admit", "queue", "reject", "grow", "deny", "preempt", "reclaim", "release", "expire", "policy", "admin")
 
 
 # `--help`'s epilog, shown as written (RawDescriptionHelpFormatter).

@@ -20,6 +20,7 @@ class DecisionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_KIND_RELEASE: _ClassVar[DecisionKind]
     DECISION_KIND_EXPIRE: _ClassVar[DecisionKind]
     DECISION_KIND_POLICY: _ClassVar[DecisionKind]
+    DECISION_KIND_ADMIN: _ClassVar[DecisionKind]
 
 class Policy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ DECISION_KIND_RECLAIM: DecisionKind
 DECISION_KIND_RELEASE: DecisionKind
 DECISION_KIND_EXPIRE: DecisionKind
 DECISION_KIND_POLICY: DecisionKind
+DECISION_KIND_ADMIN: DecisionKind
 POLICY_UNSPECIFIED: Policy
 POLICY_OPTIMISTIC: Policy
 POLICY_GUARANTEED: Policy
