@@ -101,9 +101,9 @@ async def test_a_sigkill_and_restart_resubmits_after_the_closing_rows(tmp_path: 
     try:
         closing = [row[:4] for row in rows_after(restarted, last)[:3]]
         assert closing == [
-            ("r0", "expire", "lease_expired", "daemon_restart"),
-            ("r1", "expire", "lease_expired", "daemon_restart"),
-            ("r2", "expire", "lease_expired", "daemon_restart"),
+            ("r0", "expire", "daemon_restart", "daemon_restart"),
+            ("r1", "expire", "daemon_restart", "daemon_restart"),
+            ("r2", "expire", "daemon_restart", "daemon_restart"),
         ]
         assert [row[:2] for row in rows_after(restarted, last)[3:]] == [
             ("r0", "admit"), ("r1", "admit"), ("r2", "queue"), ("r4", "admit")]
