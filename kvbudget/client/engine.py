@@ -205,43 +205,47 @@ class EngineClient:
         elif request.step_seq > self._last_step_seq:  # the caller numbers its own: go on from there
             self._last_step_seq = request.step_seq
         try:
-            resends, after_stop = 0, False
-            while True:
-                try:
-                    response = await self._stub.Step(
-                        request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
-                    )
-                    if self._open_requests is not None:
-                        self._open_requests.sent(request)
-                    return response
-                except grpc.aio.AioRpcError as error:
-                    if not after_stop and self._open_requests is not None and error.code() in _RETRYABLE:
-                        # The daemon stopping (CANCELLED: it never saw the step; UNAVAILABLE):
-                        # once it is back, the same step again (kept outcome, or folded into
-                        # the resubmission if it is a new daemon).
-                        after_stop = True
-                        await self._await_reconnect()
-                        continue
-                    if resends >= self._step_resends or not self._reply_lost(error):
-                        raise
-                    # Whether the step was applied is unknown. The daemon keeps the outcome of
-                    # the last numbered step, so sending the very same step again is safe.
-                    resends += 1
-                    log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
-                                self.engine_id, error.code().name, resends, self._step_resends)
-        except grpc.aio.AioRpcError as error:
-            if self._session_gone(error):
+            try:
+                response = await self._send(request, once_after_stop=self._open_requests is not None)
+            except grpc.aio.AioRpcError as error:
+                if not self._session_gone(error):
+                    raise
                 await self._reopen_once(used, error)
                 self._lost = None
-                if self._open_requests is not None:
-                    return await self._resubmit(request, error.details())
-                raise SessionLost(error.details()) from error
-            raise
+                if self._open_requests is None:
+                    raise SessionLost(error.details()) from error
+                return await self._resubmit(request, error.details())
         except asyncio.CancelledError:
             # close() closing the channel cancels the call: not a cancellation of the caller.
             if self._closed and not task_cancelling():
                 raise ClientClosed(f"the client of engine {self.engine_id!r} was closed during this step") from None
             raise
+        if self._open_requests is not None:
+            self._open_requests.sent(request)
+        return response
+
+    async def _send(self, request: engine_pb2.StepRequest, *, once_after_stop: bool) -> engine_pb2.StepResponse:
+        """One Step, sent again while its outcome is unknown (`step_resends`); with
+        `once_after_stop`, one that failed CANCELLED or UNAVAILABLE (the daemon stopping:
+        CANCELLED, it never saw it) is sent again once the daemon is back: the kept outcome,
+        or, to a new daemon, session unknown (and then the resubmission)."""
+        resends, after_stop = 0, not once_after_stop
+        while True:
+            try:
+                return await self._stub.Step(request, metadata=self._metadata, timeout=self._timeout,
+                                             wait_for_ready=True)
+            except grpc.aio.AioRpcError as error:
+                if not after_stop and error.code() in _RETRYABLE:
+                    after_stop = True
+                    await self._await_reconnect()
+                    continue
+                if resends >= self._step_resends or not self._reply_lost(error):
+                    raise
+                # Whether the step was applied is unknown. The daemon keeps the outcome of
+                # the last numbered step, so sending the very same step again is safe.
+                resends += 1
+                log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
+                            self.engine_id, error.code().name, resends, self._step_resends)
 
     async def _await_reconnect(self) -> None:
         """A pause until the connection to the stopping daemon drops (at most max_backoff_s);
@@ -261,7 +265,15 @@ class EngineClient:
         self._last_step_seq += 1
         message.step_seq = self._last_step_seq
         log.warning("%s resubmits %d requests to session %s", self.engine_id, len(message.submits), self.session_id)
-        response = await self._stub.Step(message, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True)
+        try:
+            response = await self._send(message, once_after_stop=False)
+        except grpc.aio.AioRpcError as error:
+            # The daemon gone again: the next step resubmits (to a session opened for it).
+            if self._session_gone(error):
+                await self._reopen_once(message.session_id, error)
+            elif error.code() in _RETRYABLE or error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._lost = reason
+            raise
         self._open_requests.sent(message)
         self.last_resubmitted = Resubmitted(
             reason=reason,
