@@ -66,9 +66,13 @@ class RpcFuzz:
         return f"q{self._ids}"
 
     # ------------------------------------------------------------------ one call
-    async def run(self, num_calls: int) -> None:
+    async def run(self, num_calls: int, after_each=None) -> None:
+        """`after_each()`, if given, runs once each call's reply (or refusal) is in: a
+        daemon in the same process checks its pool there (tests/test_trust_fuzz.py)."""
         for _ in range(num_calls):
             await self.one_call()
+            if after_each is not None:
+                after_each()
 
     async def one_call(self) -> None:
         self.calls += 1

@@ -13,6 +13,7 @@ from kvbudget.client import EngineClient
 from kvbudget.daemon.core.records import RequestSpec
 
 from tests.daemon_harness import DaemonProcess
+from tests.test_observe_metrics import metrics_port, sample_value, scrape
 
 # 64 usable blocks of 16 tokens: two 512-token prompts (32 blocks each) fill the pool and
 # the third waits.
@@ -70,11 +71,14 @@ async def test_a_start_after_a_sigkill_closes_what_the_killed_daemon_left_open(t
     daemon.wait()
     await engine.close()
     seq_at_the_kill = max(row["seq"] for row in daemon.decision_rows())
-    with DaemonProcess(tmp_path) as restarted:
+    with DaemonProcess(tmp_path, "--metrics-address", "127.0.0.1:0") as restarted:
+        # The start's closing rows are counted: 2 of kind expire, reason daemon_restart.
+        scraped = scrape(metrics_port(restarted))
+        assert sample_value(scraped, "kvbudget_decisions_total", kind="expire", reason="daemon_restart") == 2
         closing = restarted.decision_rows("seq > ? ORDER BY seq", (seq_at_the_kill,))
         assert [(row["seq"], row["request_id"], row["kind"], row["reason"]) for row in closing] == [
-            (seq_at_the_kill + 1, "r1", "expire", "lease_expired"),
-            (seq_at_the_kill + 2, "r2", "expire", "lease_expired"),
+            (seq_at_the_kill + 1, "r1", "expire", "daemon_restart"),
+            (seq_at_the_kill + 2, "r2", "expire", "daemon_restart"),
         ]
         assert [row["detail"].split(":")[0] for row in closing] == ["daemon_restart"] * 2
         assert [row["detail"].rsplit(" ", 1)[1] for row in closing] == ["admit", "admit"]
@@ -83,8 +87,8 @@ async def test_a_start_after_a_sigkill_closes_what_the_killed_daemon_left_open(t
             assert admitted.seq == seq_at_the_kill + 3  # numbered on after the closing rows
     assert last_rows(restarted) == {
         "r0": ("release", "finished", ""),
-        "r1": ("expire", "lease_expired", "daemon_restart"),
-        "r2": ("expire", "lease_expired", "daemon_restart"),
+        "r1": ("expire", "daemon_restart", "daemon_restart"),
+        "r2": ("expire", "daemon_restart", "daemon_restart"),
         "r3": ("release", "aborted", ""),
     }
     with DaemonProcess(tmp_path) as again:  # nothing left open: a third start adds no row

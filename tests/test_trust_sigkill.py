@@ -3,7 +3,7 @@ against it, each one's step loop sending submits, grows and finishes; the daemon
 once a count of steps is served, while calls are in flight, and started again on the same
 log, three times over. After each restart: the log reads, every decision any engine was
 told of is in it as told, and every request the killed daemon left open was closed by the
-start (expire `lease_expired`, detail `daemon_restart`), before the new daemon decided
+start (expire `daemon_restart`), before the new daemon decided
 anything; at the end, after a clean stop, no request is open."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ async def test_every_decision_told_survives_a_sigkill_and_the_restart_closes_wha
             assert [seq for seq, what in told.items() if by_seq.get(seq) != what] == []
             closing = sorted((r for r in rows if r["seq"] > newest), key=lambda r: r["seq"])
             assert [(r["seq"], r["request_id"], r["kind"], r["reason"]) for r in closing] == [
-                (newest + i, r["request_id"], "expire", "lease_expired") for i, r in enumerate(open_at_the_kill, 1)
+                (newest + i, r["request_id"], "expire", "daemon_restart") for i, r in enumerate(open_at_the_kill, 1)
             ]
             assert all(r["detail"].startswith("daemon_restart") for r in closing)
             assert open_at_the_kill  # (the kill did cut requests off: the check above had work)

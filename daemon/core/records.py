@@ -43,6 +43,7 @@ class Reason(str, enum.Enum):
     FINISHED = "finished"
     ABORTED = "aborted"
     LEASE_EXPIRED = "lease_expired"
+    DAEMON_RESTART = "daemon_restart"  # left open by a daemon that was killed or crashed
     DRAINING = "draining"
     # Grew past what was reserved, nothing spare. Never a guaranteed request's over the
     # wire: a grow past the engine contract is refused there (validation.py), not denied.

@@ -2,7 +2,7 @@
 
 A clean stop, once no call is in flight, closes admissions (the waiting are REJECTed
 `draining`) and EXPIREs every running request, reason `draining`; a start finds what a
-killed daemon left open (`log.open_requests`) and EXPIREs it, reason `lease_expired` (its
+killed daemon left open (`log.open_requests`) and EXPIREs it, reason `daemon_restart` (its
 engine's session died with that process). Both rows' `detail` starts with the word that
 says which (STOP_WORD, RESTART_WORD): docs/log-schema.md, "How every request ends".
 """
@@ -69,16 +69,17 @@ def mark_closed(db_path: str) -> None:
         log.warning("decision log: could not mark the requests closed: %s", exc)
 
 
-def close_left_open(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> int:
+def close_left_open(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> list[Decision]:
     """At start, before the controller numbers on from the log: EXPIREs each request a
-    killed daemon left open, then marks the log closed to here. Returns how many.
+    killed daemon left open, then marks the log closed to here. Returns those decisions.
     Raises DecisionLogError (the log unreadable or unwritable: start-up fails)."""
     still_open = left_open(db_path)
+    decisions: list[Decision] = []
     if still_open:
         seq, now = newest_seq(db_path), time.time()
         decisions = [
             Decision(
-                seq=seq + i, time_s=now, kind=DecisionKind.EXPIRE, reason=Reason.LEASE_EXPIRED,
+                seq=seq + i, time_s=now, kind=DecisionKind.EXPIRE, reason=Reason.DAEMON_RESTART,
                 request_id=r.request_id, engine_id=r.engine_id, tenant=r.tenant, policy=r.policy,
                 prompt_tokens=r.prompt_tokens, max_new_tokens=r.max_new_tokens,
                 num_free_blocks=num_free_blocks, detail=f"{RESTART_DETAIL}; its last row was {r.kind}",
@@ -87,11 +88,12 @@ def close_left_open(decision_log: DecisionLog, db_path: str, num_free_blocks: in
         ]
         decision_log.append(decisions).result()
     mark_all_closed(db_path)
-    return len(still_open)
+    return decisions
 
 
-async def close_left_open_at_start(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> None:
-    count = await asyncio.to_thread(close_left_open, decision_log, db_path, num_free_blocks)
-    if count:
+async def close_left_open_at_start(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> list[Decision]:
+    closed = await asyncio.to_thread(close_left_open, decision_log, db_path, num_free_blocks)
+    if closed:
         log.warning("decision log: %d requests were left open by the previous daemon (killed or crashed): "
-                    "closed now, kind expire, detail %s", count, RESTART_WORD)
+                    "closed now, kind expire, reason %s", len(closed), RESTART_WORD)
+    return closed

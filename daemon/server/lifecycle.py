@@ -197,12 +197,13 @@ class Daemon:
             memory=memory,
         )
         decision_log = await self._open_log(stack)
-        await close_left_open(decision_log, config.db_path, controller.snapshot(0.0).num_free_blocks)
+        closed = await close_left_open(decision_log, config.db_path, controller.snapshot(0.0).num_free_blocks)
         await number_on_from_the_log(controller, config.db_path)
         warn_if_the_log_outgrows_its_disk(decision_log.figures(), config.db_path)
         metrics = start_metrics(config, plan)
         if metrics is not None:
             stack.callback(metrics.stop)
+            metrics.record(closed)  # (kvbudget_decisions_total{kind="expire",reason="daemon_restart"})
         core = self._build_core(controller, decision_log, plan, metrics, gpu,
                                 pool_bytes=setup.sizing.pool_bytes if memory is not None else 0,
                                 started_unix_s=started_unix_s)

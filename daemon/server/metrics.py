@@ -48,6 +48,7 @@ DECISION_PAIRS: tuple[tuple[DecisionKind, Reason], ...] = (
     (DecisionKind.RELEASE, Reason.FINISHED),
     (DecisionKind.RELEASE, Reason.ABORTED),
     (DecisionKind.EXPIRE, Reason.LEASE_EXPIRED),
+    (DecisionKind.EXPIRE, Reason.DAEMON_RESTART),  # (the start's closing rows: closing.py)
     (DecisionKind.POLICY, Reason.SWITCH),
 )
 

@@ -126,13 +126,14 @@ async def open_log(
     return decision_log
 
 
-async def close_left_open(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> None:
-    """Each request a killed daemon left open in the log gets its closing row (closing.py)."""
+async def close_left_open(decision_log: DecisionLog, db_path: str, num_free_blocks: int) -> list:
+    """Each request a killed daemon left open in the log gets its closing row (closing.py);
+    returns those decisions (the metrics count them once they start)."""
     from kvbudget.daemon.log.schema import DecisionLogError
     from kvbudget.daemon.server.closing import close_left_open_at_start
 
     try:
-        await close_left_open_at_start(decision_log, db_path, num_free_blocks)
+        return await close_left_open_at_start(decision_log, db_path, num_free_blocks)
     except DecisionLogError as exc:
         raise StartupError(f"db_path: cannot close the requests left open in {db_path}: {exc}") from None
 

@@ -21,6 +21,7 @@ _HOMES = {
     "ObserverClient": "observer",
     "PolicySwitch": "messages",
     "RefusalDetails": "refusals",
+    "Resubmitted": "resubmit",
     "refusal_details": "refusals",
     "policy_switch": "messages",
     "step_message": "messages",
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from kvbudget.client.messages import PolicySwitch, policy_switch, step_message, submit_message
     from kvbudget.client.observer import ObserverClient
     from kvbudget.client.refusals import RefusalDetails, refusal_details
+    from kvbudget.client.resubmit import Resubmitted
 
 
 def __getattr__(name: str) -> object:

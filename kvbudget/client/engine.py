@@ -11,97 +11,24 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 
+from kvbudget.client.batch import StepBatch
 from kvbudget.client.channel import open_channel, task_cancelling
 from kvbudget.client.messages import step_message
 from kvbudget.client.ordering import DecisionOrder
+from kvbudget.client.resubmit import OpenRequests, Resubmitted
+from kvbudget.client.session_errors import ClientClosed, SessionLost
 from kvbudget.client.target import call_metadata
 from kvbudget.daemon.core.records import Decision, RequestSpec
 from kvbudget.daemon.wire import convert
 from kvbudget.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger("kvbudget.client")
+__all__ = ["ClientClosed", "EngineClient", "SessionLost", "StepBatch"]
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
-
-
-class SessionLost(Exception):
-    """The daemon forgot this engine's session; a new one is open, requests must be resent."""
-
-
-class ClientClosed(RuntimeError):
-    """A step on a closed EngineClient, or one in flight when close() was called (whether
-    the daemon applied that one is unknown; close() released the session's requests)."""
-
-
-class StepBatch:
-    """Accumulates one scheduler step's operations; `flush()` sends them as one Step.
-
-    A flush that raises leaves its ops in the batch (ahead of any added meanwhile), so the
-    engine can send the same step again (what UNAVAILABLE "decision log: ..." asks for) or
-    take out the op that was refused: a refused step applied nothing, and its submits must
-    not be forgotten. Only `SessionLost` empties it: its ops were for the lost session.
-    One refusal comes after the step was applied: RESOURCE_EXHAUSTED "this step was applied
-    and logged" (its reply was too large; its decisions come on Events): `clear()` then.
-    """
-
-    def __init__(self, client: EngineClient) -> None:
-        self._client = client
-        self.clear()
-
-    def clear(self) -> None:
-        self.submits: list[RequestSpec | engine_pb2.Submit] = []
-        self.grows: list[tuple[str, int]] = []
-        self.progress: list[tuple[str, int]] = []
-        self.finishes: list[str] = []
-        self.aborts: list[str] = []
-
-    def submit(self, spec: RequestSpec | engine_pb2.Submit) -> None:
-        self.submits.append(spec)
-
-    def grow(self, request_id: str, num_tokens: int) -> None:
-        self.grows.append((request_id, num_tokens))
-
-    def report_progress(self, request_id: str, num_computed_tokens: int) -> None:
-        self.progress.append((request_id, num_computed_tokens))
-
-    def finish(self, request_id: str) -> None:
-        self.finishes.append(request_id)
-
-    def abort(self, request_id: str) -> None:
-        self.aborts.append(request_id)
-
-    def __len__(self) -> int:
-        return len(self.submits) + len(self.grows) + len(self.progress) + len(self.finishes) + len(self.aborts)
-
-    async def flush(self) -> list[Decision]:
-        """Sends the ops as one Step (an empty one too: it renews the lease and is how an
-        idle engine hears `SessionLost`); returns this engine's decisions, in order."""
-        ops = (self.submits, self.grows, self.progress, self.finishes, self.aborts)
-        self.clear()  # ops added while the step is in flight belong to the next one
-        try:
-            return await self._client.step(*ops)
-        except SessionLost:
-            raise
-        except Exception:  # (not a cancellation: whether that step was applied is unknown)
-            self._put_back(*ops)
-            raise
-
-    def _put_back(
-        self,
-        submits: list[RequestSpec | engine_pb2.Submit],
-        grows: list[tuple[str, int]],
-        progress: list[tuple[str, int]],
-        finishes: list[str],
-        aborts: list[str],
-    ) -> None:
-        self.submits[:0] = submits
-        self.grows[:0] = grows
-        self.progress[:0] = progress
-        self.finishes[:0] = finishes
-        self.aborts[:0] = aborts
 
 
 class EngineClient:
@@ -122,6 +49,8 @@ class EngineClient:
         call_timeout_s: float = 30.0,
         max_backoff_s: float = 2.0,
         step_resends: int = 2,
+        resubmit: bool = False,
+        on_resubmit: Callable[[Resubmitted], object] | None = None,
     ) -> None:
         self.target = target
         self.engine_id = engine_id
@@ -154,6 +83,12 @@ class EngineClient:
         self._reopen_lock = asyncio.Lock()
         self._closing = asyncio.Event()  # wakes events() out of its reconnect pause
         self._events_reader: object | None = None  # the newest events() iteration
+        # resubmit=True: the client resubmits the engine's open requests to a new session
+        # itself, instead of raising SessionLost (off by default: docs/engine-integration.md).
+        self._open_requests = OpenRequests() if resubmit else None
+        self._on_resubmit = on_resubmit
+        self.last_resubmitted: Resubmitted | None = None
+        self._lost_session_id = ""
 
     async def __aenter__(self) -> EngineClient:
         try:
@@ -197,6 +132,7 @@ class EngineClient:
                 return
             log.warning("session of %s lost (%s); opening a new one", self.engine_id, error.details())
             await self.open()
+            self._lost_session_id = used_session_id
             # Only once the new one is open: a refused re-open (ALREADY_EXISTS) is what the
             # next step must report, not a SessionLost that says a new session is open.
             self._lost = error.details()  # step() tells the engine, once
@@ -243,7 +179,10 @@ class EngineClient:
         `admit_tokens` / `admit_seqs`: what the step can still start (None: no bound)."""
         message = step_message(self.session_id, submits, grows, progress, finishes, aborts, admit_tokens, admit_seqs)
         response = await self.step_raw(message)
-        return self._order.fresh(convert.decision_from_proto(d) for d in response.decisions)
+        decisions = self._order.fresh(convert.decision_from_proto(d) for d in response.decisions)
+        if self._open_requests is not None:
+            self._open_requests.heard(decisions)
+        return decisions
 
     async def step_raw(self, request: engine_pb2.StepRequest) -> engine_pb2.StepResponse:
         """Sends one Step (numbered unless `request.step_seq` is set). Steps called while
@@ -256,6 +195,8 @@ class EngineClient:
             raise ClientClosed(f"the client of engine {self.engine_id!r} is closed")
         if self._lost is not None:  # the heartbeat re-opened the session meanwhile
             reason, self._lost = self._lost, None
+            if self._open_requests is not None:
+                return await self._resubmit(request, reason)
             raise SessionLost(reason)
         request.session_id = used = self.session_id
         if not request.step_seq:
@@ -264,31 +205,86 @@ class EngineClient:
         elif request.step_seq > self._last_step_seq:  # the caller numbers its own: go on from there
             self._last_step_seq = request.step_seq
         try:
-            resends = 0
-            while True:
-                try:
-                    return await self._stub.Step(
-                        request, metadata=self._metadata, timeout=self._timeout, wait_for_ready=True
-                    )
-                except grpc.aio.AioRpcError as error:
-                    if resends >= self._step_resends or not self._reply_lost(error):
-                        raise
-                    # Whether the step was applied is unknown. The daemon keeps the outcome of
-                    # the last numbered step, so sending the very same step again is safe.
-                    resends += 1
-                    log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
-                                self.engine_id, error.code().name, resends, self._step_resends)
-        except grpc.aio.AioRpcError as error:
-            if self._session_gone(error):
+            try:
+                response = await self._send(request, once_after_stop=self._open_requests is not None)
+            except grpc.aio.AioRpcError as error:
+                if not self._session_gone(error):
+                    raise
                 await self._reopen_once(used, error)
                 self._lost = None
-                raise SessionLost(error.details()) from error
-            raise
+                if self._open_requests is None:
+                    raise SessionLost(error.details()) from error
+                return await self._resubmit(request, error.details())
         except asyncio.CancelledError:
             # close() closing the channel cancels the call: not a cancellation of the caller.
             if self._closed and not task_cancelling():
                 raise ClientClosed(f"the client of engine {self.engine_id!r} was closed during this step") from None
             raise
+        if self._open_requests is not None:
+            self._open_requests.sent(request)
+        return response
+
+    async def _send(self, request: engine_pb2.StepRequest, *, once_after_stop: bool) -> engine_pb2.StepResponse:
+        """One Step, sent again while its outcome is unknown (`step_resends`); with
+        `once_after_stop`, one that failed CANCELLED or UNAVAILABLE (the daemon stopping:
+        CANCELLED, it never saw it) is sent again once the daemon is back: the kept outcome,
+        or, to a new daemon, session unknown (and then the resubmission)."""
+        resends, after_stop = 0, not once_after_stop
+        while True:
+            try:
+                return await self._stub.Step(request, metadata=self._metadata, timeout=self._timeout,
+                                             wait_for_ready=True)
+            except grpc.aio.AioRpcError as error:
+                if not after_stop and error.code() in _RETRYABLE:
+                    after_stop = True
+                    await self._await_reconnect()
+                    continue
+                if resends >= self._step_resends or not self._reply_lost(error):
+                    raise
+                # Whether the step was applied is unknown. The daemon keeps the outcome of
+                # the last numbered step, so sending the very same step again is safe.
+                resends += 1
+                log.warning("step %d of %s: %s; sending it again (%d of %d)", request.step_seq,
+                            self.engine_id, error.code().name, resends, self._step_resends)
+
+    async def _await_reconnect(self) -> None:
+        """A pause until the connection to the stopping daemon drops (at most max_backoff_s);
+        the resend then waits for the daemon that comes back (wait_for_ready)."""
+        if self._channel.get_state() == grpc.ChannelConnectivity.READY:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._channel.wait_for_state_change(grpc.ChannelConnectivity.READY), self._max_backoff
+                )
+
+    async def _resubmit(self, failed: engine_pb2.StepRequest, reason: str) -> engine_pb2.StepResponse:
+        """The new session gets every open request and the step that found the loss, in
+        one step; its reply is that step's. The engine hears it through `on_resubmit`."""
+        assert self._open_requests is not None
+        message = self._open_requests.resubmission(failed)
+        message.session_id = self.session_id
+        self._last_step_seq += 1
+        message.step_seq = self._last_step_seq
+        log.warning("%s resubmits %d requests to session %s", self.engine_id, len(message.submits), self.session_id)
+        try:
+            response = await self._send(message, once_after_stop=False)
+        except grpc.aio.AioRpcError as error:
+            # The daemon gone again: the next step resubmits (to a session opened for it).
+            if self._session_gone(error):
+                await self._reopen_once(message.session_id, error)
+            elif error.code() in _RETRYABLE or error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._lost = reason
+            raise
+        self._open_requests.sent(message)
+        self.last_resubmitted = Resubmitted(
+            reason=reason,
+            old_session_id=self._lost_session_id,
+            session_id=self.session_id,
+            request_ids=tuple(s.request_id for s in message.submits),
+            decisions=tuple(convert.decision_from_proto(d) for d in response.decisions),
+        )
+        if self._on_resubmit is not None:
+            self._on_resubmit(self.last_resubmitted)
+        return response
 
     def _reply_lost(self, error: grpc.aio.AioRpcError) -> bool:
         """Whether a failed step was sent and its reply lost: a connection dropped mid-call,
@@ -345,6 +341,8 @@ class EngineClient:
                 async for message in call:
                     backoff = 0.05
                     for decision in self._order.fresh((convert.decision_from_proto(message.decision),)):
+                        if self._open_requests is not None:
+                            self._open_requests.heard((decision,))
                         yield decision
             except grpc.aio.AioRpcError as error:
                 if self._closed:
