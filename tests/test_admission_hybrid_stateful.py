@@ -276,6 +276,7 @@ class HybridMachine(RuleBasedStateMachine):
     def held_and_reserved_within_the_formulas(self):
         F = self.F
         first_chunk = self.ctrl.config.admit_on == "first_chunk"
+        reserving = self.ctrl.config.predictive_admission == "reserve"
         for r in self.ctrl.running_requests():
             L = r.max_len
             for g, group in enumerate(self.ctrl.layout.groups):
@@ -286,9 +287,10 @@ class HybridMachine(RuleBasedStateMachine):
                 assert r.base[g] <= worst, f"{r.request_id} g{g}: base {r.base[g]} > worst {worst}"
                 if r.policy == "guaranteed":
                     assert r.base[g] == worst, (r.request_id, g, r.base[g], worst)
-                elif r.resume_len and (r.policy == "predictive" or (r.policy == "optimistic" and first_chunk)):
+                elif r.resume_len and ((r.policy == "predictive" and reserving) or (r.policy == "optimistic" and first_chunk)):
                     # back from a preemption: its recompute is covered (no self-preemption);
-                    # optimistic admitting on the whole prompt reserves nothing (as vLLM)
+                    # optimistic admitting on the whole prompt, and predictive admitting on the
+                    # predicted peak, reserve nothing (as vLLM)
                     resumed = worst_case_blocks(spec, r.resume_len, F)
                     assert r.base[g] >= resumed, (r.request_id, g, r.base[g], resumed)
                 in_flight = r.num_tokens - r.num_computed  # <= F; 1 while decoding
