@@ -2,8 +2,11 @@
 synchronously from vLLM's scheduler thread.
 
 vLLM's scheduler is synchronous, the client is asyncio: one daemon thread runs the loop
-(the session, its heartbeats, the Events stream), and `step()` waits for one Step at most
-`step_timeout_s`. A failed step marks the link down and never blocks the engine again:
+(the session, its heartbeats, the Events stream). `step()` sends its Step on a blocking
+channel from vLLM's own thread (no hop to the loop and back: docs/vllm.md, "What it
+costs"); a Step that fails there, or the first one of a session, goes through the
+client's own path (its resend, its session re-open), at most `step_timeout_s` in all
+but for one resend. A failed step marks the link down and never blocks the engine again:
 a background task re-opens a session, and the scheduler hears `SessionReset` once so it
 submits again what vLLM still runs (the daemon forgot them).
 """
@@ -17,8 +20,15 @@ import contextlib
 import logging
 import threading
 
-from kvbudget.client import EngineClient, SessionLost
+import grpc
+
+from kvbudget.client import EngineClient, SessionLost, step_message
+from kvbudget.client.channel import CHANNEL_OPTIONS
+from kvbudget.client.ordering import DecisionOrder
+from kvbudget.client.target import call_metadata
 from kvbudget.daemon.core.records import Decision
+from kvbudget.daemon.wire import convert
+from kvbudget.v1 import engine_pb2_grpc
 
 log = logging.getLogger("kvbudget.vllm")
 
@@ -50,6 +60,16 @@ class DaemonLink:
         self._told_down = False
         self.plan = None
         self.sessions_opened = 0
+        # The blocking line for Steps: one channel for the link's life (gRPC reconnects it).
+        self._channel = (grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS) if credentials
+                         else grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+        self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
+        self._metadata = call_metadata(token)
+        self._step_seq = 0  # the link numbers its steps, whichever path sends them
+        self._stepped_session = ""  # the session of the last step answered
+        # Step replies and Events decisions, in the daemon's order per request (the client
+        # orders the Events ones; the blocking Step's replies do not pass through it).
+        self._order = DecisionOrder()
 
     # ---------------------------------------------------------------- thread side
     def _run(self, coro, timeout: float | None):
@@ -86,18 +106,36 @@ class DaemonLink:
             self._reset = False
             raise SessionReset("a new session is open")
         client = self._client
-        coro = client.step(submits, grows, progress, finishes, aborts,
-                           admit_tokens=admit_tokens, admit_seqs=admit_seqs)
+        message = step_message(client.session_id, submits, grows, progress, finishes, aborts, admit_tokens, admit_seqs)
+        self._step_seq += 1
+        message.step_seq = self._step_seq
         try:
-            decisions = self._run(coro, self.step_timeout_s * 2.5)
+            reply = self._send(client, message)
         except SessionLost as lost:  # the client re-opened it already
+            self._order = DecisionOrder()
             self._restart_listener(client)
             raise SessionReset(str(lost)) from None
         except Exception as error:  # (grpc errors, timeouts: the daemon counts as unreachable)
             self._drop(client, error)
             self._told_down = True
             raise LinkDown(f"{type(error).__name__}: {error}") from None
-        return self.take_events() + decisions
+        decisions = [convert.decision_from_proto(d) for d in reply.decisions]
+        return self._order.fresh(self.take_events() + decisions)
+
+    def _send(self, client: EngineClient, message):
+        """The Step's reply: on the blocking channel while the session is the one the last
+        step was answered in; else, or when that call fails, through the client (the same
+        numbered step again: the daemon answers a resend with the outcome it kept)."""
+        timeout = self.step_timeout_s * 2.5
+        if message.session_id == self._stepped_session:
+            try:
+                return self._stub.Step(message, metadata=self._metadata, timeout=self.step_timeout_s,
+                                       wait_for_ready=True)
+            except grpc.RpcError:
+                timeout = self.step_timeout_s * 1.5
+        reply = self._run(client.step_raw(message), timeout)
+        self._stepped_session = message.session_id
+        return reply
 
     def take_events(self) -> list[Decision]:
         taken = []
@@ -114,6 +152,7 @@ class DaemonLink:
                 self._run(self._close(client), 5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
+        self._channel.close()
 
     # ---------------------------------------------------------------- loop side
     def _drop(self, client: EngineClient, error: BaseException) -> None:
@@ -143,6 +182,7 @@ class DaemonLink:
             self.sessions_opened += 1
             self._reset = self._told_down or self.sessions_opened > 1
             self._told_down = False
+            self._order = DecisionOrder()  # (a new session: its requests' decisions start over)
             self._client = client
             self._restart_listener(client)
             return
