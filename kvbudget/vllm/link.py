@@ -43,7 +43,8 @@ class SessionReset(Exception):
 
 class DaemonLink:
     def __init__(self, target: str, engine_id: str, *, token: str | None = None, credentials=None,
-                 step_timeout_s: float = 2.0, replace_existing: bool = True, backoff_s: float = 0.5) -> None:
+                 step_timeout_s: float = 2.0, replace_existing: bool = True, backoff_s: float = 0.5,
+                 blocking_steps: bool = True) -> None:
         self._args = dict(token=token, credentials=credentials, replace_existing=replace_existing,
                           call_timeout_s=step_timeout_s, step_resends=1)
         self.target, self.engine_id = target, engine_id
@@ -65,6 +66,7 @@ class DaemonLink:
                          else grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
         self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
         self._metadata = call_metadata(token)
+        self._blocking = blocking_steps  # False: every Step through the loop thread (the bench's "before")
         self._step_seq = 0  # the link numbers its steps, whichever path sends them
         self._stepped_session = ""  # the session of the last step answered
         # Step replies and Events decisions, in the daemon's order per request (the client
@@ -127,7 +129,7 @@ class DaemonLink:
         step was answered in; else, or when that call fails, through the client (the same
         numbered step again: the daemon answers a resend with the outcome it kept)."""
         timeout = self.step_timeout_s * 2.5
-        if message.session_id == self._stepped_session:
+        if self._blocking and message.session_id == self._stepped_session:
             try:
                 return self._stub.Step(message, metadata=self._metadata, timeout=self.step_timeout_s,
                                        wait_for_ready=True)
