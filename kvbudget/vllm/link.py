@@ -5,8 +5,8 @@ vLLM's scheduler is synchronous, the client is asyncio: one daemon thread runs t
 (the session, its heartbeats, the Events stream). `step()` sends its Step on a blocking
 channel from vLLM's own thread (no hop to the loop and back: docs/vllm.md, "What it
 costs"); a Step that fails there, or the first one of a session, goes through the
-client's own path (its resend, its session re-open), at most `step_timeout_s` in all
-but for one resend. A failed step marks the link down and never blocks the engine again:
+client's own path (its resend, its session re-open); one step waits at most 2.5 x
+`step_timeout_s` in all. A failed step marks the link down and never blocks the engine again:
 a background task re-opens a session, and the scheduler hears `SessionReset` once so it
 submits again what vLLM still runs (the daemon forgot them).
 """
@@ -72,6 +72,7 @@ class DaemonLink:
         # Step replies and Events decisions, in the daemon's order per request (the client
         # orders the Events ones; the blocking Step's replies do not pass through it).
         self._order = DecisionOrder()
+        self._first_seq: int | None = 0  # the new session's first decision (None: not yet seen)
 
     # ---------------------------------------------------------------- thread side
     def _run(self, coro, timeout: float | None):
@@ -106,6 +107,7 @@ class DaemonLink:
             raise LinkDown("re-opening the session")
         if self._reset:
             self._reset = False
+            self._forget_old_session()
             raise SessionReset("a new session is open")
         client = self._client
         message = step_message(client.session_id, submits, grows, progress, finishes, aborts, admit_tokens, admit_seqs)
@@ -115,6 +117,7 @@ class DaemonLink:
             reply = self._send(client, message)
         except SessionLost as lost:  # the client re-opened it already
             self._order = DecisionOrder()
+            self._forget_old_session()
             self._restart_listener(client)
             raise SessionReset(str(lost)) from None
         except Exception as error:  # (grpc errors, timeouts: the daemon counts as unreachable)
@@ -122,7 +125,22 @@ class DaemonLink:
             self._told_down = True
             raise LinkDown(f"{type(error).__name__}: {error}") from None
         decisions = [convert.decision_from_proto(d) for d in reply.decisions]
-        return self._order.fresh(self.take_events() + decisions)
+        events = self.take_events()
+        if self._first_seq is None and decisions:
+            self._first_seq = min(d.seq for d in decisions)
+        if self._first_seq is None:  # (no request of ours in this session yet: all stale)
+            events = []
+        elif events and self._first_seq:
+            events = [e for e in events if e.seq >= self._first_seq]
+        return self._order.fresh(events + decisions)
+
+    def _forget_old_session(self) -> None:
+        """A session reset: the Events decisions still to come of the old one (an EXPIRE of
+        each request it held, say) would end the same requests submitted again in the new
+        one. The daemon logged them all before the new session's first decision: an event
+        older than that is dropped (docs/vllm.md, "When the daemon is away")."""
+        self._events.clear()
+        self._first_seq = None
 
     def _send(self, client: EngineClient, message):
         """The Step's reply: on the blocking channel while the session is the one the last
