@@ -10,13 +10,18 @@ vLLM 0.33 (./dev test-vllm's venv):
 
 Added time = the adapter's work around vLLM's schedule() (building the step, the Step RPC,
 enacting the decisions, the accounting check), timed per call; vLLM's own = plain vLLM's
-Scheduler on the same rows (its schedule() alone).
+Scheduler on the same rows (its schedule() alone). The adapter runs twice, each time with
+a daemon of its own: `loop_thread` sends every Step through the client's loop thread (the
+hop there and back, the asyncio channel), `blocking` as the adapter does (a blocking
+channel from vLLM's thread); their decisions must be the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -68,6 +73,35 @@ def timed_adapter(scheduler) -> dict:
     return seen
 
 
+def run_adapter(work: Path, trace, policy: str, blocking: bool, num_pings: int) -> tuple[dict, list | None]:
+    """One adapter run with a daemon of its own; the pings (`num_pings`) after the blocking one."""
+    import kvbudget.vllm.adapter as adapter_module
+
+    link_class = adapter_module.DaemonLink
+    adapter_module.DaemonLink = functools.partial(link_class, blocking_steps=blocking)
+    work.mkdir()
+    try:
+        with DaemonProcess(work, *ARGS, "--policy", policy) as daemon:
+            os.environ.update(KVBUDGET_TARGET=daemon.target, KVBUDGET_ENGINE_ID="bench-vllm")
+            scheduler = build_scheduler(model_dir(work), BLOCKS, max_model_len=MAX_LEN)
+            seen = timed_adapter(scheduler)
+            run = drive(scheduler, trace.requests, trace.max_output_tokens)
+            drift = scheduler.kvbudget.metrics.counts["drift"]
+            scheduler.shutdown()
+            if blocking:
+                seen["ping"] = pings(daemon.target, num_pings)
+    finally:
+        adapter_module.DaemonLink = link_class
+    added = seen["added"]
+    return dict(
+        steps=run.steps, finished=run.finished, drift=drift, decisions=seen["decisions"],
+        adapter_added_ms=dict(p50=ms(added, 50), p99=ms(added, 99), mean=round(statistics.fmean(added) * 1000, 3)),
+        step_rpc_ms=dict(p50=ms(seen["rpc"], 50), p99=ms(seen["rpc"], 99)),
+        added_p50_share_of_20ms_step=round(percentile(added, 50) / 0.020, 4),
+        decisions_per_s_of_adapter_time=round(seen["decisions"] / sum(added)),
+    ), seen.get("ping")
+
+
 def pings(target: str, count: int) -> list[float]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -89,8 +123,6 @@ def main() -> None:
     parser.add_argument("--policy", default="optimistic")
     parser.add_argument("--pings", type=int, default=2000)
     args = parser.parse_args()
-    import os
-
     from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 
     trace = load_trace("azure", limit=args.rows)
@@ -98,23 +130,13 @@ def main() -> None:
         work = Path(tmp)
         plain = drive(build_scheduler(model_dir(work), BLOCKS, cls=VllmScheduler, max_model_len=MAX_LEN),
                       trace.requests, trace.max_output_tokens)
-        with DaemonProcess(work, *ARGS, "--policy", args.policy) as daemon:
-            os.environ.update(KVBUDGET_TARGET=daemon.target, KVBUDGET_ENGINE_ID="bench-vllm")
-            scheduler = build_scheduler(model_dir(work), BLOCKS, max_model_len=MAX_LEN)
-            seen = timed_adapter(scheduler)
-            ours = drive(scheduler, trace.requests, trace.max_output_tokens)
-            drift = scheduler.kvbudget.metrics.counts["drift"]
-            scheduler.shutdown()
-            ping = pings(daemon.target, args.pings)
-    added = seen["added"]
+        loop_thread, _ = run_adapter(work / "loop", trace, args.policy, blocking=False, num_pings=0)
+        blocking, ping = run_adapter(work / "blocking", trace, args.policy, blocking=True, num_pings=args.pings)
     print(json.dumps(dict(
-        rows=args.rows, policy=args.policy, steps=ours.steps, drift=drift,
+        rows=args.rows, policy=args.policy,
         vllm_schedule_ms=dict(p50=ms(plain.schedule_s, 50), p99=ms(plain.schedule_s, 99), steps=plain.steps),
-        adapter_added_ms=dict(p50=ms(added, 50), p99=ms(added, 99), mean=round(statistics.fmean(added) * 1000, 3)),
-        step_rpc_ms=dict(p50=ms(seen["rpc"], 50), p99=ms(seen["rpc"], 99)),
         grpc_ping_ms=dict(p50=ms(ping, 50), p99=ms(ping, 99)),
-        added_p50_share_of_20ms_step=round(percentile(added, 50) / 0.020, 4),
-        decisions=seen["decisions"], decisions_per_s_of_adapter_time=round(seen["decisions"] / sum(added)),
+        loop_thread=loop_thread, blocking=blocking,
     ), indent=1))
 
 

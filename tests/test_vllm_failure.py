@@ -111,3 +111,41 @@ def test_a_vllm_pool_smaller_than_the_daemons_drifts_named_and_never_stalls(tmp_
     assert counts["drift"] > 0
     assert any("kvbudget accounting drift: request 'r" in m for m in caplog.messages)
     assert any("preempted" in m and "by itself; submitting it to the daemon again" in m for m in caplog.messages)
+
+
+def test_a_session_taken_mid_run_is_opened_again_and_resubmitted_without_going_down(tmp_path, monkeypatch):
+    # Another client takes the engine id over (replace_existing) and leaves: the adapter's
+    # next Step fails on its blocking channel, goes again through the client, which opens a
+    # new session; the adapter resubmits what vLLM runs and never counts the daemon away.
+    import asyncio
+
+    from kvbudget.client import EngineClient
+
+    trace = load_trace("azure", limit=120)
+    with DaemonProcess(tmp_path, *ARGS) as daemon:
+        monkeypatch.setenv("KVBUDGET_TARGET", daemon.target)
+        monkeypatch.setenv("KVBUDGET_ENGINE_ID", "vllm-taken")
+        scheduler = build_scheduler(model_dir(tmp_path), BLOCKS, max_model_len=MAX_LEN)
+        adapter = scheduler.kvbudget
+        seen = {}
+
+        async def take_over():
+            async with EngineClient(daemon.target, "vllm-taken", replace_existing=True, heartbeat=False):
+                pass
+
+        def on_step(run):
+            if run.steps == 200:
+                seen["running"] = len(scheduler.running)
+                asyncio.run(take_over())
+            elif adapter.metrics.counts["resyncs"] and "drift_after" not in seen:
+                seen["drift_after"] = adapter.check_accounting()
+
+        run = drive(scheduler, trace.requests, trace.max_output_tokens, on_step=on_step)
+        counts = dict(adapter.metrics.counts)
+        scheduler.shutdown()
+        ends = daemon.decision_rows("kind IN ('release', 'reject')")
+    assert seen["running"] > 0
+    assert run.finished == 120 and run.rejected == 0
+    assert (counts["resyncs"], counts["link_failures"], counts["unreachable_steps"], counts["drift"]) == (1, 0, 0, 0)
+    assert seen["drift_after"] == []
+    assert [(r["kind"], r["reason"]) for r in ends if r["request_id"] == "r119"] == [("release", "finished")]

@@ -8,8 +8,12 @@ import asyncio
 import grpc
 
 
+# Shared with a blocking channel to the same daemon (the vLLM adapter's Steps).
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20))
+
+
 def open_channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    options = list(CHANNEL_OPTIONS)
     if credentials is not None:
         return grpc.aio.secure_channel(target, credentials, options=options)
     return grpc.aio.insecure_channel(target, options=options)

@@ -2,8 +2,11 @@
 synchronously from vLLM's scheduler thread.
 
 vLLM's scheduler is synchronous, the client is asyncio: one daemon thread runs the loop
-(the session, its heartbeats, the Events stream), and `step()` waits for one Step at most
-`step_timeout_s`. A failed step marks the link down and never blocks the engine again:
+(the session, its heartbeats, the Events stream). `step()` sends its Step on a blocking
+channel from vLLM's own thread (no hop to the loop and back: docs/vllm.md, "What it
+costs"); a Step that fails there, or the first one of a session, goes through the
+client's own path (its resend, its session re-open); one step waits at most 2.5 x
+`step_timeout_s` in all. A failed step marks the link down and never blocks the engine again:
 a background task re-opens a session, and the scheduler hears `SessionReset` once so it
 submits again what vLLM still runs (the daemon forgot them).
 """
@@ -17,8 +20,15 @@ import contextlib
 import logging
 import threading
 
-from kvbudget.client import EngineClient, SessionLost
+import grpc
+
+from kvbudget.client import EngineClient, SessionLost, step_message
+from kvbudget.client.channel import CHANNEL_OPTIONS
+from kvbudget.client.ordering import DecisionOrder
+from kvbudget.client.target import call_metadata
 from kvbudget.daemon.core.records import Decision
+from kvbudget.daemon.wire import convert
+from kvbudget.v1 import engine_pb2_grpc
 
 log = logging.getLogger("kvbudget.vllm")
 
@@ -33,7 +43,8 @@ class SessionReset(Exception):
 
 class DaemonLink:
     def __init__(self, target: str, engine_id: str, *, token: str | None = None, credentials=None,
-                 step_timeout_s: float = 2.0, replace_existing: bool = True, backoff_s: float = 0.5) -> None:
+                 step_timeout_s: float = 2.0, replace_existing: bool = True, backoff_s: float = 0.5,
+                 blocking_steps: bool = True) -> None:
         self._args = dict(token=token, credentials=credentials, replace_existing=replace_existing,
                           call_timeout_s=step_timeout_s, step_resends=1)
         self.target, self.engine_id = target, engine_id
@@ -50,6 +61,18 @@ class DaemonLink:
         self._told_down = False
         self.plan = None
         self.sessions_opened = 0
+        # The blocking line for Steps: one channel for the link's life (gRPC reconnects it).
+        self._channel = (grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS) if credentials
+                         else grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+        self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
+        self._metadata = call_metadata(token)
+        self._blocking = blocking_steps  # False: every Step through the loop thread (the bench's "before")
+        self._step_seq = 0  # the link numbers its steps, whichever path sends them
+        self._stepped_session = ""  # the session of the last step answered
+        # Step replies and Events decisions, in the daemon's order per request (the client
+        # orders the Events ones; the blocking Step's replies do not pass through it).
+        self._order = DecisionOrder()
+        self._first_seq: int | None = 0  # the new session's first decision (None: not yet seen)
 
     # ---------------------------------------------------------------- thread side
     def _run(self, coro, timeout: float | None):
@@ -84,20 +107,55 @@ class DaemonLink:
             raise LinkDown("re-opening the session")
         if self._reset:
             self._reset = False
+            self._forget_old_session()
             raise SessionReset("a new session is open")
         client = self._client
-        coro = client.step(submits, grows, progress, finishes, aborts,
-                           admit_tokens=admit_tokens, admit_seqs=admit_seqs)
+        message = step_message(client.session_id, submits, grows, progress, finishes, aborts, admit_tokens, admit_seqs)
+        self._step_seq += 1
+        message.step_seq = self._step_seq
         try:
-            decisions = self._run(coro, self.step_timeout_s * 2.5)
+            reply = self._send(client, message)
         except SessionLost as lost:  # the client re-opened it already
+            self._order = DecisionOrder()
+            self._forget_old_session()
             self._restart_listener(client)
             raise SessionReset(str(lost)) from None
         except Exception as error:  # (grpc errors, timeouts: the daemon counts as unreachable)
             self._drop(client, error)
             self._told_down = True
             raise LinkDown(f"{type(error).__name__}: {error}") from None
-        return self.take_events() + decisions
+        decisions = [convert.decision_from_proto(d) for d in reply.decisions]
+        events = self.take_events()
+        if self._first_seq is None and decisions:
+            self._first_seq = min(d.seq for d in decisions)
+        if self._first_seq is None:  # (no request of ours in this session yet: all stale)
+            events = []
+        elif events and self._first_seq:
+            events = [e for e in events if e.seq >= self._first_seq]
+        return self._order.fresh(events + decisions)
+
+    def _forget_old_session(self) -> None:
+        """A session reset: the Events decisions still to come of the old one (an EXPIRE of
+        each request it held, say) would end the same requests submitted again in the new
+        one. The daemon logged them all before the new session's first decision: an event
+        older than that is dropped (docs/vllm.md, "When the daemon is away")."""
+        self._events.clear()
+        self._first_seq = None
+
+    def _send(self, client: EngineClient, message):
+        """The Step's reply: on the blocking channel while the session is the one the last
+        step was answered in; else, or when that call fails, through the client (the same
+        numbered step again: the daemon answers a resend with the outcome it kept)."""
+        timeout = self.step_timeout_s * 2.5
+        if self._blocking and message.session_id == self._stepped_session:
+            try:
+                return self._stub.Step(message, metadata=self._metadata, timeout=self.step_timeout_s,
+                                       wait_for_ready=True)
+            except grpc.RpcError:
+                timeout = self.step_timeout_s * 1.5
+        reply = self._run(client.step_raw(message), timeout)
+        self._stepped_session = message.session_id
+        return reply
 
     def take_events(self) -> list[Decision]:
         taken = []
@@ -114,6 +172,7 @@ class DaemonLink:
                 self._run(self._close(client), 5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
+        self._channel.close()
 
     # ---------------------------------------------------------------- loop side
     def _drop(self, client: EngineClient, error: BaseException) -> None:
@@ -143,6 +202,7 @@ class DaemonLink:
             self.sessions_opened += 1
             self._reset = self._told_down or self.sessions_opened > 1
             self._told_down = False
+            self._order = DecisionOrder()  # (a new session: its requests' decisions start over)
             self._client = client
             self._restart_listener(client)
             return
