@@ -5,6 +5,7 @@ is protected once it has waited 3x the recent median wait."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,7 +104,7 @@ ends = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20), st.integers(0,
 @given(ends=ends, spare=st.integers(0, 40), need=st.integers(0, 80))
 def test_head_start_is_the_first_end_after_which_the_spare_covers_the_need(ends, spare, need) -> None:
     def free_at(t: int) -> int:  # the plain definition: linear growth of those still running
-        growth = sum(g / s * t for s, _, g in ends if s > t)
+        growth = sum(Fraction(g, s) * t for s, _, g in ends if s > t)  # exact
         return spare + sum(f for s, f, _ in ends if s <= t) - int(growth)
 
     start = head_start(ends, spare, need)

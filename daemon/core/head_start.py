@@ -61,7 +61,8 @@ def head_start(ends: Iterable[tuple[int, int, int]], spare: int, need: int) -> H
             if steps > 0:
                 rate -= grows / steps
             i += 1
-        free = spare + freed - int(t * rate)
+        # (+1e-9: a sum of float rates may land a hair under a whole block)
+        free = spare + freed - int(t * rate + 1e-9)
         if free >= need:
             return HeadStart(t, free - need)
     return HeadStart(t, free - need)
