@@ -71,7 +71,7 @@ class DaemonConfig:
     policy: str = "optimistic"
     admit_on: str = "whole_prompt"  # optimistic: "whole_prompt" (vLLM's default) or "first_chunk"
     enable_prefix_caching: bool = True
-    watermark: float = 0.01
+    watermark: float = 0.015
     lookahead_tokens: int = 0
     max_queue_len: int = 0
     backfill_depth: int = 16
