@@ -68,7 +68,11 @@ def test_the_doc_section_is_written_before_the_caveats_and_rewritten_the_same(tm
     header = next(line for line in text.splitlines() if line.startswith("| row |"))
     assert header == ("| row | vLLM 0.33 | naive | optimistic | guaranteed | predictive | vllm-strict "
                       "| default meets the goal |")  # fmt: skip
-    assert sum(line.startswith("| ") for line in text.splitlines()) == 1 + 4  # the header, a line per row
+    # two tables (the policies, the default's watermark swept), each a header and a line per row
+    assert sum(line.startswith("| ") for line in text.splitlines()) == 2 * (1 + 4)
+    sweep = [line for line in text.splitlines() if line.startswith("| row | watermark 0 |")]
+    assert sweep == ["| row | watermark 0 | watermark 0.01 | watermark 0.0125 | watermark 0.02 | watermark 0.03 "
+                     "| 0.015 (default) |"]  # fmt: skip
     for key in ("azure-llama31_8b", "azure-llama8b_swa", "azure-gemma3_12b", "mooncake-llama31_8b"):
         assert f"(img/replay-compare-{key}.png)" in text
         assert (tmp_path / "img" / f"replay-compare-{key}.png").read_bytes()[:4] == b"\x89PNG"
