@@ -19,21 +19,13 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess
-from tui_helpers import screen_text, wait_until
+from tui_helpers import NoLauncher, screen_text, wait_until
 
 from kvbudget.traces.replay_live import RejectionNotes
 from kvbudget.tui.app import KVBudgetApp
 from kvbudget.tui.state import Link
 
 pytestmark = pytest.mark.slow
-
-
-class NoLauncher:
-    def stop_all(self) -> None:
-        pass
-
-    def reap(self) -> list:
-        return []
 
 
 async def test_a_live_replay_says_its_rejections_while_it_runs(tmp_path: Path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess
-from tui_helpers import screen_text, wait_until
+from tui_helpers import NoLauncher, screen_text, wait_until
 
 from kvbudget.client import EngineClient, ObserverClient
 from kvbudget.daemon.core.records import RequestSpec
@@ -23,14 +23,6 @@ from kvbudget.daemon.wire.convert import kind_name
 from kvbudget.tui.state import Link
 
 pytestmark = pytest.mark.slow
-
-
-class NoLauncher:
-    def stop_all(self) -> None:
-        pass
-
-    def reap(self) -> list:
-        return []
 
 
 async def shown(pilot, text: str, what: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess
-from tui_helpers import screen_text, wait_until
+from tui_helpers import NoLauncher, screen_text, wait_until
 
 from kvbudget.client import EngineClient
 from kvbudget.daemon.core.records import RequestSpec
@@ -24,14 +24,6 @@ from kvbudget.tui.state import Limits, Link
 from kvbudget.v1 import common_pb2
 
 pytestmark = pytest.mark.slow
-
-
-class NoLauncher:
-    def stop_all(self) -> None:
-        pass
-
-    def reap(self) -> list:
-        return []
 
 
 async def shown(pilot, text: str, what: str | None = None) -> str:

@@ -118,3 +118,13 @@ def hang_up(pid: int, fd: int, bound_s: float = 60.0) -> int | None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
+
+
+class NoLauncher:
+    """A dashboard launcher that starts no replays (the dashboard's `r` is not under test)."""
+
+    def stop_all(self) -> None:
+        pass
+
+    def reap(self) -> list:
+        return []
