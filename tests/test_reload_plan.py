@@ -49,7 +49,7 @@ def test_live_keys_are_applied_and_said_the_rest_waits_for_a_restart() -> None:
     plan = plan_reload(BASE, loaded)
     assert plan.changes == (
         "policy optimistic -> guaranteed",
-        "watermark 0.01 -> 0.05",
+        "watermark 0.015 -> 0.05",
         "max_queue_len 0 -> 10",
         "tenant team-a max_share 0.25 weight 1 -> max_share 0.5 weight 1",
         "tenant team-b (none) -> max_share 0.125 weight 2",
