@@ -36,12 +36,18 @@ def submits(engine_id: str) -> tuple[engine_pb2.StepRequest, StepOps]:
     return request, StepOps(submits=[convert.submit_to_spec(op, engine_id, now) for op in request.submits])
 
 
-async def test_a_big_step_lets_the_loop_go_between_slices_and_decides_as_a_whole_one(tmp_path: Path) -> None:
+def core_service(tmp_path: Path) -> tuple[CoreService, DecisionLog]:
+    """A daemon's core on a real decision log, no lease ticks during the test."""
     log = DecisionLog(tmp_path / "decisions.db")
     log.start()
     core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
                        SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
                        options=CoreOptions(tick_s=3600.0))
+    return core, log
+
+
+async def test_a_big_step_lets_the_loop_go_between_slices_and_decides_as_a_whole_one(tmp_path: Path) -> None:
+    core, log = core_service(tmp_path)
     await core.start()
     try:
         big = await core.open_session("big", 60, "", False)
@@ -77,11 +83,7 @@ async def test_a_big_step_lets_the_loop_go_between_slices_and_decides_as_a_whole
 
 
 async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides_as_a_whole_one(tmp_path: Path) -> None:
-    log = DecisionLog(tmp_path / "decisions.db")
-    log.start()
-    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
-                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
-                       options=CoreOptions(tick_s=3600.0))
+    core, log = core_service(tmp_path)
     twin = controller()
     await core.start()
     try:
@@ -115,11 +117,7 @@ async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides
 async def test_a_big_step_whose_caller_left_between_slices_is_applied_whole_and_kept_for_the_resend(
     tmp_path: Path,
 ) -> None:
-    log = DecisionLog(tmp_path / "decisions.db")
-    log.start()
-    core = CoreService(controller(), log, common_pb2.PoolPlan(block_size_tokens=8),
-                       SessionTable(5.0, max_ttl_s=3600.0, max_sessions=8), WatchHub(4),
-                       options=CoreOptions(tick_s=3600.0))
+    core, log = core_service(tmp_path)
     await core.start()
     try:
         session = await core.open_session("big", 60, "", False)
