@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from kvbudget.daemon.core.policies import contract_broken
 from kvbudget.daemon.core.records import MAX_TENANT_CHARS, OTHER_TENANTS, RESERVED_TENANT
-from kvbudget.daemon.core.requests import RequestState, Status
+from kvbudget.daemon.core.requests import Status
 from kvbudget.daemon.core.step import StepOps
 
 MAX_ID_CHARS = 256
