@@ -34,6 +34,7 @@ from kvbudget.daemon.core.spec import (
     ChunkedLocalAttentionSpec,
     KVCacheLayout,
     KVDtype,
+    LayerKind,
     LayerSpec,
     MLASpec,
     SlidingWindowSpec,
@@ -42,6 +43,7 @@ from kvbudget.daemon.core.spec import (
 from kvbudget.daemon.core.spec import kv_dtype as parse_kv_dtype
 from kvbudget.daemon.config.mamba_state import align_to_state, mamba_state_bytes
 from kvbudget.daemon.config.parallel import rank_kv_heads
+from kvbudget.daemon.core.budget import token_cap_binds
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 # Tokens per block when none is given: vLLM's default, and for a model with MLA layers
@@ -277,7 +279,12 @@ def _layer_specs(
             assert attention is not None
             specs.append(_attention_spec(kind, attention, cfg, token_cap))
     if token_cap is not None:
-        notes.append(f"every attention layer capped at {token_cap} tokens")
+        kept = sorted({s.describe() for s in specs if s.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)})
+        notes.append(
+            f"every attention layer capped at {token_cap} tokens" if not kept else
+            f"attention layers capped at {token_cap} tokens, but for {', '.join(kept)}: "
+            "a window or chunk no longer than the cap, which never binds there"
+        )  # fmt: skip
     return specs, cached
 
 
@@ -323,16 +330,18 @@ def given_block_size_note(kinds: list[str], block_size: int) -> str:
 def _attention_spec(
     kind: str, base: AttentionSpec, cfg: Mapping[str, Any], token_cap: int | None
 ) -> LayerSpec:
+    """The layer's spec; with a cap, capped unless its window or chunk is at most the cap
+    (then the cap never binds: `budget.token_cap_binds`)."""
     args = (base.block_size, base.num_kv_heads, base.head_size, base.dtype)
-    if token_cap is not None:
-        return CappedAttentionSpec(*args, token_cap=token_cap)
+    spec: LayerSpec = base
     if kind == SLIDING:
-        return SlidingWindowSpec(*args, sliding_window=require_window(cfg))
-    if kind == CHUNKED:
-        return ChunkedLocalAttentionSpec(
-            *args, attention_chunk_size=int_field(cfg, "attention_chunk_size")
-        )
-    return base
+        spec = SlidingWindowSpec(*args, sliding_window=require_window(cfg))
+    elif kind == CHUNKED:
+        spec = ChunkedLocalAttentionSpec(*args, attention_chunk_size=int_field(cfg, "attention_chunk_size"))
+    extent = getattr(spec, "sliding_window", 0) or getattr(spec, "attention_chunk_size", 0)
+    if token_cap is not None and (not extent or token_cap_binds(extent, token_cap)):
+        return CappedAttentionSpec(*args, token_cap=token_cap)
+    return spec
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
