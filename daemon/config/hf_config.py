@@ -4,6 +4,7 @@ are `hf_fields`'s, the weight estimate `hf_weights`'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,14 +34,16 @@ from kvbudget.daemon.core.spec import (
     ChunkedLocalAttentionSpec,
     KVCacheLayout,
     KVDtype,
+    LayerKind,
     LayerSpec,
-    MambaSpec,
     MLASpec,
     SlidingWindowSpec,
     group_layers,
 )
 from kvbudget.daemon.core.spec import kv_dtype as parse_kv_dtype
-from kvbudget.daemon.core.spec import weight_dtype
+from kvbudget.daemon.config.mamba_state import align_to_state, mamba_state_bytes
+from kvbudget.daemon.config.parallel import rank_kv_heads
+from kvbudget.daemon.core.budget import token_cap_binds
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 # Tokens per block when none is given: vLLM's default, and for a model with MLA layers
@@ -49,8 +52,6 @@ DEFAULT_BLOCK_SIZE = 16
 MLA_BLOCK_SIZE = 64
 # What vLLM's CUTLASS MLA backend (an MLA default on Blackwell GPUs) sets the block size to.
 CUTLASS_MLA_BLOCK_SIZE = 128
-# vLLM raises the attention block size of Mamba hybrids in steps of this many tokens.
-MAMBA_BLOCK_ALIGNMENT = 16
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class ModelInfo:
     # backend would replace it (`given_block_size_note`); "" otherwise. Also among the
     # layout's notes; the daemon logs it at start.
     block_size_note: str = ""
+    # The layout is one tensor-parallel rank's of this many (its KV heads and state split).
+    tensor_parallel_size: int = 1
 
     @property
     def num_layers(self) -> int:
@@ -123,14 +126,17 @@ def load_model(
     kv_dtype: str | None = None,
     block_size: int | None = None,
     token_cap: int | None = None,
+    tensor_parallel_size: int = 1,
 ) -> ModelInfo:
     """A preset name ("gemma-3-27b"), a path to a config.json or model folder, or a dict.
 
-    `block_size` None: not given, `default_block_size` picks it (16, 64 for MLA)."""
+    `block_size` None: not given, `default_block_size` picks it (16, 64 for MLA).
+    `tensor_parallel_size` > 1: the layout of one rank of such an engine (`model_from_config`)."""
     name, config = read_config(source)
     return model_from_config(
-        config, name=name, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap
-    )
+        config, name=name, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap,
+        tensor_parallel_size=tensor_parallel_size,
+    )  # fmt: skip
 
 
 def resolve_max_model_len(
@@ -158,54 +164,6 @@ def resolve_max_model_len(
 # ------------------------------------------------------------------------ specs
 
 
-def mamba_state_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int:
-    """One state layer's conv + recurrent state for one request, in bytes (vLLM's shapes).
-
-    `dtype_bytes` is the model dtype's, which vLLM's mamba_cache_dtype=auto keeps the state
-    in, whatever the attention KV cache dtype is. Three kinds of state layer:
-    - gated delta net (Qwen3-Next, `linear_num_value_heads`): conv (kernel - 1) x
-      (2 x k_heads x k_dim + v_heads x v_dim), recurrent v_heads x k_dim x v_dim;
-    - Mamba-2 (Bamba, granite-4.0-h: `mamba_n_heads`; Nemotron-H: `mamba_num_heads`):
-      conv (d_conv - 1) x (d_inner + 2 x n_groups x d_state), SSM heads x head_dim x
-      d_state; Nemotron-H keeps the SSM state in `mamba_ssm_cache_dtype`, float32 when the
-      config does not say (vLLM's default for that model);
-    - Mamba-1 (Jamba): d_inner = mamba_expand x hidden_size, conv (d_conv - 1) x d_inner,
-      SSM d_inner x d_state.
-    """
-    if cfg.get("linear_num_value_heads") is not None:
-        k_heads = int_field(cfg, "linear_num_key_heads")
-        v_heads = int_field(cfg, "linear_num_value_heads")
-        k_dim = int_field(cfg, "linear_key_head_dim")
-        v_dim = int_field(cfg, "linear_value_head_dim")
-        kernel = int_field(cfg, "linear_conv_kernel_dim", 4)
-        conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim)
-        return (conv + v_heads * k_dim * v_dim) * dtype_bytes
-    if cfg.get("mamba_num_heads") is not None:  # Nemotron-H's names
-        heads, head = int_field(cfg, "mamba_num_heads"), int_field(cfg, "mamba_head_dim")
-        d_inner, groups = heads * head, int_field(cfg, "n_groups", 1)
-        d_state, d_conv = int_field(cfg, "ssm_state_size"), int_field(cfg, "conv_kernel", 4)
-        ssm_name = cfg.get("mamba_ssm_cache_dtype") or "float32"
-        try:
-            ssm_bytes = weight_dtype(str(ssm_name)).bits // 8
-        except ValueError:
-            raise ValueError(
-                f"config field 'mamba_ssm_cache_dtype' has unsupported value {ssm_name!r}"
-            ) from None
-        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state)
-        return conv * dtype_bytes + heads * head * d_state * ssm_bytes
-    if cfg.get("mamba_n_heads") is not None:  # Bamba, granite-4.0-h
-        heads, head = int_field(cfg, "mamba_n_heads"), int_field(cfg, "mamba_d_head")
-        d_inner = int_field(cfg, "mamba_expand", 2) * int_field(cfg, "hidden_size")
-        groups = int_field(cfg, "mamba_n_groups", 1)
-        d_state, d_conv = int_field(cfg, "mamba_d_state"), int_field(cfg, "mamba_d_conv", 4)
-        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state)
-        return (conv + heads * head * d_state) * dtype_bytes
-    d_inner = int_field(cfg, "mamba_expand", 2) * int_field(cfg, "hidden_size")
-    conv = (int_field(cfg, "mamba_d_conv", 4) - 1) * d_inner
-    ssm = d_inner * int_field(cfg, "mamba_d_state", 16)
-    return (conv + ssm) * dtype_bytes
-
-
 def model_from_config(
     config: Mapping[str, Any],
     *,
@@ -213,12 +171,20 @@ def model_from_config(
     kv_dtype: str | None = None,
     block_size: int | None = None,
     token_cap: int | None = None,
+    tensor_parallel_size: int = 1,
 ) -> ModelInfo:
     """`block_size` None: not given; an explicit one is used as given, MLA or not (a Mamba
     hybrid's is still raised so a page holds the state), with a note when vLLM's default
-    MLA backend would not use it (`given_block_size_note`)."""
+    MLA backend would not use it (`given_block_size_note`).
+
+    With `tensor_parallel_size` tp > 1 the layout is one rank's, built from that rank's
+    shapes as vLLM builds it: its KV heads (`rank_kv_heads`), its share of each state
+    layer (`mamba_state_bytes`), and a hybrid's block sized on those (`align_to_state`),
+    so a hybrid's block size may differ from one GPU's. MLA latents are whole on each rank.
+    """
     _check_positive("block_size", block_size)
     _check_positive("token_cap", token_cap)
+    _check_positive("tensor_parallel_size", tensor_parallel_size)
     cfg = text_config(config)
     kinds, rule = layer_kinds(cfg)
     served = served_dtype(cfg)
@@ -235,7 +201,9 @@ def model_from_config(
         block_size_note = given_block_size_note(kinds, block_size)
     if block_size_note:
         notes.append(block_size_note)
-    specs, cached = _layer_specs(cfg, kinds, block_size, cache_dtype, served, token_cap, notes)
+    tp = tensor_parallel_size
+    specs, cached = _layer_specs(cfg, kinds, block_size, cache_dtype, served, token_cap, tp, notes)
+    _check_attention_heads(cfg, tp)
 
     name = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
     layout = group_layers(
@@ -250,6 +218,7 @@ def model_from_config(
         kv_dtype=cache_dtype.name,
         weights=estimate_weights(config),
         block_size_note=block_size_note,
+        tensor_parallel_size=tp,
     )
 
 
@@ -258,29 +227,39 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _check_attention_heads(cfg: Mapping[str, Any], tp: int) -> None:
+    """vLLM's first check of a layout (here after the KV heads', whose message says more):
+    the query heads split evenly, even where the KV heads are replicated."""
+    heads = int_field(cfg, "num_attention_heads") if tp > 1 else 1
+    if heads % tp:
+        raise ValueError(
+            f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+            "(vLLM refuses such a layout)"
+        )
+
+
 def _layer_specs(
     cfg: Mapping[str, Any], kinds: list[str], block_size: int, cache_dtype: KVDtype, served: KVDtype,
     token_cap: int | None,
+    tp: int,
     notes: list[str],
 ) -> tuple[list[LayerSpec], list[int]]:
-    """The spec of each layer that holds a cache, and those layers' indexes; what is worth
-    saying about them goes to `notes`."""
+    """The spec of each layer that holds a cache on one of `tp` ranks, and those layers'
+    indexes; what is worth saying about them goes to `notes`."""
     attention = None
     if set(kinds) & {FULL, SLIDING, CHUNKED}:
-        attention = AttentionSpec(
-            block_size=block_size,
-            num_kv_heads=num_kv_heads(cfg),
-            head_size=head_dim(cfg),
-            dtype=cache_dtype,
-        )
+        heads = num_kv_heads(cfg)
+        attention = AttentionSpec(block_size, rank_kv_heads(heads, tp), head_dim(cfg), cache_dtype)
+        if tp > 1:
+            notes.append(f"tensor parallel {tp}: one rank holds {attention.num_kv_heads} of {heads} KV heads")
 
     mamba = None
     if MAMBA in kinds:
         assert attention is not None
-        block_size, mamba, mamba_notes = _align_mamba(cfg, attention, served)
-        attention = AttentionSpec(
-            block_size, attention.num_kv_heads, attention.head_size, attention.dtype
-        )
+        token_page = dataclasses.replace(attention, block_size=1).page_size_bytes
+        state = mamba_state_bytes(cfg, served.bits // 8, tp)
+        block_size, mamba, mamba_notes = align_to_state(state, token_page, block_size)
+        attention = dataclasses.replace(attention, block_size=block_size)
         notes.extend(mamba_notes)
 
     specs: list[LayerSpec] = []
@@ -300,7 +279,12 @@ def _layer_specs(
             assert attention is not None
             specs.append(_attention_spec(kind, attention, cfg, token_cap))
     if token_cap is not None:
-        notes.append(f"every attention layer capped at {token_cap} tokens")
+        kept = sorted({s.describe() for s in specs if s.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)})
+        notes.append(
+            f"every attention layer capped at {token_cap} tokens" if not kept else
+            f"attention layers capped at {token_cap} tokens, but for {', '.join(kept)}: "
+            "a window or chunk no longer than the cap, which never binds there"
+        )  # fmt: skip
     return specs, cached
 
 
@@ -346,39 +330,18 @@ def given_block_size_note(kinds: list[str], block_size: int) -> str:
 def _attention_spec(
     kind: str, base: AttentionSpec, cfg: Mapping[str, Any], token_cap: int | None
 ) -> LayerSpec:
+    """The layer's spec; with a cap, capped unless its window or chunk is at most the cap
+    (then the cap never binds: `budget.token_cap_binds`)."""
     args = (base.block_size, base.num_kv_heads, base.head_size, base.dtype)
-    if token_cap is not None:
-        return CappedAttentionSpec(*args, token_cap=token_cap)
+    spec: LayerSpec = base
     if kind == SLIDING:
-        return SlidingWindowSpec(*args, sliding_window=require_window(cfg))
-    if kind == CHUNKED:
-        return ChunkedLocalAttentionSpec(
-            *args, attention_chunk_size=int_field(cfg, "attention_chunk_size")
-        )
-    return base
-
-
-def _align_mamba(
-    cfg: Mapping[str, Any], attention: AttentionSpec, served: KVDtype
-) -> tuple[int, MambaSpec, list[str]]:
-    """vLLM's hybrid rule: raise the attention block size to a multiple of 16 tokens whose
-    page holds a Mamba state, then pad the Mamba page to that attention page."""
-    state = mamba_state_bytes(cfg, served.bits // 8)
-    per_token = AttentionSpec(1, attention.num_kv_heads, attention.head_size, attention.dtype)
-    step = MAMBA_BLOCK_ALIGNMENT * per_token.page_size_bytes
-    needed = MAMBA_BLOCK_ALIGNMENT * -(-state // step)
-    block_size = attention.block_size
-    notes = [f"mamba state {state} bytes per layer and request"]
-    if block_size < needed:
-        notes.append(
-            f"attention block size raised from {block_size} to {needed} tokens so one "
-            "attention page holds a mamba state (as vLLM does)"
-        )
-        block_size = needed
-    page = block_size * per_token.page_size_bytes
-    if page > state:
-        notes.append(f"mamba page padded from {state} to {page} bytes")
-    return block_size, MambaSpec(block_size, state, 1, page if page > state else None), notes
+        spec = SlidingWindowSpec(*args, sliding_window=require_window(cfg))
+    elif kind == CHUNKED:
+        spec = ChunkedLocalAttentionSpec(*args, attention_chunk_size=int_field(cfg, "attention_chunk_size"))
+    extent = getattr(spec, "sliding_window", 0) or getattr(spec, "attention_chunk_size", 0)
+    if token_cap is not None and (not extent or token_cap_binds(extent, token_cap)):
+        return CappedAttentionSpec(*args, token_cap=token_cap)
+    return spec
 
 
 def _architecture(config: Mapping[str, Any]) -> str:

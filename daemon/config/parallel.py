@@ -8,12 +8,17 @@ of the stage with the most bytes per block:
 - tensor parallel splits the KV heads across ranks, `max(1, heads // tp)` per rank
   (replicated when there are fewer KV heads than ranks, as `ModelConfig.get_num_kv_heads`);
 - MLA's latent cache has one "head" and is replicated on every rank;
+- a state layer's (Mamba) conv channels and SSM heads are split evenly across ranks, and a
+  hybrid's attention block is sized on the rank's figures (`mamba_state`);
 - pipeline parallel gives each stage only its layers (`get_pp_indices`: an even split,
   the remainder to the stages before the last); the KV-cache groups are the model's, each
   stage's block spans its share of each group's layers.
 
-Data-parallel replicas are separate engines with separate pools: nothing here splits.
-Blocks per request depend only on the groups' specs, never on how many layers a GPU holds.
+The tensor-parallel part is built with the model (`hf_config.load_model`'s
+`tensor_parallel_size`), the pipeline part here. Data-parallel replicas are separate
+engines with separate pools: nothing here splits. Blocks per request depend only on the
+groups' specs, never on how many layers a GPU holds (only a hybrid's block size may
+change with tensor parallel, when the rank's state needs fewer tokens of attention page).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
 
-from kvbudget.daemon.core.spec import KVCacheGroup, KVCacheLayout, LayerKind
+from kvbudget.daemon.core.spec import KVCacheLayout
 
 if TYPE_CHECKING:
     from kvbudget.daemon.config.settings import DaemonConfig
@@ -31,10 +36,6 @@ if TYPE_CHECKING:
 
 # Each message starts with the setting's config name, so a caller can spell it its way.
 SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-_MAMBA_TP = (
-    "tensor_parallel_size {}: how vLLM splits a Mamba layer's state across ranks is not "
-    "modelled; plan with tensor_parallel_size 1 and pipeline parallel only"
-)
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,6 @@ def rank_kv_heads(total: int, tp: int) -> int:
     return max(1, total // tp)
 
 
-def _rank_spec(spec: object, tp: int) -> object:
-    kind = spec.kind  # type: ignore[attr-defined]
-    if kind == LayerKind.MLA or tp == 1:
-        return spec  # one latent per token: every rank holds all of it
-    if kind == LayerKind.MAMBA:
-        raise ValueError(_MAMBA_TP.format(tp))
-    heads = rank_kv_heads(spec.num_kv_heads, tp)  # type: ignore[attr-defined]
-    return dataclasses.replace(spec, num_kv_heads=heads)  # type: ignore[type-var]
-
-
 def stage_group_sizes(layout: KVCacheLayout, pp: int) -> list[int]:
     """Each stage's tensors per block: the most layers any group has on that stage."""
     stages = stage_layers(layout.num_layers, pp)
@@ -119,28 +110,15 @@ def stage_group_sizes(layout: KVCacheLayout, pp: int) -> list[int]:
 
 
 def rank_layout(layout: KVCacheLayout, parallel: Parallel) -> KVCacheLayout:
-    """The layout one GPU of the engine sizes its pool by: per-rank pages, and the block of
-    the stage with the most layers (the fewest blocks: the one every worker gets)."""
-    if parallel.is_single:
+    """The layout one GPU of the engine sizes its pool by. `layout` is already one
+    tensor-parallel rank's (`load_model(tensor_parallel_size=...)`: its pages are the rank's
+    KV heads and state, as vLLM builds each worker's); what is left is the block of the
+    stage with the most layers (the fewest blocks: the one every worker gets)."""
+    if parallel.pipeline == 1:
         return layout
-    if any(g.kind == LayerKind.MAMBA for g in layout.groups) and parallel.tensor > 1:
-        raise ValueError(_MAMBA_TP.format(parallel.tensor))
-    groups = tuple(
-        KVCacheGroup(_rank_spec(g.spec, parallel.tensor), g.layer_ids)  # type: ignore[arg-type]
-        for g in layout.groups
-    )
-    # Pages padded to the largest, as group_layers does; a Mamba page (pp only) keeps its own.
-    page = max(g.spec.page_size_bytes for g in groups)
-    if parallel.tensor == 1:
-        page = layout.page_size_bytes
     group_size = max(stage_group_sizes(layout, parallel.pipeline))
-    note = (
-        f"one GPU of tensor {parallel.tensor} x pipeline {parallel.pipeline}: pages of one "
-        "rank's KV heads, blocks of the fullest pipeline stage's layers"
-    )
-    return dataclasses.replace(
-        layout, groups=groups, group_size=group_size, page_size_bytes=page, notes=(*layout.notes, note)
-    )
+    note = f"one GPU of pipeline {parallel.pipeline}: blocks of the fullest stage's layers"
+    return dataclasses.replace(layout, group_size=group_size, notes=(*layout.notes, note))
 
 
 def rank_weights(weights_bytes: int, parallel: Parallel) -> int:

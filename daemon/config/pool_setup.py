@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvbudget.daemon.config import hf_config, sizing
 from kvbudget.daemon.config.gpu import smallest_total
-from kvbudget.daemon.config.parallel import Parallel, rank_layout, rank_weights
+from kvbudget.daemon.config.parallel import SETTINGS, Parallel, rank_layout, rank_weights
 from kvbudget.daemon.config.settings import DaemonConfig
 
 log = logging.getLogger("kvbudget.daemon")
@@ -38,9 +38,11 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
             kv_dtype=None if config.kv_dtype == "auto" else config.kv_dtype,
             block_size=config.block_size,
             token_cap=config.token_cap,  # capped layers: admission's blocks, as estimate's
+            tensor_parallel_size=config.tensor_parallel_size,  # one rank's pages (parallel)
         )
-    except ValueError as exc:  # (a token_cap message names its key already)
-        raise PoolSetupError(str(exc) if str(exc).startswith("token_cap ") else f"model: {exc}") from None
+    except ValueError as exc:  # (a token_cap or layout message names its key already)
+        named = str(exc).startswith(("token_cap ", *SETTINGS))
+        raise PoolSetupError(str(exc) if named else f"model: {exc}") from None
     if model.block_size_note:
         # None given: why an MLA model's is 64 (news); one given: that a default MLA engine
         # would not use it, so the plan would not match that engine (a warning).
@@ -89,8 +91,8 @@ def setup_pool(config: DaemonConfig, gpu: object | None) -> PoolSetup:
 
 
 def _rank_model(model: hf_config.ModelInfo, config: DaemonConfig) -> tuple[hf_config.ModelInfo, Parallel]:
-    """The model as one GPU of a tensor / pipeline parallel engine holds it (its pages and
-    blocks: what the pool is sized by; a request's blocks do not change)."""
+    """The model (already one tensor-parallel rank's) as one GPU of a pipeline parallel
+    engine holds it: the blocks the pool is sized by; a request's blocks do not change."""
     parallel = Parallel(config.tensor_parallel_size, config.pipeline_parallel_size)
     try:
         layout = rank_layout(model.layout, parallel)

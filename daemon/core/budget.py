@@ -5,7 +5,8 @@ This module owns every formula that turns tokens into blocks. Admission, reclama
 promises and what the pool actually holds cannot drift apart.
 
 Notation (vLLM's): B block size, L tokens the request may reach (prompt + max new tokens,
-capped at max_model_len), F tokens in flight per step (max_num_batched_tokens x batches).
+capped at max_model_len), F tokens in flight per step (max_num_batched_tokens x batches),
+W a sliding window, C an attention chunk, T an engine's token cap per layer (`--token-cap`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def _worst_chunked(spec: LayerSpec, num_tokens: int, F: int) -> int:
 
 
 def _worst_capped(spec: LayerSpec, num_tokens: int, F: int) -> int:
+    # The engine compresses the layer to at most T tokens: cdiv(min(L, T), B).
     return cdiv(min(num_tokens, spec.token_cap), spec.block_size)  # type: ignore[union-attr]
 
 
@@ -77,6 +79,24 @@ WORST_CASE: dict[LayerKind, Callable[[LayerSpec, int, int], int]] = {
     LayerKind.CROSS: _worst_cross,
     LayerKind.MAMBA: _worst_mamba,
 }
+
+
+def token_cap_binds(extent: int, token_cap: int) -> bool:
+    """Whether a token cap T changes a layer that already drops old tokens: a sliding
+    window (extent W) or a chunk (extent C). Where it does not, the layer keeps its own
+    formula; where it does, the layer is capped (`_worst_capped`).
+
+    T >= W: the layer keeps at most W - 1 computed tokens in view (`blocks_out_of_window`;
+    a chunk's C - 1), fewer than T, so the engine's compression never has anything to drop
+    and the layer holds what it holds uncapped: the window's min(cdiv(min(W - 1 + F, L), B)
+    + 1, cdiv(L, B)) (the chunk's formula for C). Charging cdiv(min(L, T), B) there
+    would charge more than no cap for a T well past W - 1 + F (T = 20000 below).
+    T < W: the cap binds, and cdiv(min(L, T), B) <= the window's: min(L, T) <= min(W - 1
+    + F, L) as T <= W - 1, and <= cdiv(L, B) (a chunk's span C + F > T likewise). So a cap
+    never charges more than no cap. W = 4096, B = 16, F = 8192, L = 32768: uncapped 769
+    blocks; T = 1024: 64; T = 4096 or 20000: 769 (capped, T = 20000 would be 1250).
+    """
+    return token_cap < extent
 
 
 def worst_case_blocks(spec: LayerSpec, num_tokens: int, max_num_batched_tokens: int) -> int:

@@ -123,7 +123,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.daemon.config.hf_config import load_model
     from kvbudget.daemon.core.spec import KV_DTYPE_NAMES, KV_DTYPES
 
     if not args.model:
@@ -136,18 +135,8 @@ def run(args: argparse.Namespace) -> int:
     if kv_dtype is not None and kv_dtype.lower() not in KV_DTYPES:
         raise CLIError(f"--kv-dtype {args.kv_dtype!r}: expected auto or one of {KV_DTYPE_NAMES}")
     F = parse_count(args.max_num_batched_tokens, "--max-num-batched-tokens")
-    try:
-        model = load_model(
-            args.model, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap
-        )
-    except ValueError as exc:
-        message = str(exc)
-        if message.startswith("token_cap "):  # (the model's reader names the setting; here it is a flag)
-            message = "--token-cap " + message.removeprefix("token_cap ")
-        raise CLIError(message) from None
-
     parallel = parallel_flags(args)
-    model = rank_model(model, parallel)
+    model = load_rank_model(args.model, parallel, kv_dtype=kv_dtype, block_size=block_size, token_cap=token_cap)
     sizing = _size_pool(args, model, parallel)
     if not sizing.fits:
         raise CLIError(_does_not_fit(sizing))
@@ -177,20 +166,26 @@ def parallel_flags(args: argparse.Namespace) -> Parallel:
     )
 
 
-def rank_model(model: ModelInfo, parallel: Parallel) -> ModelInfo:
-    """The model as one GPU of the engine holds it (parallel.rank_layout)."""
+def load_rank_model(source: str, parallel: Parallel, *, model_prefix: str = "", **options: object) -> ModelInfo:
+    """The model as one GPU of the engine holds it: one tensor-parallel rank's pages
+    (`load_model`), the fullest pipeline stage's blocks (`parallel.rank_layout`). A message
+    that names a setting (token_cap, tensor_parallel_size...) names its flag here; any
+    other starts with `model_prefix`."""
     import dataclasses
 
+    from kvbudget.daemon.config.hf_config import load_model
     from kvbudget.daemon.config.parallel import SETTINGS, rank_layout
 
     try:
-        layout = rank_layout(model.layout, parallel)
-    except ValueError as exc:  # (the message names the setting; here it is a flag)
+        model = load_model(source, tensor_parallel_size=parallel.tensor, **options)  # type: ignore[arg-type]
+        return dataclasses.replace(model, layout=rank_layout(model.layout, parallel))
+    except ValueError as exc:
         message = str(exc)
-        for name in SETTINGS:
+        if not message.startswith(("token_cap ", *SETTINGS)):
+            raise CLIError(model_prefix + message) from None
+        for name in ("token_cap", *SETTINGS):
             message = message.replace(name, "--" + name.replace("_", "-"))
         raise CLIError(message) from None
-    return dataclasses.replace(model, layout=layout)
 
 
 def _size_pool(args: argparse.Namespace, model: ModelInfo, parallel: Parallel) -> PoolSizing:

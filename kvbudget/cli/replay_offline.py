@@ -64,22 +64,19 @@ def variant_setup(setup, variant: Variant):
 
 
 def offline_setup(args: argparse.Namespace, trace):
-    from kvbudget.cli.cmd_estimate import parallel_flags, parse_count, parse_size, rank_model
+    from kvbudget.cli.cmd_estimate import load_rank_model, parallel_flags, parse_count, parse_size
     from kvbudget.daemon.config import sizing
-    from kvbudget.daemon.config.hf_config import load_model, resolve_max_model_len
+    from kvbudget.daemon.config.hf_config import resolve_max_model_len
     from kvbudget.traces.replay import ReplaySetup
 
     block_size = int_flag(args.block_size, "--block-size")  # None: the model's (16; 64 for MLA)
     token_cap = int_flag(args.token_cap, "--token-cap")
-    try:
-        model = load_model(args.model or DEFAULT_MODEL, block_size=block_size, token_cap=token_cap)
-    except ValueError as exc:  # (a token_cap message names the setting: here it is a flag)
-        message = str(exc)
-        raise CLIError(f"--token-cap {message.removeprefix('token_cap ')}" if message.startswith("token_cap ")
-                       else f"--model: {message}") from None
-    # One GPU's layout (as estimate's): only the bytes per block change, so only a pool
-    # given in bytes comes out different; a request's blocks are the model's.
-    model = rank_model(model, parallel_flags(args))
+    # One GPU's layout (as estimate's): only the bytes per block change (and a hybrid's
+    # block size), so only a pool given in bytes comes out different.
+    model = load_rank_model(
+        args.model or DEFAULT_MODEL, parallel_flags(args), model_prefix="--model: ",
+        block_size=block_size, token_cap=token_cap,
+    )  # fmt: skip
     layout = model.layout
     if args.num_gpu_blocks and args.kv_cache_memory_bytes:
         raise CLIError("--num-gpu-blocks and --kv-cache-memory-bytes exclude each other")
