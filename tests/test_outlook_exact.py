@@ -5,6 +5,8 @@ any later decision could see (core/outlook.py, docs/routing.md)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from hypothesis import given, strategies as st
 
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
@@ -38,6 +40,11 @@ def build(layout: str, settings: dict, quotas: dict, blocks: int) -> AdmissionCo
     for tenant, share in quotas.items():
         ctrl.set_tenant_quota(tenant, share)
     return ctrl
+
+
+def states(ctrl: AdmissionController) -> list[tuple]:
+    """Every field of every running and waiting request, in the queue's order."""
+    return [tuple(getattr(r, f.name) for f in fields(r)) for r in ctrl.running_requests() + ctrl.waiting_requests()]
 
 
 def spec_of(rid: str, shape: Shape) -> RequestSpec:
@@ -101,10 +108,14 @@ def test_the_answer_is_what_a_submit_now_gets_and_asking_changes_nothing(layout,
             assert answer.final == (first.kind is DecisionKind.REJECT)
             if answer.final:
                 assert answer.detail == first.detail
+            # Nothing a later decision reads moved: every request's state, every count.
+            assert states(asked) == states(quiet)
+            assert asked.snapshot(now) == quiet.snapshot(now)
         op = next_op(data, asked, n, now)
         ops.append(op)
         assert apply(asked, op) == apply(quiet, op)
     asked.check_integrity()
-    tail = [r.request_id for r in asked.running_requests() if r.status is Status.RUNNING]
-    for rid in tail:  # what runs finishes the same way whether anyone asked or not
-        assert engine_step(asked, rid, 64, now + 1) == engine_step(quiet, rid, 64, now + 1)
+    for rid in [r.request_id for r in asked.running_requests()]:  # what runs ends the same, asked or not
+        r = asked.find(rid)
+        if r is not None and r.status is Status.RUNNING:  # (not preempted by the one before)
+            assert engine_step(asked, rid, 64, now + 1) == engine_step(quiet, rid, 64, now + 1)
