@@ -26,7 +26,7 @@ SETTINGS = st.fixed_dictionaries({
     "max_head_wait_s": st.sampled_from([0.0, 0.0, 2.5]),
     "fair_share": st.booleans(),
     "max_queue_len": st.sampled_from([0, 0, 4]),
-    "watermark": st.sampled_from([0.0, 0.05]),
+    "watermark": st.sampled_from([0.0, 0.1]),
     "admit_on": st.sampled_from(["whole_prompt", "first_chunk"]),
     "reject_over_quota": st.booleans(),
 })  # fmt: skip
