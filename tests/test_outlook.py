@@ -50,6 +50,46 @@ def test_a_shape_that_fits_the_spare_is_backfilled_past_the_waiting_head():
     assert outlook(busy_pool(backfill_depth=0), Shape(1, 7), 1.0).reason == "queue_ahead"
 
 
+def test_a_shape_that_fits_but_would_delay_the_protected_head_waits():
+    # Guaranteed, 10 blocks: a (8 + 8: L 16, 2 blocks) and b (8 + 40: L 48, 6) run, spare 2;
+    # c (8 + 24: L 32, 4) waits at the head. With no samples each runs to its maximum: a
+    # ends after 1 prefill step + 8 decode steps = 9, and its 2 blocks make the 4 c needs,
+    # 0 beyond (b's growth rate, 1 block in 41 steps, takes none by then): c starts at 9.
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 10, AdmissionConfig(max_model_len=64, max_num_batched_tokens=16, policy="guaranteed"),
+    )  # fmt: skip
+    for rid, prompt, new in (("a", 8, 8), ("b", 8, 40), ("c", 8, 24)):
+        ctrl.submit(RequestSpec(rid, prompt, new), 0.0)
+    # 1 + 15 (L 16: 2 blocks) fits the spare 2 but runs 1 + 15 = 16 steps, and at step 9
+    # holds 9 tokens + one block ahead = 3 blocks > 0: it would delay c.
+    long = outlook(ctrl, Shape(1, 15), 1.0)
+    assert (long.admit_now, long.reason, long.blocks_needed_total, long.blocks_spare) == (False, "queue_ahead", 2, 2)
+    # 8 + 8 (also 2 blocks) ends in 9 steps, as c starts: backfilled.
+    short = outlook(ctrl, Shape(8, 8), 1.0)
+    assert (short.admit_now, short.reason) == (True, "fits")
+    assert kinds(ctrl.submit(RequestSpec("x", 1, 15), 1.0)) == [("queue", "queue_ahead", "x")]
+    assert kinds(ctrl.submit(RequestSpec("y", 8, 8), 1.0))[0] == ("admit", "fits", "y")
+
+
+def test_a_shape_that_fits_now_but_not_the_predicted_peak_waits_budget_full():
+    def pool(peak: bool) -> AdmissionController:
+        ctrl = AdmissionController(SMALL_LAYOUTS["full"], 10, AdmissionConfig(
+            max_model_len=64, max_num_batched_tokens=16, watermark=0.0, admit_on="first_chunk", optimistic_peak=peak,
+        ))  # fmt: skip
+        ctrl.submit(RequestSpec("a", 32, 24), 0.0)  # holds its first chunk: 2 blocks, spare 8
+        return ctrl
+
+    # 16 + 24 takes 2 blocks now. With no samples both run to their maximum, 24 decode
+    # steps: a at 56 tokens (7 blocks) and it at 40 (5), 12 blocks, 10 more than the 2 held
+    # today: more than the 8 spare, so the peak gate holds it back.
+    answer = outlook(pool(True), Shape(16, 24), 1.0)
+    assert (answer.admit_now, answer.reason, answer.final, answer.blocks_spare) == (False, "budget_full", False, 8)
+    assert kinds(pool(True).submit(RequestSpec("x", 16, 24), 1.0)) == [("queue", "budget_full", "x")]
+    assert (outlook(pool(False), Shape(16, 24), 1.0).admit_now, outlook(pool(False), Shape(16, 24), 1.0).reason) == (
+        True, "fits",
+    )  # fmt: skip
+
+
 def test_priority_puts_it_ahead_of_the_queue_and_a_new_tenant_is_not_created():
     ctrl = busy_pool()
     answer = outlook(ctrl, Shape(8, 8, tenant="new", priority=-1), 1.0)
@@ -113,6 +153,6 @@ def test_prefix_hits_held_by_a_running_request_are_not_asked_of_the_pool():
     ctrl.submit(RequestSpec("c", 8, 24), 0.0)
     hit = outlook(ctrl, Shape(20, 12, prefix_hashes=(11, 12)), 1.0)
     miss = outlook(ctrl, Shape(20, 12), 1.0)
-    assert (hit.blocks_needed, hit.blocks_needed_total, hit.admit_now) == ((4,), 2, True)
+    assert (hit.blocks_needed, hit.blocks_needed_total, hit.admit_now, hit.reason) == ((4,), 2, True, "prefix_hit")
     assert (miss.blocks_needed_total, miss.admit_now, miss.reason, miss.blocks_spare) == (4, False, "budget_full", 2)
     assert kinds(ctrl.submit(RequestSpec("b", 20, 12, prefix_hashes=(11, 12)), 1.0)) == [("admit", "prefix_hit", "b")]

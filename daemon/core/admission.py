@@ -16,7 +16,6 @@ from kvbudget.daemon.core.admission_controls import AdmissionControls
 from kvbudget.daemon.core.admission_config import (  # re-exported: see __all__
     POLICIES, AdmissionConfig, AdmissionError, DuplicateRequest, UnknownRequest,
 )
-from kvbudget.daemon.core.aging import RecentWaits
 from kvbudget.daemon.core.backfill import Backfill
 from kvbudget.daemon.core.budget import blocks_held
 from kvbudget.daemon.core.decisions import DecisionRecorder
@@ -257,10 +256,9 @@ class AdmissionController(AdmissionControls):
     def num_waiting(self) -> int:
         return len(self._queue)
 
-    @property
-    def recent_waits(self) -> RecentWaits:
-        """The waits aging follows (read by outlook.py, which must age a line as the queue does)."""
-        return self._backfill.waits
+    def queue_pass_parts(self) -> tuple[FitCheck, PeakGate, Backfill, WaitingQueue]:
+        """The pass's own parts, for a look that changes nothing (outlook.py, a router's ask)."""
+        return self._fit, self._peak, self._backfill, self._queue
 
     def request(self, request_id: str) -> RequestState:
         """The live state of a known request (read-only); `find` gives None for an unknown id."""

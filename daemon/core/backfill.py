@@ -9,6 +9,7 @@ should (aging.py), nothing passes it. Why, and the model: docs/architecture/core
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from copy import copy
 
 from kvbudget.daemon.core.aging import RecentWaits
 from kvbudget.daemon.core.fit import FitCheck, Memo
@@ -88,6 +89,18 @@ class Backfill:
                     return
             else:
                 tried += 1
+
+    def probe(self, queue) -> Backfill:
+        """A twin of this pass over `queue` (anything with `in_order`: the queue with one
+        request more) for a look that must change nothing here (outlook.py, a router's
+        ask): the same books, predictor, waits and running requests, copies of the memos."""
+        twin = copy(self)
+        twin.queue = queue
+        twin._kept, twin._predicted = dict(self._kept), dict(self._predicted)
+        if self._ahead != self.fit.decode_ahead_tokens:  # (the twin's may_pass would refill _total)
+            held = self.fit.held
+            twin._total = Memo(lambda n: sum(held[n + twin._ahead, n - 1]) if n > 0 else 0)
+        return twin
 
     def may_pass(self, r: RequestState, policy: Policy) -> bool:
         """Whether `r`, a candidate of this pass that fits now, may be admitted: it is the

@@ -205,3 +205,17 @@ class PeakGate:
         if hit.num_blocks:  # full-group hits others hold cost nothing (fit.plan's need)
             a -= sum(hit.shared[g] for g in self.ledger.prefix_groups)
         return self.index().peak_with(d, a, blocks * B - start) <= spare
+
+    def admits_read_only(self, r: RequestState, plan: Plan, spare: int) -> bool:
+        """`admits`, changing nothing (outlook.py, a router's ask): building the index may
+        renew running requests' outlived predictions; if it did, they and the index are put
+        back, so the next pass predicts as if nobody had asked."""
+        kept = self._seq, self._index
+        outputs = [x.predicted_output for x in self.running.values()] if self.recorder.seq != kept[0] else None
+        try:
+            return self.admits(r, plan, spare)
+        finally:
+            if outputs is not None and outputs != [x.predicted_output for x in self.running.values()]:
+                for x, value in zip(self.running.values(), outputs):
+                    x.predicted_output = value
+                self._seq, self._index = kept

@@ -1,25 +1,30 @@
 """How soon could a request of this shape be admitted here? A router's question.
 
-Answered from the admission core's own formulas (fit.FitCheck's plan and refusal, the
-queue's order, backfill's candidates) without changing anything: no request, tenant,
-block or decision is made. The daemon's AskAdmission call and the multi-host what-if
+Whether it is admitted now, and why not, is decided by the controller's own queue pass
+(admission.py's submit: fit.FitCheck's plan and refusal, the predicted-peak gate, the
+queue's order, backfill's candidates and its head protection), run on the candidate
+without changing anything: no request, tenant, block, memo or decision is made. How long
+it would wait is an estimate. The daemon's AskAdmission call and the multi-host what-if
 (traces/multi_host.py) both call `outlook`. What it assumes: docs/routing.md.
 """
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass
 
 from kvbudget.daemon.core.admission import AdmissionController, AdmissionError
 from kvbudget.daemon.core.backfill import Backfill
 from kvbudget.daemon.core.fit import FitCheck
+from kvbudget.daemon.core.future_peak import PeakGate
 from kvbudget.daemon.core.records import Reason, RequestSpec
 from kvbudget.daemon.core.requests import RequestState
-from kvbudget.daemon.core.waiting_queue import TenantAccount
+from kvbudget.daemon.core.waiting_queue import TenantAccount, WaitingQueue
 
 # A decode step of a busy engine, when the caller knows no better (a router that measured
 # its engines' inter-token latency passes its own).
 DEFAULT_STEP_S = 0.02
+_LAST = 1 << 62  # the candidate's arrival order: after every request that waits
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Shape:
 @dataclass(frozen=True)
 class Outlook:
     admit_now: bool
-    reason: str  # "fits", or why not now: pool_full, tenant_quota, queue_ahead, never_fits...
+    reason: str  # what a submit now would get: fits or prefix_hit (admitted), else why not
     final: bool  # never admitted here as things stand (it would be rejected)
     blocks_needed: tuple[int, ...]  # per group: what admission reserves (max(held, base))
     blocks_needed_total: int  # what the pool must find for it (shared prefix hits left out)
@@ -45,32 +50,46 @@ class Outlook:
     blocks_reclaimable: int  # free blocks still holding cached prefixes (counted in free)
     requests_ahead: int  # waiting requests the queue puts before it
     blocks_ahead: int  # what those need
-    wait_steps: int  # decode steps until enough comes back: 0 now, -1 not from what runs
+    wait_steps: int  # decode steps until enough comes back (an estimate): 0 now, -1 not from what runs
     wait_s: float  # wait_steps x step_s (-1.0: unknown)
     detail: str = ""
 
 
 class _LedgerView:
     """The ledger as FitCheck reads it, with an account for a tenant it has not met (the
-    real `tenant()` would create one: that is a change)."""
+    real `tenant()` would create one: that is a change; a new account has no quota)."""
 
     def __init__(self, ledger, tenant: str) -> None:
         self._ledger = ledger
-        tenants = ledger.tenants
-        self.tenants = tenants if tenant in tenants else {**tenants, tenant: TenantAccount(tenant)}
+        self.tenants = {**ledger.tenants, tenant: TenantAccount(tenant)}
 
     def __getattr__(self, name):
         return getattr(self._ledger, name)
 
 
 class _Line:
-    """The waiting queue as the new request would find it: those ahead, then it."""
+    """The waiting queue as a submit of `r` would find it: the queue's own order, `r` in
+    the place its key gives it, after every request of its (priority, class, tenant
+    usage) or better, being the newest (waiting_queue.py)."""
 
-    def __init__(self, waiting: list[RequestState]) -> None:
-        self.waiting = waiting
+    def __init__(self, queue: WaitingQueue, r: RequestState) -> None:
+        self.queue, self.r = queue, r
 
     def in_order(self, tenants, skip=None):
-        return (r for r in self.waiting if skip is None or r.spec.tenant not in skip)
+        r, fair = self.r, self.queue.fair_share
+        waiting = self.queue.in_order(tenants, skip)  # (places every tenant by its usage now)
+        mine = (r.spec.priority, 1, tenants[r.tenant].usage() if fair and r.tenant in tenants else 0.0)
+        placed = False
+        for w in waiting:
+            if not placed and mine < (w.spec.priority, w.queue_key[1], tenants[w.tenant].usage() if fair else 0.0):
+                placed = True
+                if skip is None or r.tenant not in skip:
+                    yield r
+                if skip is not None and w.tenant in skip:  # held back meanwhile: the queue drops it
+                    continue
+            yield w
+        if not placed and (skip is None or r.tenant not in skip):
+            yield r
 
 
 def outlook(controller: AdmissionController, shape: Shape, now: float, step_s: float = DEFAULT_STEP_S) -> Outlook:
@@ -86,35 +105,26 @@ def outlook(controller: AdmissionController, shape: Shape, now: float, step_s: f
     limit = config.max_model_len
     max_len = min(shape.prompt_tokens + (limit if shape.max_new_tokens is None else shape.max_new_tokens), limit)
     spec = RequestSpec("", shape.prompt_tokens, shape.max_new_tokens, shape.prefix_hashes, shape.priority, shape.tenant)
-    r = RequestState(spec, max_len, 1 << 62, len(controller.layout.groups))
+    r = RequestState(spec, max_len, _LAST, len(controller.layout.groups))
     r.queued_at = now
-    view = _LedgerView(controller.ledger, shape.tenant)
-    fit = FitCheck(controller.layout, view, controller.predictor, config)  # type: ignore[arg-type]
-    fit.decode_ahead_tokens = controller.layout.block_size
+    fit, peak, backfill, queue = controller.queue_pass_parts()
+    ledger = controller.ledger
+    if shape.tenant not in ledger.tenants:
+        fit = copy(fit)  # the same checks and memos, reading a ledger that knows the tenant
+        fit.ledger = _LedgerView(ledger, shape.tenant)  # type: ignore[assignment]
     pool = controller.pool
-    base = dict(blocks_free=pool.num_free_blocks, blocks_spare=controller.ledger.spare,
+    base = dict(blocks_free=pool.num_free_blocks, blocks_spare=ledger.spare,
                 blocks_reclaimable=pool.num_evictable_blocks)  # fmt: skip
     final = _final(controller, fit, r)
     if final is not None:
         return Outlook(False, final[0].value, True, (), 0, **base, requests_ahead=0, blocks_ahead=0,
                        wait_steps=-1, wait_s=-1.0, detail=final[1])  # fmt: skip
+    reason, is_final, detail = _decide(controller, fit, peak, backfill, queue, r, now)
     policy = controller.policy
     plan = fit.plan(r, policy)
-    refusal = fit.refusal(r, plan, policy, controller.num_running > 0)
-    ahead = _ahead(controller, view.tenants, shape)
-    quota_held: set[str] = set()
-    line = Backfill(_Line([*ahead, r]), view, fit, controller.predictor, {})  # type: ignore[arg-type]
-    line.waits = controller.recent_waits  # (read only: candidates() asks it for the aging bound)
-    reached = any(c is r for c in line.candidates(now, quota_held, config.backfill_depth, config.max_head_wait_s))
+    ahead = _ahead(controller, fit.ledger.tenants, shape)
     blocks_ahead = sum(fit.plan(a, policy).need for a in ahead)
-    reason, is_final, detail = Reason.FITS, False, ""
-    if refusal is not None:
-        reason, is_final, detail = refusal.reason, refusal.final, refusal.detail
-    elif not reached:
-        reason = Reason.TENANT_QUOTA if shape.tenant in quota_held else Reason.QUEUE_AHEAD
-    admit_now = reason is Reason.FITS
-    if not admit_now and config.max_queue_len and controller.num_waiting >= config.max_queue_len:
-        reason, is_final, detail = Reason.QUEUE_FULL, True, f"max_queue_len {config.max_queue_len}"
+    admit_now = reason is Reason.FITS or reason is Reason.PREFIX_HIT
     steps = 0 if admit_now else -1
     if not admit_now and not is_final:
         steps = _wait_steps(controller, fit, r, plan.need + blocks_ahead, reason, plan.charge)
@@ -123,6 +133,58 @@ def outlook(controller: AdmissionController, shape: Shape, now: float, step_s: f
         requests_ahead=len(ahead), blocks_ahead=blocks_ahead, wait_steps=steps,
         wait_s=steps * step_s if steps >= 0 else -1.0, detail=detail,
     )
+
+
+def _decide(
+    controller: AdmissionController, fit: FitCheck, peak: PeakGate, backfill: Backfill, queue: WaitingQueue,
+    r: RequestState, now: float,
+) -> tuple[Reason, bool, str]:
+    """(reason, final, detail) of the decision a submit of `r` now gets, as
+    AdmissionController.submit makes it (tried at once into an empty queue, else behind
+    it: `_try_behind_queue`, then `_wait`'s queue bound)."""
+    config = controller.config
+    if not queue.size:
+        return _try(controller, fit, peak, None, r)
+    line = backfill.probe(_Line(queue, r))
+    quota_held: set[str] = set()
+    for candidate in line.candidates(now, quota_held, config.backfill_depth, config.max_head_wait_s):
+        if candidate is r:
+            decided = _try(controller, fit, peak, line, r)
+            break
+    else:
+        decided = Reason.QUEUE_AHEAD, False, ""
+        if r.tenant in quota_held:  # passed over with its tenant's requests that wait for the quota
+            policy = controller.policy
+            refusal = fit.refusal(r, fit.plan(r, policy), policy, controller.num_running > 0)
+            if refusal is not None and refusal.final:
+                decided = refusal.reason, True, refusal.detail
+            else:
+                decided = Reason.TENANT_QUOTA, False, ""
+    reason, final, _ = decided
+    limit = config.max_queue_len
+    if reason is not Reason.FITS and reason is not Reason.PREFIX_HIT and not final and limit and queue.size >= limit:
+        return Reason.QUEUE_FULL, True, f"max_queue_len {limit}"
+    return decided
+
+
+def _try(
+    controller: AdmissionController, fit: FitCheck, peak: PeakGate, line: Backfill | None, r: RequestState
+) -> tuple[Reason, bool, str]:
+    """AdmissionController._try_admit's tests in its order, admitting nothing: the step's
+    budget, the fit, the predicted peak, and (behind a queue) the head's protection."""
+    budget = fit.budget
+    if budget is not None and (budget[0] <= 0 or budget[1] <= 0):
+        return Reason.QUEUE_AHEAD, False, ""
+    policy = controller.policy
+    plan = fit.plan(r, policy)
+    refusal = fit.refusal(r, plan, policy, controller.num_running > 0)
+    if refusal is not None:
+        return refusal.reason, refusal.final, refusal.detail
+    if policy.gates_on_peak and not peak.admits_read_only(r, plan, controller.ledger.spare):
+        return Reason.BUDGET_FULL, False, ""
+    if line is not None and not line.may_pass(r, policy):
+        return Reason.QUEUE_AHEAD, False, ""
+    return (Reason.PREFIX_HIT if plan.hit.num_blocks else Reason.FITS), False, ""
 
 
 def _final(controller: AdmissionController, fit: FitCheck, r: RequestState) -> tuple[Reason, str] | None:

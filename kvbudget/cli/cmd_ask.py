@@ -94,7 +94,7 @@ def render(f: dict[str, Any]) -> str:
     if f["final"]:
         head = f"not here: {f['reason']}" + (f" ({f['detail']})" if f["detail"] else "")
     elif f["admit_now"]:
-        head = "admitted now"
+        head = "admitted now" + (" (prefix_hit)" if f["reason"] == "prefix_hit" else "")  # (else "fits")
     elif f["wait_steps"] >= 0:
         head = f"waits ({f['reason']}): about {f['wait_steps']} decode steps, {f['wait_s']:.2f} s"
     else:
