@@ -103,6 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="growth asked ahead, in blocks (live 16: fewer round trips; offline 4: on a tight "
         "pool every block asked ahead is one another request cannot have)",
     )
+    engine.add_argument(
+        "--engine-model", choices=("decodes-first", "vllm"), default="decodes-first",
+        help="how a step is built: decodes-first (grows a token at a time, decodes before prefills) "
+        "or vllm (as vLLM 0.33 under kvbudget.vllm.Scheduler: a block at a time, vLLM's order; "
+        "docs/vllm.md)",
+    )
     run_group = parser.add_argument_group("the run")
     pace = run_group.add_mutually_exclusive_group()
     pace.add_argument("--speed", metavar="X", help="live: X trace seconds per wall second (1)")
