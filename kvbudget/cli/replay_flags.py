@@ -55,6 +55,15 @@ LIVE_GROW_AHEAD_BLOCKS = 16
 OFFLINE_GROW_AHEAD_BLOCKS = 4
 
 
+def add_engine_model(group) -> None:
+    group.add_argument(
+        "--engine-model", choices=("decodes-first", "vllm"), default="decodes-first",
+        help="how a step is built: decodes-first (grows a token at a time, decodes before prefills) "
+        "or vllm (as vLLM 0.33 under kvbudget.vllm.Scheduler: a block at a time, in vLLM's order; "
+        "docs/vllm.md)",
+    )
+
+
 def grow_ahead_blocks(args: argparse.Namespace) -> int:
     if getattr(args, "engine_model", None) == "vllm":  # (it grows to the end of a block, as the adapter)
         if args.grow_ahead_blocks is not None:
