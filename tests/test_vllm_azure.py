@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -59,6 +60,7 @@ def test_azure_500_follows_the_daemon_with_zero_drift(policy, tmp_path, monkeypa
                     on_step=lambda _: drifts.extend(scheduler.kvbudget.check_accounting()))
         counts = dict(scheduler.kvbudget.metrics.counts)
         scheduler.shutdown()
+        kinds = Counter(row["kind"] for row in daemon.decision_rows())
         ends = daemon.decision_rows("kind IN ('release', 'reject', 'expire')")
     assert drifts == [] and counts["drift"] == 0
     assert counts["steps"] == run.steps and counts["unreachable_steps"] == 0
@@ -75,3 +77,5 @@ def test_azure_500_follows_the_daemon_with_zero_drift(policy, tmp_path, monkeypa
     assert (ours["finished"], ours["rejected"]) == (theirs["finished"], theirs["rejected"]) == (498, 2)
     for name in FIGURES:  # (1% of a preemption count under 100 is the count itself)
         assert close(ours[name], theirs[name]), (name, ours[name], theirs[name])
+    # And the same decisions, kind by kind (row by row, as measured: docs/vllm.md).
+    assert dict(kinds) == theirs["decisions_by_kind"]
