@@ -9,7 +9,7 @@ the end of the block for each request whose coming chunk passes its slots, lates
 first. Then vLLM's own loop: the running requests the daemon did not deny, in order, then
 those it admitted, in its order, within the budget the step told it. No step is skipped
 (progress goes every step); the default engine model, and what it does otherwise, is
-sim_engine.py's (docs/vllm.md, "The offline replay").
+sim_engine.py's (docs/vllm.md, "Measured": what the two differ in).
 """
 
 from __future__ import annotations
