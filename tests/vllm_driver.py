@@ -129,7 +129,9 @@ def drive(scheduler, rows, max_tokens: int, *, step_base_s: float = 0.020, per_p
                 sampled.append([])
                 prefill += out.num_scheduled_tokens[rid]
                 continue
-            if request.num_output_tokens == 0:
+            # The chunk that ends a prompt, or a recompute after a preemption, is prefill too
+            # (as the replay's engine models count it); a decode's one token is not.
+            if request.num_output_tokens == 0 or out.num_scheduled_tokens[rid] > 1:
                 prefill += out.num_scheduled_tokens[rid]
             sampled.append([STOP if request.num_output_tokens + 1 >= want[rid] else SAMPLED])
         result = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},

@@ -119,6 +119,8 @@ def run_settings(setup: ReplaySetup) -> dict[str, object]:
 
     defaults = {f.name: f.default for f in fields(AdmissionConfig)}
     given = {k: v for k, v in sorted(setup.admission) if defaults.get(k) != v}
+    if setup.engine.engine_model != "decodes-first":  # (the default's settings read as before)
+        return {**given, "engine_model": setup.engine.engine_model}
     return {**given, "grow_ahead_blocks": setup.engine.grow_ahead_blocks}
 
 

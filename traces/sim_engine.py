@@ -20,6 +20,9 @@ from kvbudget.daemon.core.step import StepOps
 from kvbudget.traces.sim_request import FINISHED, LOST, QUEUED, REJECTED, RUNNING, SimRequest
 
 
+ENGINE_MODEL_NAMES = ("decodes-first", "vllm")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_num_seqs: int = 256
@@ -33,8 +36,13 @@ class EngineConfig:
     # output (it must fit). None: the longest output among the requests simulated (the
     # replay CLI passes the whole trace's instead, so a slice asks what the service did).
     max_new_tokens: int | None = None
+    # How a step is built: "decodes-first" (this file's SimEngine), or "vllm" as vLLM 0.33's
+    # scheduler under kvbudget.vllm builds it (sim_engine_vllm.py; docs/vllm.md).
+    engine_model: str = "decodes-first"
 
     def __post_init__(self) -> None:
+        if self.engine_model not in ENGINE_MODEL_NAMES:
+            raise ValueError(f"engine_model: one of {', '.join(ENGINE_MODEL_NAMES)}, got {self.engine_model!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")

@@ -22,6 +22,7 @@ from kvbudget.traces.prefix_hashes import pool_prefix_hashes
 from kvbudget.traces.trace_request import TraceRequest
 from kvbudget.traces.sim_backend import AsyncBackend, Backend
 from kvbudget.traces.sim_engine import EngineConfig, SimEngine
+from kvbudget.traces.sim_engine_vllm import ENGINE_MODELS
 from kvbudget.traces.sim_request import (
     FINISHED,
     LOST,
@@ -140,8 +141,9 @@ class Simulation:
             raise ValueError(f"engines: must be >= 1, got {engines}")
         self.config = config
         self.layout = layout
+        engine_model = ENGINE_MODELS[config.engine_model]
         self.engines = [
-            SimEngine(f"{id_prefix}engine-{k}", k, config, self.layout) for k in range(engines)
+            engine_model(f"{id_prefix}engine-{k}", k, config, self.layout) for k in range(engines)
         ]
         arrivals = spread_arrivals(trace, seed, spread_s) if spread_s > 0 else [r.arrival_s for r in trace]
         # Time 0 is the earliest arrival, wherever it sits in `trace`: measured from the

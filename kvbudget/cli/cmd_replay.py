@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kvbudget.cli import replay_hosts, replay_live, replay_offline
-from kvbudget.cli.replay_flags import POLICY_NAMES, int_flag
+from kvbudget.cli.replay_flags import POLICY_NAMES, add_engine_model, int_flag
 from kvbudget.cli.replay_offline import DEFAULT_MODEL
 from kvbudget.cli.replay_variants import SYNTAX, chosen_variants
 from kvbudget.client.errors import CLIError
@@ -103,6 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="growth asked ahead, in blocks (live 16: fewer round trips; offline 4: on a tight "
         "pool every block asked ahead is one another request cannot have)",
     )
+    add_engine_model(engine)
     run_group = parser.add_argument_group("the run")
     pace = run_group.add_mutually_exclusive_group()
     pace.add_argument("--speed", metavar="X", help="live: X trace seconds per wall second (1)")

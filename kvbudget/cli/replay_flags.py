@@ -55,7 +55,21 @@ LIVE_GROW_AHEAD_BLOCKS = 16
 OFFLINE_GROW_AHEAD_BLOCKS = 4
 
 
+def add_engine_model(group) -> None:
+    group.add_argument(
+        "--engine-model", choices=("decodes-first", "vllm"), default="decodes-first",
+        help="how a step is built: decodes-first (grows a token at a time, decodes before prefills) "
+        "or vllm (as vLLM 0.33 under kvbudget.vllm.Scheduler: a block at a time, in vLLM's order; "
+        "docs/vllm.md)",
+    )
+
+
 def grow_ahead_blocks(args: argparse.Namespace) -> int:
+    if getattr(args, "engine_model", None) == "vllm":  # (it grows to the end of a block, as the adapter)
+        if args.grow_ahead_blocks is not None:
+            raise CLIError("--grow-ahead-blocks: the vllm engine model grows to the end of each block, "
+                           "as kvbudget.vllm does; drop it")
+        return 0
     if args.grow_ahead_blocks is None:
         return OFFLINE_GROW_AHEAD_BLOCKS if args.offline else LIVE_GROW_AHEAD_BLOCKS
     return int_flag(args.grow_ahead_blocks, "--grow-ahead-blocks", minimum=0) or 0
@@ -73,6 +87,7 @@ def engine_config(args: argparse.Namespace, trace, *, max_model_len: int, max_nu
             per_decode_seq_s=(float_flag(args.per_decode_seq_us, "--per-decode-seq-us") or 0.0) / 1e6,
             grow_ahead_blocks=grow_ahead_blocks(args),
             max_model_len=max_model_len,
+            engine_model=getattr(args, "engine_model", None) or "decodes-first",
             # The whole file's longest output, not the slice's: what the service evidently
             # capped at, so a what-if does not change with --start / --limit.
             max_new_tokens=int_flag(args.max_new_tokens, "--max-new-tokens") or trace.max_output_tokens or None,

@@ -48,6 +48,9 @@ def variant_setup(setup, variant: Variant):
 
     engine = setup.engine
     if variant.grow_ahead_blocks is not None:
+        if engine.engine_model == "vllm":
+            raise CLIError(f"--compare {variant.label!r}: grow_ahead_blocks: the vllm engine model grows "
+                           "to the end of each block, as kvbudget.vllm does; drop it")
         engine = replace(engine, grow_ahead_blocks=variant.grow_ahead_blocks)
     one = replace(setup, admission=tuple({**dict(setup.admission), **dict(variant.settings)}.items()), engine=engine)
     try:
