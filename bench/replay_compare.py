@@ -35,8 +35,8 @@ STRICT = "vllm-strict=optimistic:backfill_depth=0:watermark=0:grow_ahead_blocks=
 RUNS = ("naive", "optimistic", "guaranteed", "predictive", STRICT)
 COLUMNS = ("naive", "optimistic", "guaranteed", "predictive", "vllm-strict")
 ENGINE = ("--block-size", "16", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192")
-# KVBudget's simulated engine asks growth as vLLM allocates it (and as the vLLM adapter asks):
-# what each step needs, nothing ahead.
+# The replay's default engine model asks growth as vLLM's own scheduler allocates it: what
+# each step needs, nothing ahead (the vLLM adapter asks by the block: `--engine-model vllm`).
 GROWTH = ("--grow-ahead-blocks", "0")
 # The default's watermark (1.5%) against its neighbours: the trade-off the default was chosen on.
 SWEEP = (0.0, 0.01, 0.0125, 0.02, 0.03)
