@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 
 from kvbudget.daemon.core.records import Decision
@@ -21,6 +22,8 @@ from kvbudget.daemon.server.sessions import Session, SessionTable
 from kvbudget.daemon.server.watch import WatchHub
 
 log = logging.getLogger("kvbudget.daemon")
+PUBLISH_SLICE = 1_000  # decisions handed on between two yields of the loop
+_ENGINE_ID = operator.attrgetter("engine_id")
 
 
 class Dispatcher:
@@ -115,10 +118,10 @@ class Dispatcher:
         if len(decisions) == 1:  # a step's own decision, as a rule
             engine_id = decisions[0].engine_id
             return bool(engine_id) and engine_id != origin_engine
-        for d in decisions:
-            if d.engine_id != origin_engine and d.engine_id:
-                return True
-        return False
+        engine_ids = set(map(_ENGINE_ID, decisions))  # (in C: a big step's 100,000 took 25-50 ms in a loop)
+        engine_ids.discard(origin_engine)
+        engine_ids.discard("")
+        return bool(engine_ids)
 
     # ------------------------------------------------------------------ the task
     async def _run(self) -> None:
@@ -146,7 +149,7 @@ class Dispatcher:
                           "cancelled" if committed.cancelled() else committed.exception(), len(decisions))
             else:
                 try:
-                    self._publish(decisions, origin_engine, started)
+                    await self._publish_sliced(decisions, origin_engine, started)
                 except Exception:  # a broken watcher or metric must not stop the others
                     log.exception("publishing decisions failed")
             # Published or not: an expired engine never hears of a decision not in the log,
@@ -168,6 +171,17 @@ class Dispatcher:
             written.cancel()  # stopping, still unwritten: the log says at close they are lost
             return False
         return not written.cancelled() and written.exception() is None
+
+    async def _publish_sliced(self, decisions: list[Decision], origin_engine: str, started: float | None) -> None:
+        """`_publish`, PUBLISH_SLICE decisions at a time with the loop let go between (a big
+        step's 100,000 held it ~0.1 s); the batch's latency counted once. The next batch
+        waits: each session, watcher and the metrics still hear them in seq order."""
+        if len(decisions) <= PUBLISH_SLICE:
+            self._publish(decisions, origin_engine, started)
+            return
+        for start in range(0, len(decisions), PUBLISH_SLICE):
+            self._publish(decisions[start:start + PUBLISH_SLICE], origin_engine, started if not start else None)
+            await asyncio.sleep(0)
 
     def _publish(self, decisions: list[Decision], origin_engine: str, started: float | None) -> None:
         of_engine = self.sessions.of_engine

@@ -11,7 +11,8 @@ on each slice):
   - finishes and aborts only, while no request waits: the queue pass each slice ends with
     finds nothing, as the whole step's one would.
 
-Another big step is applied whole (its read and its reply still in slices). Nothing else
+Another big step is applied whole (its reply still built in slices). A big step is read
+and validated in a worker thread (steps.py). Nothing else
 changes the pool meanwhile: the step holds `SliceGate` from before its validation to its
 last slice, and every other change (steps, sessions opened or closed, admin ops, the
 ticker) waits for it or skips a tick. docs/architecture.md, "One request's path".
@@ -25,7 +26,6 @@ from collections.abc import Iterator
 
 from kvbudget.daemon.core.admission import AdmissionController
 from kvbudget.daemon.core.step import StepOps
-from kvbudget.daemon.wire.convert import submit_to_spec
 from kvbudget.v1 import engine_pb2
 
 SLICE_OPS = 1_000
@@ -57,15 +57,6 @@ class SliceGate:
 def is_big(request: engine_pb2.StepRequest) -> bool:
     return (len(request.submits) + len(request.grows) + len(request.progress) + len(request.finishes)
             + len(request.aborts)) > SLICE_OPS
-
-
-async def read_submits(request: engine_pb2.StepRequest, engine_id: str, now: float) -> list:
-    """The submits as `step_request.read_step` reads them, SLICE_OPS at a time."""
-    submits, specs = request.submits, []
-    for start in range(0, len(submits), SLICE_OPS):
-        specs += [submit_to_spec(op, engine_id, now) for op in submits[start:start + SLICE_OPS]]
-        await asyncio.sleep(0)
-    return specs
 
 
 def slices(ops: StepOps, controller: AdmissionController) -> Iterator[StepOps]:
