@@ -41,7 +41,7 @@ from tests.daemon_harness import DaemonProcess  # noqa: E402
 UNSLICED_DAEMON = (
     "import sys\n"
     "import kvbudget.daemon.server.sliced as sliced\n"
-    "sliced.SLICE_OPS = 10**9\n"
+    "sliced.BIG_STEP_OPS = 10**9\n"
     "from kvbudget.cli.main import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )

@@ -1,5 +1,5 @@
 """A big step applied in slices (issue 30, point 4): the event loop is let go between
-slices of 1,000 ops, the decisions are those of the whole step applied at once, and nothing
+slices of 200 ops, the decisions are those of the whole step applied at once, and nothing
 else changes the pool meanwhile (another engine's step waits for the last slice). In
 process: the real controller, CoreService and DecisionLog on a file."""
 
@@ -20,7 +20,7 @@ from kvbudget.v1 import common_pb2, engine_pb2
 
 from test_admission_support import SMALL_LAYOUTS
 
-OPS = 3_000  # three slices
+OPS = 3_000  # fifteen slices
 NUM_BLOCKS = 2_500  # 3,000 one-block requests: 2,463 admitted (the 1.5% watermark keeps 37 free), 537 queued
 
 
@@ -70,7 +70,7 @@ async def test_a_big_step_lets_the_loop_go_between_slices_and_decides_as_a_whole
     finally:
         await core.stop()
         log.close()
-    assert seen_mid_step == [1_000]  # the loop ran after the first slice's 1,000 admits
+    assert seen_mid_step == [200]  # the loop ran after the first slice's 200 admits
     twin = controller()
     whole = apply_step(twin, ops, 1000.0)
     fields = ("seq", "kind", "reason", "request_id", "blocks_held", "new_block_ids", "num_free_blocks", "num_waiting")
@@ -90,7 +90,7 @@ async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides
         session = await core.open_session("big", 60, "", False)
         admitted = engine_pb2.StepRequest(session_id=session.session_id, step_seq=1)
         admitted.submits.extend(engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=4, max_new_tokens=4)
-                                for i in range(2_400))  # (all admitted: two slices)
+                                for i in range(2_400))  # (all admitted: twelve slices)
         await core.steps.step(admitted, time.perf_counter())
         apply_step(twin, StepOps(submits=[convert.submit_to_spec(op, "big", 1000.0) for op in admitted.submits]), 1000.0)
         finishes = engine_pb2.StepRequest(session_id=session.session_id, step_seq=2)
@@ -106,7 +106,7 @@ async def test_a_big_step_of_finishes_with_nothing_waiting_is_sliced_and_decides
     finally:
         await core.stop()
         log.close()
-    assert seen_mid_step == {1_400, 400}  # after the first slice's 1,000 releases, and the second's
+    assert seen_mid_step == set(range(2_200, 0, -200))  # after each slice's 200 releases but the last
     whole = apply_step(twin, StepOps(finishes=[f"r{i}" for i in range(2_400)]), 1000.0)
     fields = ("seq", "kind", "reason", "request_id", "freed_blocks", "num_free_blocks")
     sliced = [tuple(getattr(d, f) for f in fields) for d in map(convert.decision_from_proto, reply.decisions)]
@@ -136,3 +136,31 @@ async def test_a_big_step_whose_caller_left_between_slices_is_applied_whole_and_
         log.close()
     assert step.cancelled()
     assert len(resent.decisions) == OPS and resent.decisions[-1].seq == OPS  # nothing applied twice
+
+
+async def test_another_engines_decision_made_by_a_big_step_reaches_its_events_stream(tmp_path: Path) -> None:
+    # The sliced step tells the dispatcher, slice by slice, whether any decision is another
+    # engine's (the dispatcher no longer scans the whole step): a queued request of "small"
+    # admitted by "big"'s big step must still reach small's Events stream.
+    core, log = core_service(tmp_path)
+    await core.start()
+    try:
+        big = await core.open_session("big", 60, "", False)
+        small = await core.open_session("small", 60, "", False)
+        request, _ = submits("big")  # 2,463 admitted, 537 queued
+        request.session_id = big.session_id
+        await core.steps.step(request, time.perf_counter())
+        queued = await core.steps.step(engine_pb2.StepRequest(
+            session_id=small.session_id, submits=[engine_pb2.Submit(request_id="s", prompt_tokens=4)]),
+            time.perf_counter())
+        finishes = engine_pb2.StepRequest(session_id=big.session_id, step_seq=2)
+        finishes.finishes.extend(engine_pb2.Finish(request_id=f"r{i}") for i in range(1_100))
+        reply = await core.steps.step(finishes, time.perf_counter())  # (requests wait: applied whole)
+        event = await asyncio.wait_for(small.events.get(), 60)  # (a guard: it is there once committed)
+    finally:
+        await core.stop()
+        log.close()
+    assert [d.kind for d in queued.decisions] == [common_pb2.DECISION_KIND_QUEUE]
+    # 1,100 releases, then the queue pass: big's 537 first (FIFO), then small's
+    assert len(reply.decisions) == 1_100 + 537
+    assert (event.kind.value, event.request_id, event.engine_id) == ("admit", "s", "small")

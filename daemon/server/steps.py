@@ -130,7 +130,7 @@ class Steps:
         except StepRejected as problem:
             raise rejected(problem) from None
         decisions: list[Decision] = []
-        reply, size = engine_pb2.StepResponse(), 0
+        reply, size, others = engine_pb2.StepResponse(), 0, False  # (others: any decision another engine's)
         for part in slices(ops, core.controller):
             try:
                 made = apply_step(core.controller, part, now)
@@ -138,6 +138,7 @@ class Steps:
                 core.record(decisions)  # (the slices before stand: logged, and on its Events stream)
                 await self._broken(session, request, broken)
             decisions += made
+            others = others or any(d.engine_id != engine_id and d.engine_id for d in made)
             built = engine_pb2.StepResponse()
             convert.add_decisions(built.decisions, made, engine_id)
             size += built.ByteSize()
@@ -147,7 +148,7 @@ class Steps:
         size += engine_pb2.StepResponse(num_free_blocks=reply.num_free_blocks).ByteSize()
         # One batch, as the whole step's: past 1,024 rows the writer thread commits it (an
         # inline commit per slice would hold the loop whenever the file is busy).
-        return decisions, core.record(decisions, engine_id, started), reply, size
+        return decisions, core.record(decisions, engine_id, started, others), reply, size
 
     def _read_checked(self, request: engine_pb2.StepRequest, engine_id: str, now: float) -> StepOps:
         """The step's ops, read and validated (StepRejected otherwise)."""
