@@ -9,6 +9,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from kvbudget.client import EngineClient
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.step import StepOps, apply_step
 from kvbudget.daemon.log.decision_log import DecisionLog
@@ -19,6 +20,7 @@ from kvbudget.daemon.wire import convert
 from kvbudget.v1 import common_pb2, engine_pb2
 
 from test_admission_support import SMALL_LAYOUTS
+from tests.daemon_harness import DaemonProcess
 
 OPS = 3_000  # fifteen slices
 NUM_BLOCKS = 2_500  # 3,000 one-block requests: 2,463 admitted (the 1.5% watermark keeps 37 free), 537 queued
@@ -164,3 +166,32 @@ async def test_another_engines_decision_made_by_a_big_step_reaches_its_events_st
     # 1,100 releases, then the queue pass: big's 537 first (FIFO), then small's
     assert len(reply.decisions) == 1_100 + 537
     assert (event.kind.value, event.request_id, event.engine_id) == ("admit", "s", "small")
+
+
+async def test_a_big_steps_reply_serialized_slice_by_slice_is_the_whole_replys_bytes(tmp_path: Path) -> None:
+    core, log = core_service(tmp_path)
+    await core.start()
+    try:
+        session = await core.open_session("big", 60, "", False)
+        request, _ = submits("big")
+        request.session_id = session.session_id
+        sent = await core.steps.step(request, time.perf_counter(), wire=True)  # (what the server sends)
+        kept = await core.steps.step(request, time.perf_counter())  # the same step again: its kept reply
+    finally:
+        await core.stop()
+        log.close()
+    assert len(kept.decisions) == OPS and kept.num_free_blocks == 37
+    assert sent == kept.SerializeToString()
+
+
+async def test_a_big_step_over_grpc_gets_its_decisions_in_the_logs_order(tmp_path: Path) -> None:
+    with DaemonProcess(tmp_path) as daemon:
+        async with EngineClient(daemon.target, "e", heartbeat=False) as engine:
+            request = engine_pb2.StepRequest()
+            request.submits.extend(engine_pb2.Submit(request_id=f"r{i}", prompt_tokens=4, max_new_tokens=4)
+                                   for i in range(1_500))  # (over 1,000: sliced, its reply sent as bytes)
+            reply = await engine.step_raw(request)
+        rows = daemon.decision_rows("engine_id = 'e' AND seq <= 1500 ORDER BY seq")  # (not the closing rows at stop)
+    assert [(d.seq, d.request_id) for d in reply.decisions] == [(r["seq"], r["request_id"]) for r in rows]
+    assert [d.request_id for d in reply.decisions] == [f"r{i}" for i in range(1_500)]
+    assert reply.num_free_blocks == reply.decisions[-1].num_free_blocks
