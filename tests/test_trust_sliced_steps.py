@@ -6,13 +6,17 @@ process: the real controller, CoreService and DecisionLog on a file."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
 from kvbudget.client import EngineClient
+from kvbudget.daemon.config.settings import DaemonConfig
 from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
 from kvbudget.daemon.core.step import StepOps, apply_step
 from kvbudget.daemon.log.decision_log import DecisionLog
+from kvbudget.daemon.server.reload import ReloadPlan
+from kvbudget.daemon.server.reload_apply import apply_reload
 from kvbudget.daemon.server.service import CoreOptions, CoreService
 from kvbudget.daemon.server.sessions import SessionTable
 from kvbudget.daemon.server.watch import WatchHub
@@ -195,3 +199,30 @@ async def test_a_big_step_over_grpc_gets_its_decisions_in_the_logs_order(tmp_pat
     assert [(d.seq, d.request_id) for d in reply.decisions] == [(r["seq"], r["request_id"]) for r in rows]
     assert [d.request_id for d in reply.decisions] == [f"r{i}" for i in range(1_500)]
     assert reply.num_free_blocks == reply.decisions[-1].num_free_blocks
+
+
+async def test_a_reloads_new_margins_wait_for_a_big_steps_last_slice(tmp_path: Path) -> None:
+    # A reload sent between two slices raises the watermark from 1.5% to 10% (250 of 2,500
+    # blocks kept free): had it landed there, the later slices would admit fewer.
+    core, log = core_service(tmp_path)
+    running = DaemonConfig()
+    raised = ReloadPlan(dataclasses.replace(running, watermark=0.10), ("watermark 0.015 -> 0.1",), (), None)
+    await core.start()
+    try:
+        session = await core.open_session("big", 60, "", False)
+        request, _ = submits("big")
+        request.session_id = session.session_id
+        step = asyncio.ensure_future(core.steps.step(request, time.perf_counter()))
+        while core.controller.snapshot(0.0).num_held_blocks == 0:
+            await asyncio.sleep(0)
+        held_at_reload = core.controller.snapshot(0.0).num_held_blocks
+        reload = asyncio.ensure_future(apply_reload(core, raised, running, None, None))
+        reply = await step
+        _, changes = await reload
+    finally:
+        await core.stop()
+        log.close()
+    assert held_at_reload == 200  # (sent after the first slice)
+    kinds = [d.kind for d in reply.decisions]
+    assert kinds.count(common_pb2.DECISION_KIND_ADMIT) == 2_463  # every slice under the 1.5% watermark
+    assert changes == ("watermark 0.015 -> 0.1",)
