@@ -226,3 +226,27 @@ async def test_a_reloads_new_margins_wait_for_a_big_steps_last_slice(tmp_path: P
     kinds = [d.kind for d in reply.decisions]
     assert kinds.count(common_pb2.DECISION_KIND_ADMIT) == 2_463  # every slice under the 1.5% watermark
     assert changes == ("watermark 0.015 -> 0.1",)
+
+
+async def test_a_watcher_hears_a_big_steps_decisions_all_and_in_order(tmp_path: Path) -> None:
+    # The dispatcher hands a big batch on 1,000 at a time, the loop let go between.
+    core, log = core_service(tmp_path)
+    await core.start()
+    try:
+        watcher = core.watch_hub.add(10_000)
+        session = await core.open_session("big", 60, "", False)
+        request, _ = submits("big")
+        request.session_id = session.session_id
+        reply = await core.steps.step(request, time.perf_counter())
+        heard: list = []
+        for _ in range(100_000):  # (turns of the loop; the dispatcher needs a few)
+            decisions, dropped = watcher.take()
+            heard += decisions
+            if len(heard) >= OPS or dropped:
+                break
+            await asyncio.sleep(0)
+    finally:
+        await core.stop()
+        log.close()
+    assert dropped == 0
+    assert [d.seq for d in heard] == [d.seq for d in reply.decisions] == list(range(1, OPS + 1))
