@@ -1,7 +1,7 @@
 """Heartbeat latency of one engine while another sends big steps, and the daemon's memory.
 
     python bench/bench_big_steps.py [--ops 10000] [--steps 10] [--pings 400] [--ping-every-s 0.01]
-                                    [--unsliced]
+                                    [--unsliced] [--server-from DIR]
 
 Issue 30, point 4: a 100,000-op step held the daemon's event loop for seconds, and an engine
 heartbeating with a 1 s lease lost its session. This starts a real daemon (a pool of
@@ -15,8 +15,13 @@ heartbeating with a 1 s lease lost its session. This starts a real daemon (a poo
 For each: heartbeat p50, p99 and max (ms). Also the big steps' own latency, the daemon's
 resident memory (VmRSS) before the big steps, right after them and after the pinger's
 last round, and the leases the daemon saw lapse (its journal). `--unsliced` runs the daemon
-with big steps applied whole (daemon/server/sliced.py off), for comparison. Figures of one
-run on one machine: compare bare and loaded of the same run.
+with big steps applied whole (daemon/server/sliced.py off), for comparison;
+`--server-from DIR` with the daemon/server modules DIR holds in place of the installed
+ones, e.g. an earlier commit's, to measure a change before and after on the same machine:
+
+    mkdir base && for f in steps.py sliced.py; do git show BASE:daemon/server/$f > base/$f; done
+
+Figures of one run on one machine: compare bare and loaded of the same run.
 """
 
 from __future__ import annotations
@@ -41,7 +46,21 @@ from tests.daemon_harness import DaemonProcess  # noqa: E402
 UNSLICED_DAEMON = (
     "import sys\n"
     "import kvbudget.daemon.server.sliced as sliced\n"
-    "sliced.SLICE_OPS = 10**9\n"
+    "sliced.BIG_STEP_OPS = 10**9\n"
+    "from kvbudget.cli.main import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+SERVER_FROM_DAEMON = (  # (the modules in $BENCH_SERVER_FROM found before the installed ones)
+    "import importlib.util, os, pathlib, sys\n"
+    "base = pathlib.Path(os.environ['BENCH_SERVER_FROM'])\n"
+    "class Earlier:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        file = base / (name.rpartition('.')[2] + '.py')\n"
+    "        if name.startswith('kvbudget.daemon.server.') and file.is_file():\n"
+    "            return importlib.util.spec_from_file_location(name, file)\n"
+    "sys.meta_path.insert(0, Earlier())\n"
     "from kvbudget.cli.main import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
@@ -109,10 +128,11 @@ def summary(latencies: list[float]) -> str:
 
 async def bench(workdir: Path, args: argparse.Namespace) -> None:
     blocks = str(args.ops * 2 + 65)
+    server_from = {"BENCH_SERVER_FROM": str(Path(args.server_from).resolve())} if args.server_from else None
     daemon = DaemonProcess(workdir, "--num-gpu-blocks", blocks, "--max-ops-per-step", str(args.ops),
-                           "--max-model-len", "2048", lease_ttl_s=60)
-    if args.unsliced:
-        daemon.args[1:3] = ["-c", UNSLICED_DAEMON]  # (in place of `-m kvbudget`)
+                           "--max-model-len", "2048", lease_ttl_s=60, env=server_from)
+    if args.unsliced or args.server_from:
+        daemon.args[1:3] = ["-c", UNSLICED_DAEMON if args.unsliced else SERVER_FROM_DAEMON]  # (for `-m kvbudget`)
     with daemon:
         pid = daemon.process.pid
         bare = await ping(daemon.target, args.ping_every_s, pings=args.pings)
@@ -132,7 +152,8 @@ async def bench(workdir: Path, args: argparse.Namespace) -> None:
         after = await ping(daemon.target, args.ping_every_s, pings=args.pings)
         rss_settled = rss_mb(pid)
         lapsed = daemon.stderr().count("expired; taking its blocks back")
-    print(f"daemon: {blocks} blocks, max_ops_per_step {args.ops:,}, {'unsliced' if args.unsliced else 'sliced'}; {args.steps} steps of {args.ops:,} ops "
+    served = "unsliced" if args.unsliced else f"server modules from {args.server_from}" if args.server_from else "sliced"
+    print(f"daemon: {blocks} blocks, max_ops_per_step {args.ops:,}, {served}; {args.steps} steps of {args.ops:,} ops "
           f"in {elapsed:.1f} s")
     print(f"heartbeat, bare:   {summary(bare)}")
     print(f"heartbeat, loaded: {summary(loaded)}")
@@ -150,6 +171,8 @@ def main() -> None:
     parser.add_argument("--pings", type=int, default=400)
     parser.add_argument("--ping-every-s", type=float, default=0.01)
     parser.add_argument("--unsliced", action="store_true", help="big steps applied whole, for comparison")
+    parser.add_argument("--server-from", metavar="DIR",
+                        help="daemon/server modules to run in place of the installed ones (an earlier commit's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         asyncio.run(bench(Path(workdir), args))

@@ -52,6 +52,36 @@ def test_settle_heap_collects_then_freezes_and_raises_the_gen0_threshold() -> No
     assert result.stdout.strip() == "ok"
 
 
+BIG_STEP = textwrap.dedent(
+    """
+    import gc
+    from kvbudget.daemon.server import interpreter
+
+    with interpreter.big_step_heap():  # not settled: nothing changes
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+
+    interpreter.settle_heap()
+    frozen = gc.get_freeze_count()
+    with interpreter.big_step_heap():
+        assert not gc.isenabled()  # no pass while a big step runs
+        kept = [[i] for i in range(10_000)]  # what the step leaves alive
+        with interpreter.big_step_heap():  # (another step meanwhile: nothing more)
+            pass
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() >= frozen + 10_000  # frozen after it: no later pass walks them
+    assert all(kept[0] is not obj for obj in gc.get_objects())
+    print("ok")
+    """
+)
+
+
+def test_a_big_step_runs_without_gc_passes_and_what_it_leaves_is_frozen() -> None:
+    result = subprocess.run([sys.executable, "-c", BIG_STEP], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def test_the_test_process_keeps_cpythons_defaults() -> None:
     # Importing the daemon (every other test does) must not change them.
     import kvbudget.daemon.server.interpreter  # noqa: F401

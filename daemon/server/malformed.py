@@ -4,7 +4,8 @@ grpc.aio turns an exception from a request's deserializer into UNKNOWN ("Unexpec
 DecodeError: ...") and writes a traceback to the journal, for every such call: a client's
 bug, or a port scan, read as the daemon's. Here each method's deserializer returns a
 `Malformed` marker instead of raising, and the method answers it with INVALID_ARGUMENT
-naming the message type, before the servicer sees it.
+naming the message type, before the servicer sees it. A reply the servicer gives as bytes
+(a big step's, serialized slice by slice) is sent as it is.
 
 `add_checked(add_fn, servicer, server, calls)` registers a servicer as the generated
 `add_*Servicer_to_server` would, with every method so wrapped; the wrapper also counts each
@@ -82,4 +83,10 @@ def _checked(handler: Any, calls: InFlightCalls) -> Any:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {what}: {request.why}")
         return await behavior(request, context)
 
-    return handler._replace(request_deserializer=lenient, **{field: guarded})
+    serialize = handler.response_serializer
+
+    def serialized(reply: object) -> bytes:  # (a reply serialized already, in slices: steps.py)
+        return reply if reply.__class__ is bytes else serialize(reply)
+
+    replaced = {"response_serializer": serialized} if serialize is not None else {}
+    return handler._replace(request_deserializer=lenient, **replaced, **{field: guarded})

@@ -35,7 +35,8 @@ async def apply_reload(
         except Exception as exc:  # applied; its POLICY decision waits to be written
             log.error("reload: policy %s: decision log: %s", target.policy, exc)
     if any(getattr(target, key) != getattr(running, key) for key in RETUNE_KEYS):
-        core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
+        async with core.steps.gate.between_steps():  # (a big step's slices keep its margins)
+            core.controller.retune(**{key: getattr(target, key) for key in RETUNE_KEYS})
     target, changes = await _set_quotas(core, plan, running, target)
     core.log.retention_s = target.retention_s  # (read by the writer at each pass)
     core.log.max_rows = target.retention_rows

@@ -136,11 +136,12 @@ class CoreService:
 
     # ------------------------------------------------------------------ the log
     def record(
-        self, decisions: list[Decision], origin_engine: str = "", started: float | None = None
+        self, decisions: list[Decision], origin_engine: str = "", started: float | None = None,
+        others: bool | None = None,
     ) -> asyncio.Future:
         """Registers decisions just made; the returned future resolves once committed
         (`Dispatcher.record`)."""
-        return self.dispatcher.record(decisions, origin_engine, started)
+        return self.dispatcher.record(decisions, origin_engine, started, others)
 
     async def commit(self, decisions: list[Decision]) -> None:
         """Records decisions and returns once they are in the log; Refused if they are not

@@ -85,7 +85,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         try:
             if self._check_callers:
                 check_owner(await self.auth.caller(context, _ENGINE), self.core.sessions.get(request.session_id))
-            return await self._steps.step(request, started)
+            return await self._steps.step(request, started, wire=True)  # (bytes pass the serializer: malformed.py)
         except Refused as refused:
             await abort(context, STATUS_CODES[refused.status], refused.message)
 

@@ -14,14 +14,13 @@ from kvbudget.v1 import engine_pb2
 
 
 def read_step(
-    step: engine_pb2.StepRequest, engine_id: str, now: float, max_ops: int | None = None, *, submits: bool = True,
+    step: engine_pb2.StepRequest, engine_id: str, now: float, max_ops: int | None = None,
 ) -> StepOps:
     """The step's ops, as sent (`core.validation` judges them); `now` is the submits' arrival.
 
     Raises StepRejected (too many ops: the core's cap, or `max_ops`, the daemon's
     server.max_ops_per_step) before reading any. The submits as
-    `wire.convert.submit_to_spec` reads them (`submits=False`: left for the caller to read)."""
-    read_submits = submits
+    `wire.convert.submit_to_spec` reads them."""
     finishes, aborts, progress, grows, submits = step.finishes, step.aborts, step.progress, step.grows, step.submits
     total = len(finishes) + len(aborts) + len(progress) + len(grows) + len(submits)
     check_op_count(total)
@@ -33,7 +32,7 @@ def read_step(
         [op.request_id for op in aborts[:]] if aborts else [],
         [(op.request_id, op.num_computed_tokens) for op in progress[:]] if progress else [],
         [(op.request_id, op.num_tokens) for op in grows[:]] if grows else [],
-        [submit_to_spec(op, engine_id, now) for op in submits[:]] if submits and read_submits else [],
+        [submit_to_spec(op, engine_id, now) for op in submits[:]] if submits else [],
         step.admit_tokens if step.HasField("admit_tokens") else None,
         step.admit_seqs if step.HasField("admit_seqs") else None,
     )
