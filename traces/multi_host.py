@@ -30,9 +30,9 @@ def headroom_key(answer: Outlook, sent_unseen: int, turn: int) -> tuple:
     place in a round-robin turn (ties). `room` is what stays spare once those, the queue
     ahead of the request and the request itself are served. Hosts where it fits (room
     >= 0) come first, those that admit it now before the others, the most room first;
-    where it fits nowhere, the soonest wait, then the most room. The answer's wait is 0
-    whenever it admits now, not counting what the router sent meanwhile: ranking by it
-    first sent requests to hosts the router had already filled (docs/routing.md)."""
+    where it fits nowhere, the soonest wait, then the most room. Room before admit_now:
+    "admits now" may be backfill past a queue needing more than is spare, and it does
+    not count what the router sent meanwhile (docs/routing.md)."""
     room = answer.blocks_spare - sent_unseen - answer.blocks_needed_total - answer.blocks_ahead
     if room >= 0:
         return (answer.final, False, not answer.admit_now, -room, turn)
