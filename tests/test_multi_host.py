@@ -83,6 +83,24 @@ def test_headroom_prefers_where_it_fits_to_an_answer_of_no_wait_the_router_has_f
     assert (r1.engine, r2.engine, router.routed) == (0, 1, [1, 1])
 
 
+def test_headroom_where_it_fits_nowhere_takes_the_soonest_wait_over_the_most_room():
+    # Two guaranteed hosts of 10 blocks; r (24 + 8: L 32, 4 blocks) fits neither. Host 0
+    # runs a (8 + 56: 8 blocks), spare 2, room -2: it lacks 2, which a gives back at its
+    # end, 64 - 8 = 56 steps away. Host 1 runs b1 (40 + 24: 8) and b2 (8 + 8: 2), spare 0,
+    # room -4: b2 gives back 2 at 8 steps, b1 8 more at 24: the 4 it lacks by 24. Host 1.
+    config = AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="guaranteed")
+    hosts = [AdmissionController(SMALL_LAYOUTS["full"], 10, config) for _ in range(2)]
+    for k, name, prompt, new in ((0, "a", 8, 56), (1, "b1", 40, 24), (1, "b2", 8, 8)):
+        assert kinds(hosts[k].submit(RequestSpec(name, prompt, new), 0.0)) == [("admit", "fits", name)]
+    answers = [outlook(host, Shape(24, 8), 0.0) for host in hosts]
+    assert [(a.blocks_spare, a.wait_steps) for a in answers] == [(2, 56), (0, 24)]
+    router = multi_host.Router("headroom", hosts, 0.02)
+    r = SimRequest("r", TraceRequest(0.0, 24, 8), 0, 0.0, 8, 64)
+    router.unrouted.append(r)
+    router.route_until(0.0)
+    assert (r.engine, router.routed) == (1, [0, 1])
+
+
 def test_one_host_is_the_offline_replay():
     one = run_hosts(TRACE, SETUP, "optimistic", 1, "headroom").summary
     offline = run_offline(TRACE, SETUP, "optimistic").summary
