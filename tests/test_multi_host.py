@@ -11,14 +11,18 @@ import sys
 import pytest
 
 from kvbudget.cli import replay_hosts
+from kvbudget.daemon.core.admission import AdmissionConfig, AdmissionController
+from kvbudget.daemon.core.outlook import Shape, outlook
+from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.daemon.server import ask_admission
 from kvbudget.traces import multi_host
 from kvbudget.traces.multi_host import run_hosts
 from kvbudget.traces.replay import ReplaySetup, run_offline
 from kvbudget.traces.sim_engine import EngineConfig
+from kvbudget.traces.sim_request import SimRequest
 from kvbudget.traces.trace_request import TraceRequest
 
-from test_admission_support import SMALL_LAYOUTS
+from test_admission_support import SMALL_LAYOUTS, kinds
 
 # One full-attention group, B = 8, 12 blocks a host; a step is 10 ms whatever it holds, a
 # prompt is prefilled in one step, each request asks for its own output.
@@ -50,7 +54,8 @@ def test_round_robin_puts_both_long_requests_on_one_host():
 
 
 def test_headroom_pairs_a_long_with_a_short_on_each_host():
-    # Long 1: both hosts idle, room 12 - 10 = 2 each: host 0. Short 1: room 0 on host 0
+    # Room: spare - sent there unseen - needed - ahead (guaranteed's figures). Long 1: both
+    # hosts idle, room 12 - 10 = 2 each: host 0, first in turn. Short 1: room 0 on host 0
     # (10 sent there), 10 on host 1: host 1. Long 2: host 0 lacks 8, host 1 has room 0:
     # host 1. Short 2: host 0 (room 0; host 1 would be 2 short). All four run at once.
     for policy in ("guaranteed", "optimistic"):
@@ -58,6 +63,42 @@ def test_headroom_pairs_a_long_with_a_short_on_each_host():
             "routed": [2, 2], "finished": 4, "preemptions": 0, "wait_p50_s": 0.0, "wait_p99_s": 0.0,
             "makespan_s": 0.4, "preempted_requests_per_host": [0, 0],
         }  # fmt: skip
+
+
+def test_headroom_prefers_where_it_fits_to_an_answer_of_no_wait_the_router_has_filled():
+    # Two optimistic hosts of 8 blocks, watermark 2 blocks. Host 1 runs a (48 + 16: holds
+    # 6), free 2. r1 (64 + 8: 8 blocks) fits only idle host 0: room 8 - 8 = 0; host 1
+    # lacks 6. r2 (8 + 8: 1 block): host 0 still answers "admit now, no wait" (its daemon
+    # has not seen r1), but room 8 - 8 sent - 1 = -1; host 1 answers watermark (free 2 -
+    # 1 < 2), a wait of 16 steps (a's end), room 2 - 1 = 1 >= 0: host 1. (Ranking by the
+    # wait first, as the rule before did, sent r2 to host 0, behind r1's 8 blocks.)
+    config = AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, watermark=0.25)
+    idle, busy = (AdmissionController(SMALL_LAYOUTS["full"], 8, config) for _ in range(2))
+    assert kinds(busy.submit(RequestSpec("a", 48, 16), 0.0)) == [("admit", "fits", "a")]
+    r1, r2 = (SimRequest(name, TraceRequest(0.0, n, 8), 0, 0.0, 8, 64) for name, n in (("r1", 64), ("r2", 8)))
+    assert (outlook(idle, Shape(8, 8), 0.0).wait_steps, outlook(busy, Shape(8, 8), 0.0).wait_steps) == (0, 16)
+    router = multi_host.Router("headroom", [idle, busy], 0.02)
+    router.unrouted.extend([r1, r2])
+    router.route_until(0.0)
+    assert (r1.engine, r2.engine, router.routed) == (0, 1, [1, 1])
+
+
+def test_headroom_where_it_fits_nowhere_takes_the_soonest_wait_over_the_most_room():
+    # Two guaranteed hosts of 10 blocks; r (24 + 8: L 32, 4 blocks) fits neither. Host 0
+    # runs a (8 + 56: 8 blocks), spare 2, room -2: it lacks 2, which a gives back at its
+    # end, 64 - 8 = 56 steps away. Host 1 runs b1 (40 + 24: 8) and b2 (8 + 8: 2), spare 0,
+    # room -4: b2 gives back 2 at 8 steps, b1 8 more at 24: the 4 it lacks by 24. Host 1.
+    config = AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="guaranteed")
+    hosts = [AdmissionController(SMALL_LAYOUTS["full"], 10, config) for _ in range(2)]
+    for k, name, prompt, new in ((0, "a", 8, 56), (1, "b1", 40, 24), (1, "b2", 8, 8)):
+        assert kinds(hosts[k].submit(RequestSpec(name, prompt, new), 0.0)) == [("admit", "fits", name)]
+    answers = [outlook(host, Shape(24, 8), 0.0) for host in hosts]
+    assert [(a.blocks_spare, a.wait_steps) for a in answers] == [(2, 56), (0, 24)]
+    router = multi_host.Router("headroom", hosts, 0.02)
+    r = SimRequest("r", TraceRequest(0.0, 24, 8), 0, 0.0, 8, 64)
+    router.unrouted.append(r)
+    router.route_until(0.0)
+    assert (r.engine, router.routed) == (1, [0, 1])
 
 
 def test_one_host_is_the_offline_replay():

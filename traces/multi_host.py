@@ -1,6 +1,6 @@
 """One trace across K simulated hosts, each its own pool, admission controller and engine,
 behind a router: `round-robin`, or `headroom` (the host whose `outlook` answer, the one
-the daemon's AskAdmission gives, admits now with the most room, else soonest). The
+the daemon's AskAdmission gives, leaves the most room, else admits it soonest). The
 simulated engines and the step loop are the offline replay's (simulation.py): only where
 each request goes differs. docs/routing.md has the what-if's figures.
 """
@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from kvbudget.daemon.core.admission import AdmissionController
-from kvbudget.daemon.core.outlook import DEFAULT_STEP_S, Shape, outlook
+from kvbudget.daemon.core.outlook import DEFAULT_STEP_S, Outlook, Shape, outlook
 from kvbudget.traces.replay import ControllerBackend, ReplaySetup, admission_config
 from kvbudget.traces.results import ReplayResult, summarize
 from kvbudget.traces.sim_request import SimRequest
@@ -22,6 +22,22 @@ from kvbudget.traces.simulation import Simulation
 from kvbudget.traces.trace_request import TraceRequest
 
 STRATEGIES = ("round-robin", "headroom")
+
+
+def headroom_key(answer: Outlook, sent_unseen: int, turn: int) -> tuple:
+    """The headroom rule's rank of one host (lowest wins), from its AskAdmission answer,
+    the blocks the router sent there that its daemon has not seen yet, and the host's
+    place in a round-robin turn (ties). `room` is what stays spare once those, the queue
+    ahead of the request and the request itself are served. Hosts where it fits (room
+    >= 0) come first, those that admit it now before the others, the most room first;
+    where it fits nowhere, the soonest wait, then the most room. Room before admit_now:
+    "admits now" may be backfill past a queue needing more than is spare, and it does
+    not count what the router sent meanwhile (docs/routing.md)."""
+    room = answer.blocks_spare - sent_unseen - answer.blocks_needed_total - answer.blocks_ahead
+    if room >= 0:
+        return (answer.final, False, not answer.admit_now, -room, turn)
+    wait = math.inf if answer.wait_steps < 0 else answer.wait_steps
+    return (answer.final, True, wait, -room, turn)
 
 
 class Router:
@@ -51,16 +67,14 @@ class Router:
             self.routed[k] += 1
 
     def choose(self, r: SimRequest, now: float) -> int:
+        n = sum(self.routed)
         if self.strategy == "round-robin":
-            return sum(self.routed) % len(self.controllers)
+            return n % len(self.controllers)
         shape = Shape(r.prompt, r.max_new, r.trace.tenant, r.trace.priority, r.hashes)
         best: tuple | None = None
         for k, controller in enumerate(self.controllers):
             answer = outlook(controller, shape, now, self.step_s)
-            room = answer.blocks_spare - self.pending_blocks[k] - answer.blocks_needed_total - answer.blocks_ahead
-            now_here = answer.admit_now and room >= 0
-            wait = math.inf if answer.wait_steps < 0 else answer.wait_steps
-            key = (answer.final, not now_here, 0 if now_here else wait, -room, k)
+            key = headroom_key(answer, self.pending_blocks[k], (k - n) % len(self.controllers))
             if best is None or key < best[0]:
                 best = (key, k, answer.blocks_needed_total)
         assert best is not None
