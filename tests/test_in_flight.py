@@ -50,6 +50,15 @@ async def serve(tmp_path) -> tuple[grpc.aio.Server, InFlightCalls, HeldHealth, s
     return server, calls, servicer, str(path)
 
 
+def request_headers_only(peer: socket.socket) -> None:
+    """A Check call's HEADERS on stream 1, and never its message: a client frozen mid-request.
+    (HPACK literals, not indexed, not Huffman-coded.)"""
+    fields = ((":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+              (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers"))
+    block = b"".join(b"\x00" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in fields)
+    peer.sendall(len(block).to_bytes(3, "big") + b"\x01\x04" + (1).to_bytes(4, "big") + block)  # END_HEADERS
+
+
 def frozen_peer(path: str) -> socket.socket:
     """A connection that opened HTTP/2 (its SETTINGS and the server's acknowledged) and
     then stopped reading or answering."""
@@ -103,6 +112,20 @@ async def test_a_frozen_peer_does_not_hold_the_stop_for_the_grace(tmp_path) -> N
         # Without the cut, this waits GRACE_S: the frozen peer never closes its connection.
         cut_short = await asyncio.wait_for(stop_server(server, calls, GRACE_S), GRACE_S / 2)
         assert cut_short is Stopped.CUT_SHORT
+    finally:
+        peer.close()
+
+
+async def test_a_peer_frozen_mid_request_does_not_hold_the_stop(tmp_path) -> None:
+    """Its call counts while its request may still arrive (`arriving_s`), then not: grpc
+    would have held the stop on it for its own 20 s goodbye timer, or the whole grace."""
+    server, calls, _, path = await serve(tmp_path)
+    peer = frozen_peer(path)
+    try:
+        request_headers_only(peer)
+        await until(lambda: calls.num_in_flight() == 1, "the call whose request is arriving is counted")
+        stopping = stop_server(server, calls, GRACE_S, arriving_s=0.5)
+        assert await asyncio.wait_for(stopping, GRACE_S / 2) is Stopped.CUT_SHORT
     finally:
         peer.close()
 
