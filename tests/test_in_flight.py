@@ -21,6 +21,7 @@ from kvbudget.daemon.server.malformed import add_checked
 GRACE_S = 20.0  # far past anything these tests wait for: reaching it is the failure
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
 SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+PING = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"frozen!!"  # (8 bytes of opaque data)
 
 
 class HeldHealth(health_pb2_grpc.HealthServicer):
@@ -61,14 +62,27 @@ def request_headers_only(peer: socket.socket) -> None:
 
 def frozen_peer(path: str) -> socket.socket:
     """A connection that opened HTTP/2 (its SETTINGS and the server's acknowledged) and
-    then stopped reading or answering."""
+    then stopped reading or answering. It returns once the server answered its PING: the
+    server reads it, so the connection is the server's (its SETTINGS alone go out before
+    that, and a stop begun earlier would not wait for it)."""
     peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     peer.connect(path)
-    peer.sendall(HTTP2_PREFACE)
-    peer.settimeout(10)
-    peer.recv(9)  # (the server's SETTINGS frame header, then its payload: read, not parsed)
-    peer.sendall(SETTINGS_ACK)
-    return peer
+    peer.settimeout(30)
+    peer.sendall(HTTP2_PREFACE + SETTINGS_ACK + PING)
+    while True:  # frames: 9-byte header (length, type, flags, stream), then the payload
+        header = _read_exactly(peer, 9)
+        payload = _read_exactly(peer, int.from_bytes(header[:3], "big"))
+        if header[3:5] == b"\x06\x01" and payload == PING[9:]:  # PING, ACK: our 8 bytes back
+            return peer
+
+
+def _read_exactly(peer: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = peer.recv(size - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
 
 
 async def until(condition, what: str) -> None:
