@@ -21,6 +21,7 @@ from kvbudget.daemon.server.malformed import add_checked
 GRACE_S = 20.0  # far past anything these tests wait for: reaching it is the failure
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
 SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+PING = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"frozen!!"  # (8 bytes of opaque data)
 
 
 class HeldHealth(health_pb2_grpc.HealthServicer):
@@ -50,16 +51,38 @@ async def serve(tmp_path) -> tuple[grpc.aio.Server, InFlightCalls, HeldHealth, s
     return server, calls, servicer, str(path)
 
 
+def request_headers_only(peer: socket.socket) -> None:
+    """A Check call's HEADERS on stream 1, and never its message: a client frozen mid-request.
+    (HPACK literals, not indexed, not Huffman-coded.)"""
+    fields = ((":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+              (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers"))
+    block = b"".join(b"\x00" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in fields)
+    peer.sendall(len(block).to_bytes(3, "big") + b"\x01\x04" + (1).to_bytes(4, "big") + block)  # END_HEADERS
+
+
 def frozen_peer(path: str) -> socket.socket:
     """A connection that opened HTTP/2 (its SETTINGS and the server's acknowledged) and
-    then stopped reading or answering."""
+    then stopped reading or answering. It returns once the server answered its PING: the
+    server reads it, so the connection is the server's (its SETTINGS alone go out before
+    that, and a stop begun earlier would not wait for it)."""
     peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     peer.connect(path)
-    peer.sendall(HTTP2_PREFACE)
-    peer.settimeout(10)
-    peer.recv(9)  # (the server's SETTINGS frame header, then its payload: read, not parsed)
-    peer.sendall(SETTINGS_ACK)
-    return peer
+    peer.settimeout(30)
+    peer.sendall(HTTP2_PREFACE + SETTINGS_ACK + PING)
+    while True:  # frames: 9-byte header (length, type, flags, stream), then the payload
+        header = _read_exactly(peer, 9)
+        payload = _read_exactly(peer, int.from_bytes(header[:3], "big"))
+        if header[3:5] == b"\x06\x01" and payload == PING[9:]:  # PING, ACK: our 8 bytes back
+            return peer
+
+
+def _read_exactly(peer: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = peer.recv(size - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
 
 
 async def until(condition, what: str) -> None:
@@ -103,6 +126,20 @@ async def test_a_frozen_peer_does_not_hold_the_stop_for_the_grace(tmp_path) -> N
         # Without the cut, this waits GRACE_S: the frozen peer never closes its connection.
         cut_short = await asyncio.wait_for(stop_server(server, calls, GRACE_S), GRACE_S / 2)
         assert cut_short is Stopped.CUT_SHORT
+    finally:
+        peer.close()
+
+
+async def test_a_peer_frozen_mid_request_does_not_hold_the_stop(tmp_path) -> None:
+    """Its call counts while its request may still arrive (`arriving_s`), then not: grpc
+    would have held the stop on it for its own 20 s goodbye timer, or the whole grace."""
+    server, calls, _, path = await serve(tmp_path)
+    peer = frozen_peer(path)
+    try:
+        request_headers_only(peer)
+        await until(lambda: calls.num_in_flight() == 1, "the call whose request is arriving is counted")
+        stopping = stop_server(server, calls, GRACE_S, arriving_s=0.5)
+        assert await asyncio.wait_for(stopping, GRACE_S / 2) is Stopped.CUT_SHORT
     finally:
         peer.close()
 

@@ -16,7 +16,10 @@ from kvbudget.daemon.server.lease_clock import LeaseClock
 from kvbudget.daemon.core.records import RequestSpec
 from kvbudget.daemon.server.sessions import SessionTable
 
-from daemon_harness import DaemonProcess, wait_until
+from daemon_harness import DaemonProcess, await_until
+
+LEASE_S = 6
+SPELL_S = 9.0  # longer than a lease: a daemon that counted it would expire the engine
 
 
 def test_lateness_past_the_grace_is_left_out_and_the_clock_stays_continuous() -> None:
@@ -52,23 +55,29 @@ def test_a_lease_is_held_through_a_spell_and_lapses_on_silence_after() -> None:
 
 
 async def test_a_stopped_daemon_keeps_an_engine_that_heartbeated_meanwhile(tmp_path) -> None:
-    """A real daemon (3 s leases) SIGSTOPped for 5 s while its engine heartbeats every 1 s:
-    the engine's session and request live on, the log has no expire, the journal says why."""
-    with DaemonProcess(tmp_path, lease_ttl_s=3) as daemon:
-        engine = EngineClient(daemon.target, "held-through", lease_ttl_s=3)  # (heartbeats every 1 s)
+    """A real daemon (6 s leases) SIGSTOPped for 9 s while its engine heartbeats every 2 s:
+    the engine's session and request live on, the log has no expire, the journal says why.
+    (6 s, not 3: a heartbeat the spell held counts as silence, up to a tick, the grace and a
+    heartbeat's period; the rest is the margin left to a loaded machine.)"""
+    with DaemonProcess(tmp_path, lease_ttl_s=LEASE_S) as daemon:
+        engine = EngineClient(daemon.target, "held-through", lease_ttl_s=LEASE_S)  # (heartbeats every 2 s)
         await engine.open()
         try:
             [admitted] = await engine.step(submits=[RequestSpec("r1", 16, 16)])
             assert admitted.kind.value == "admit"
             daemon.signal(signal.SIGSTOP)
             try:
-                await asyncio.sleep(5.0)
+                await asyncio.sleep(SPELL_S)
             finally:
                 daemon.signal(signal.SIGCONT)
-            wait_until(lambda: "the daemon did not run for about" in daemon.stderr())
-            await asyncio.sleep(1.5)  # (heartbeats answered again)
+
+            async def said() -> bool:  # (awaited: a blocking wait here would hold the heartbeats)
+                return "the daemon did not run for about" in daemon.stderr()
+
+            await await_until(said)  # the ticker ran after the spell: a lapse would be taken now
             [released] = await engine.step(finishes=["r1"])
             assert (released.kind.value, released.reason.value) == ("release", "finished")
+            assert engine.sessions_opened == 1  # never lost and re-opened
         finally:
             await engine.close()
         kinds = [row["kind"] for row in daemon.decision_rows()]

@@ -264,6 +264,16 @@ def test_a_daemon_restarted_under_a_live_replay_ends_it_with_one_line(tmp_path):
     assert line.endswith("start the replay again")
 
 
+# `kvbudget ...` as a terminal's shell starts it, SIGINT at its default. Started in the
+# background (`... &` from a script, nohup, some CI runners) the test inherits SIGINT
+# ignored, and so did the replay: Ctrl-C is not the user's there, so it rightly kept it
+# ignored, and the SIGINT case waited out its timeout.
+AS_FROM_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('kvbudget', run_name='__main__')"
+)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_live_replay_stopped_by_a_signal_releases_its_requests(tmp_path, signum):
     """SIGTERM is how the dashboard and the demo stop a replay, SIGHUP what a closed terminal
@@ -273,7 +283,7 @@ def test_a_live_replay_stopped_by_a_signal_releases_its_requests(tmp_path, signu
     daemon = DaemonProcess(tmp_path, "--num-gpu-blocks", "1500", "--max-model-len", "131072", lease_ttl_s=600)
     with daemon:
         replay = subprocess.Popen(
-            [sys.executable, "-m", "kvbudget", "replay", "azure", "--target", daemon.target, "--speed", "1"],
+            [sys.executable, "-c", AS_FROM_A_TERMINAL, "replay", "azure", "--target", daemon.target, "--speed", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         try:

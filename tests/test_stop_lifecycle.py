@@ -42,6 +42,7 @@ BIG_POOL = ("--num-gpu-blocks", "100000")  # room for thousands of 1-block reque
 HELD_STEP = 2000  # decisions in one step: past the 1024 the event loop commits inline
 LOAD_ENGINES = 8  # (fewer, and a stop that cut a step just taken was seen less often)
 CUT_SHORT = "stopped: no call in flight; closed the connections still open"
+ABANDONED = "stopping without waiting for gRPC any longer"
 
 # An engine that steps until a step fails: submits a few, finishes the last step's. Every
 # decision it receives is a JSON line in its file; the last line says how it ended.
@@ -349,4 +350,7 @@ def test_sigterm_does_not_wait_out_the_drain_for_a_frozen_engine(tmp_path) -> No
             engine.kill()
             engine.wait()
         assert [row["kind"] for row in daemon.decision_rows("seq = ?", (seq,))] == ["admit"]
-        assert CUT_SHORT in daemon.stderr()
+        # Mostly cut short (CUT_SHORT: the frozen engine's connection still open); seen under
+        # load, grpc's own stop done at once (it had closed that connection): not abandoned.
+        stderr = daemon.stderr()
+        assert "stopping: closed 1 open requests" in stderr and ABANDONED not in stderr

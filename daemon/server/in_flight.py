@@ -2,7 +2,10 @@
 
 grpc's own stop also waits for every connection to close, and a frozen client's never
 does: `stop_server` cuts the stop short once no call has been in flight for `settle_s`, and
-stops waiting for a grpc stop stuck on a peer that does not read past `GIVE_UP_S`.
+stops waiting for a grpc stop stuck on a peer that does not read past `GIVE_UP_S`. A call
+whose request is still arriving is waited for only `ARRIVING_S` into the stop: a client
+frozen mid-request (its HEADERS sent, not its message) never completes it, and held the
+stop until grpc's own 20 s goodbye timer, or the whole grace.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 import grpc
 
 SETTLE_S = 0.1  # nothing in flight this long, after the server stopped accepting: stop now
+ARRIVING_S = 5.0  # into the stop, how long a request not yet arrived whole (no handler yet) is waited for
 GIVE_UP_S = 2.0  # past the grace, how long grpc's stop may still take before the daemon goes on
 _GRPC_CALL_TASK = "_schedule_rpc_coro"  # grpc.aio's coroutine for one call, start to end
 
@@ -43,14 +47,16 @@ class InFlightCalls:
         grpc_calls = sum(1 for task in asyncio.all_tasks() if _is_grpc_call(task))
         return max(grpc_calls, self.num_handlers)
 
-    async def wait_idle(self, settle_s: float = SETTLE_S) -> None:
+    async def wait_idle(self, settle_s: float = SETTLE_S, arriving_s: float = ARRIVING_S) -> None:
         """Returns once no call has been in flight for `settle_s` (looked at every quarter
-        of it; a call that came and went between two looks had ended anyway)."""
+        of it; a call that came and went between two looks had ended anyway); past
+        `arriving_s`, only calls whose handler runs count."""
         loop = asyncio.get_running_loop()
+        arriving_until = loop.time() + arriving_s
         quiet_since: float | None = None
         while True:
             now = loop.time()
-            if self.num_in_flight():
+            if self.num_in_flight() if now < arriving_until else self.num_handlers:
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = now
@@ -66,14 +72,14 @@ def _is_grpc_call(task: asyncio.Task) -> bool:
 
 async def stop_server(
     server: grpc.aio.Server, calls: InFlightCalls, grace_s: float,
-    settle_s: float = SETTLE_S, give_up_s: float = GIVE_UP_S,
+    settle_s: float = SETTLE_S, give_up_s: float = GIVE_UP_S, arriving_s: float = ARRIVING_S,
 ) -> Stopped:
     """`server.stop(grace_s)`, cut short once no call is in flight, and not waited for
     past `grace_s + give_up_s` (see the module docstring)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s + give_up_s
     graceful = asyncio.ensure_future(server.stop(grace_s))
-    idle = asyncio.ensure_future(calls.wait_idle(settle_s))
+    idle = asyncio.ensure_future(calls.wait_idle(settle_s, arriving_s))
     try:
         done, _ = await asyncio.wait((graceful, idle), timeout=deadline - loop.time(),
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -84,7 +90,7 @@ async def stop_server(
         return Stopped.GRACEFUL
     if idle not in done:
         return Stopped.ABANDONED  # calls still in flight past the grace, and grpc stuck on them
-    cut = asyncio.ensure_future(server.stop(0))  # cancels nothing in flight (none is), closes the connections
+    cut = asyncio.ensure_future(server.stop(0))  # cancels only requests that never arrived; closes the connections
     await asyncio.wait((graceful, cut), timeout=max(0.0, deadline - loop.time()),
                        return_when=asyncio.ALL_COMPLETED)
     if not (graceful.done() and cut.done()):
