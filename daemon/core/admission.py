@@ -322,8 +322,15 @@ class AdmissionController(AdmissionControls):
         if budget is not None and (budget[0] <= 0 or budget[1] <= 0):  # the step can start no more
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
+        running = bool(self._running)
+        if r.queued and not policy.gates_on_peak and fit.surely_unrefused(r, policy, running):
+            # The plan would pass whatever its prefix hit: backfill's answer is the try's,
+            # so one kept behind the head costs no prefix lookup (same as below, earlier).
+            if not self._backfill.may_pass(r, policy):
+                r.wait_reason = Reason.QUEUE_AHEAD
+                return None
         plan = fit.plan(r, policy)
-        refusal = fit.refusal(r, plan, policy, bool(self._running))
+        refusal = fit.refusal(r, plan, policy, running)
         if refusal is not None:
             if refusal.final:
                 return self._reject(r, refusal.reason, now, refusal.detail)
