@@ -47,6 +47,11 @@ class EngineConfig:
             raise ValueError(f"grow_ahead_blocks: must be >= 0, got {self.grow_ahead_blocks}")
 
 
+# What a step with nothing to ask returns (never filled: its callers only test it).
+_NO_OPS = StepOps()
+_NO_SUBMITS: list[RequestSpec] = []
+
+
 class SimEngine:
     """One engine: its requests, its clock, its batch."""
 
@@ -177,6 +182,12 @@ class SimEngine:
     def build_step(self) -> tuple[StepOps, list[tuple[SimRequest, int, int]], list[tuple[SimRequest, int]]]:
         """Ops for this step, the scheduled (request, tokens, version) and the decode grows
         (request, need)."""
+        due = self.due
+        if self.in_flight >= self.config.max_num_seqs and not (
+            self.pending_progress or self.pending_finishes or self.prefilling or (due and due[0][0] <= self.step_index)
+        ):  # decodes only, nothing to ask, no room to submit (arrivals just move in): empty ops
+            self._submit_arrivals(_NO_SUBMITS)
+            return _NO_OPS, [], []
         ops = StepOps()
         progress = self.pending_progress
         self.pending_progress = {}
