@@ -323,12 +323,10 @@ class AdmissionController(AdmissionControls):
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
         running = bool(self._running)
-        if r.queued and not policy.gates_on_peak and fit.surely_unrefused(r, policy, running):
-            # The plan would pass whatever its prefix hit: backfill's answer is the try's,
-            # so one kept behind the head costs no prefix lookup (same as below, earlier).
-            if not self._backfill.may_pass(r, policy):
-                r.wait_reason = Reason.QUEUE_AHEAD
-                return None
+        backfill = self._backfill
+        if r.queued and backfill.keeps_back(r, policy, running):  # the answer below, without the plan
+            r.wait_reason = Reason.QUEUE_AHEAD
+            return None
         plan = fit.plan(r, policy)
         refusal = fit.refusal(r, plan, policy, running)
         if refusal is not None:
@@ -342,7 +340,7 @@ class AdmissionController(AdmissionControls):
             r.wait_reason = Reason.BUDGET_FULL  # free now, but wanted by the batch's predicted peak
             r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
             return None
-        if r.queued and not self._backfill.may_pass(r, policy):  # it fits, but would delay the head
+        if r.queued and not backfill.may_pass(r, policy):  # it fits, but would delay the head
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
         if r.queued:

@@ -130,6 +130,17 @@ class Backfill:
         self._kept[r.order] = spare
         return False
 
+    def keeps_back(self, r: RequestState, policy: Policy, anything_running: bool) -> bool:
+        """Whether queued `r` is kept behind the head whatever its plan: no prefix hit
+        could get it refused first (fit.surely_unrefused) and may_pass says no. The
+        controller then answers `queue_ahead` without the plan and its prefix lookup;
+        the answer and every side effect are the full try's (may_pass reads nothing the
+        plan computes)."""
+        head = self.head
+        if head is None or r is head or policy.gates_on_peak:
+            return False  # (may_pass lets the head through; the peak gate comes first)
+        return self.fit.surely_unrefused(r, policy, anything_running) and not self.may_pass(r, policy)
+
     def _head_start(self, head: RequestState, policy: Policy, spare: int) -> HeadStart:
         """When the head is expected to find what it needs (plan's need, and the
         watermark its policy keeps), from the running requests' expected ends."""
