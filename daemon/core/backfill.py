@@ -226,9 +226,13 @@ class Backfill:
         self.head = None
         behind = tried = 0
         self._idle = None
-        version = self.queue.order_version()  # (before in_order re-places tenants: None then)
-        for r in self.queue.in_order(self.ledger.tenants, skip=quota_held):
-            if head is not None and behind >= backfill_depth:
+        queue = self.queue
+        version = queue.order_version()  # (before in_order re-places tenants: None then)
+        # One tenant waiting: its list itself, the walk ending once it is held by its
+        # quota (what in_order's `skip` does, without a generator between).
+        one = queue.num_tenants == 1
+        for r in queue.in_order(self.ledger.tenants, skip=None if one else quota_held):
+            if (head is not None and behind >= backfill_depth) or (one and quota_held):
                 break
             if r.failed_epoch == epoch and spare <= r.failed_spare:
                 # Lacked blocks last time and none came back since: same answer, and

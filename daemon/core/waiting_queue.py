@@ -196,6 +196,11 @@ class WaitingQueue:
             return iter(waiting) if skip is None else self._one_tenant(waiting, skip)
         return self._merged(skip)
 
+    @property
+    def num_tenants(self) -> int:
+        """Tenants with requests waiting."""
+        return len(self._by_tenant)
+
     def order_version(self) -> int | None:
         """`version`, or None while a tenant's usage moved and its place among others was
         not worked out yet (in_order does it): the order is then not known to be the same."""
