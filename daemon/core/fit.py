@@ -151,7 +151,7 @@ class FitCheck:
 
     def _base(self, r: RequestState, policy: Policy, prompt: int) -> tuple[int, tuple[int, ...]]:
         """(predicted output, the policy's base per group): what `plan` reserves whatever
-        the prefix cache holds."""
+        the prefix cache holds (plan works it out inline, alike: its hot path)."""
         if policy.uses_prediction:
             predicted = self.predictor.predict(r.spec.tenant, r.max_len - prompt)
             return predicted, self.expected(prompt, predicted, r.resume_len, r.max_len)
@@ -192,7 +192,18 @@ class FitCheck:
         else:
             hit = self._no_hit
         hit_tokens = hit.num_tokens
-        predicted, base = self._base(r, policy, prompt)
+        # _base's answer, worked out here (a call less on every admission attempt)
+        if policy.uses_prediction:
+            predicted = self.predictor.predict(spec.tenant, r.max_len - prompt)
+            base = self.expected(prompt, predicted, r.resume_len, r.max_len)
+        elif policy.charges_naive:
+            predicted = 0
+            base = self.naive_base
+        else:  # length 0 (optimistic, not preempted): nothing reserved, no memo lookup
+            predicted = 0
+            whole = policy.checks_admit_on and self.whole_prompt
+            length = 0 if whole else policy.reserved_length(prompt, r.max_len, r.resume_len, 0)
+            base = self.worst[length] if length else self._no_base
         target = r.resume_len or prompt
         full = target  # whole_prompt: this length must fit now, only its first chunk is allocated
         if policy.uses_lookahead:
