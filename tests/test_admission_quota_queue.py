@@ -100,3 +100,22 @@ def test_the_queue_leaves_out_a_tenant_put_in_skip_while_it_is_walked():
         assert seen == ["a0", "b0"][: len(tenants)], seen
         # Without `skip`, every request, in order.
         assert len(list(queue.in_order(accounts))) == sum(tenants.values())
+
+
+def test_a_lone_tenant_held_by_its_quota_waits_in_its_own_order() -> None:
+    # Guaranteed, one full-attention group, B = 8, 10 blocks; tenant q may hold 5. Its
+    # running request holds 3: q1 (3 blocks) waits for the quota, and q2 (1 block, which
+    # the quota would take) waits behind it: the pass stops at q1, whose tenant is the
+    # only one waiting (backfill does not pass a request of the same tenant).
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 10,
+        AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="guaranteed", watermark=0.0),
+    )
+    ctrl.set_tenant_quota("q", 0.5)
+    assert kinds(ctrl.submit(RequestSpec("run", 24, 0, tenant="q"), 0.0)) == [("admit", "fits", "run")]
+    assert kinds(ctrl.submit(RequestSpec("q1", 24, 0, tenant="q"), 0.0)) == [("queue", "tenant_quota", "q1")]
+    assert kinds(ctrl.submit(RequestSpec("q2", 8, 0, tenant="q"), 0.0)) == [("queue", "tenant_quota", "q2")]
+    assert ctrl.schedule(1.0) == [] and ctrl.schedule(2.0) == []
+    assert kinds(ctrl.finish("run", 3.0)) == [("release", "finished", "run"), ("admit", "fits", "q1"),
+                                              ("admit", "fits", "q2")]  # fmt: skip
+    ctrl.check_integrity()

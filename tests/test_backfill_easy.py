@@ -117,3 +117,40 @@ def test_head_start_is_the_first_end_after_which_the_spare_covers_the_need(ends,
         assert (start.steps, start.extra) == (fits[0], free_at(fits[0]) - need)
     else:
         assert start.extra < 0 or not times
+
+
+def test_a_pass_that_tried_no_one_is_walked_again_once_the_queue_changed() -> None:
+    # Guaranteed, one full-attention group, B = 8, 10 blocks. A reserves 8 (64 tokens):
+    # 2 spare. H (3 blocks) waits; the next pass tries no one (H lacked blocks at this
+    # spare already), and neither would an identical one. T (1 block, no output) joins
+    # the queue untried (admit=False): at the same spare the pass must reach it, and it
+    # ends long before H can start (A's end, 56 steps): it passes H.
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 10,
+        AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="guaranteed", watermark=0.0),
+    )
+    assert kinds(ctrl.submit(RequestSpec("A", 8, 56), 0.0)) == [("admit", "fits", "A")]
+    assert kinds(ctrl.submit(RequestSpec("H", 24, 0), 0.0)) == [("queue", "budget_full", "H")]
+    assert ctrl.schedule(1.0) == [] and ctrl.schedule(2.0) == []
+    assert kinds(ctrl.submit(RequestSpec("T", 8, 0), 2.0, admit=False)) == [("queue", "pool_full", "T")]
+    assert kinds(ctrl.schedule(2.0)) == [("admit", "fits", "T")]
+    ctrl.check_integrity()
+
+
+def test_a_pass_that_tried_no_one_is_walked_again_after_a_config_reload() -> None:
+    # As above, but T joins through a pass that leaves it untried behind H (backfill
+    # depth 0). A deeper backfill (config reload) must let the next pass at the same
+    # spare reach it.
+    ctrl = AdmissionController(
+        SMALL_LAYOUTS["full"], 10,
+        AdmissionConfig(max_model_len=64, max_num_batched_tokens=64, policy="guaranteed", watermark=0.0,
+                        backfill_depth=0),
+    )
+    ctrl.submit(RequestSpec("A", 8, 56), 0.0)
+    ctrl.submit(RequestSpec("H", 24, 0), 0.0)
+    assert kinds(ctrl.submit(RequestSpec("T", 8, 0), 0.0)) == [("queue", "queue_ahead", "T")]
+    assert ctrl.schedule(1.0) == [] and ctrl.schedule(1.0) == []  # H tried, then no one
+    ctrl.retune(max_queue_len=0, backfill_depth=1, max_head_wait_s=0.0, watermark=0.0, lookahead_tokens=0,
+                reject_over_quota=False)  # fmt: skip
+    assert kinds(ctrl.schedule(1.0)) == [("admit", "fits", "T")]
+    ctrl.check_integrity()

@@ -138,3 +138,29 @@ def test_a_preempted_request_not_yet_tried_waits_behind_the_others_not_for_none(
         ("grow", "fits", "a"), ("preempt", "growth", "b")]
     assert ctrl.snapshot(2.0).waiting_by_reason == {"pool_full": 1, "queue_ahead": 1}
     ctrl.check_integrity()
+
+
+def test_the_order_version_moves_whenever_the_order_may_have() -> None:
+    # Backfill skips a pass that would try no one again only while this number stands:
+    # a push or a removal moves it; a tenant's usage moving among others leaves it
+    # unknown (None) until in_order has placed the tenant again, and then moved.
+    tenants = {name: TenantAccount(name) for name in ("a", "b")}
+    queue = WaitingQueue()
+    ra, rb = (RequestState(RequestSpec(f"r{t}", 8, tenant=t), 8, n, 1) for n, t in enumerate("ab"))
+    queue.push(ra, False)
+    first = queue.order_version()
+    queue.usage_changed.add("a")  # one tenant waiting: its usage moves it past no one
+    assert queue.order_version() == first
+    list(queue.in_order(tenants))
+    assert queue.order_version() == first
+    queue.push(rb, False)
+    second = queue.order_version()
+    assert second not in (None, first)
+    tenants["a"].charged = 5
+    queue.usage_changed.add("a")  # two waiting: a now goes behind b
+    assert queue.order_version() is None
+    assert [r.request_id for r in queue.in_order(tenants)] == ["rb", "ra"]
+    third = queue.order_version()
+    assert third not in (None, second)
+    queue.remove(rb)
+    assert queue.order_version() not in (None, third)

@@ -55,6 +55,9 @@ class EngineConfig:
             raise ValueError(f"grow_ahead_blocks: must be >= 0, got {self.grow_ahead_blocks}")
 
 
+_NO_OPS, _NO_SUBMITS = StepOps(), []  # a step with nothing to ask: never filled (only tested)
+
+
 class SimEngine:
     """One engine: its requests, its clock, its batch."""
 
@@ -185,6 +188,12 @@ class SimEngine:
     def build_step(self) -> tuple[StepOps, list[tuple[SimRequest, int, int]], list[tuple[SimRequest, int]]]:
         """Ops for this step, the scheduled (request, tokens, version) and the decode grows
         (request, need)."""
+        due = self.due
+        if self.in_flight >= self.config.max_num_seqs and not (
+            self.pending_progress or self.pending_finishes or self.prefilling or (due and due[0][0] <= self.step_index)
+        ):  # decodes only, nothing to ask, no room to submit (arrivals just move in): empty ops
+            self._submit_arrivals(_NO_SUBMITS)
+            return _NO_OPS, [], []
         ops = StepOps()
         progress = self.pending_progress
         self.pending_progress = {}
@@ -286,6 +295,9 @@ class SimEngine:
 
     def run_step(self, scheduled: list[tuple[SimRequest, int, int]], decode_grows: list[tuple[SimRequest, int]]) -> float:
         """After the call's decisions are applied: run the batch, advance the clock."""
+        if not (scheduled or decode_grows or self.admitted_now):  # decodes only (build_step's empty ops)
+            seqs = len(self.decoding)
+            return self._advance(0, seqs) if seqs else 0.0
         cfg = self.config
         # Decoding requests whose growth was refused sit out, one by one from now on.
         for r, need in decode_grows:
@@ -319,10 +331,7 @@ class SimEngine:
             return 0.0
         # A request whose only missing token is its last generated one is decoding.
         prefill_tokens = sum(t for r, t in batch if r.computed + 1 < r.prompt + r.generated or r.generated == 0)
-        duration = cfg.step_base_s + prefill_tokens * cfg.per_prefill_token_s + seqs * cfg.per_decode_seq_s
-        self.clock += duration
-        self.step_index += 1
-        self.steps += 1
+        duration = self._advance(prefill_tokens, seqs)
         now = self.clock
         for r, tokens in batch:
             was_prefill = r.computed + 1 < r.prompt + r.generated or r.generated == 0
@@ -343,6 +352,15 @@ class SimEngine:
                     self.pending_progress[r.request_id] = r.computed  # prompt blocks: cacheable
                 del self.prefilling[r.request_id]
                 self._enter_decode(r)
+        return duration
+
+    def _advance(self, prefill_tokens: int, seqs: int) -> float:
+        """One step of `seqs` sequences (`prefill_tokens` prompt tokens): its duration."""
+        cfg = self.config
+        duration = cfg.step_base_s + prefill_tokens * cfg.per_prefill_token_s + seqs * cfg.per_decode_seq_s
+        self.clock += duration
+        self.step_index += 1
+        self.steps += 1
         return duration
 
     def skip_quiet_steps(self, horizon: float) -> None:

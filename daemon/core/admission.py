@@ -320,8 +320,13 @@ class AdmissionController(AdmissionControls):
         if budget is not None and (budget[0] <= 0 or budget[1] <= 0):  # the step can start no more
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
+        running = bool(self._running)
+        backfill = self._backfill
+        if r.queued and backfill.keeps_back(r, policy, running):  # the answer below, without the plan
+            r.wait_reason = Reason.QUEUE_AHEAD
+            return None
         plan = fit.plan(r, policy)
-        refusal = fit.refusal(r, plan, policy, bool(self._running))
+        refusal = fit.refusal(r, plan, policy, running)
         if refusal is not None:
             if refusal.final:
                 return self._reject(r, refusal.reason, now, refusal.detail)
@@ -333,7 +338,7 @@ class AdmissionController(AdmissionControls):
             r.wait_reason = Reason.BUDGET_FULL  # free now, but wanted by the batch's predicted peak
             r.failed_spare, r.failed_epoch = self.ledger.spare, self._epoch
             return None
-        if r.queued and not self._backfill.may_pass(r, policy):  # it fits, but would delay the head
+        if r.queued and not backfill.may_pass(r, policy):  # it fits, but would delay the head
             r.wait_reason = Reason.QUEUE_AHEAD
             return None
         if r.queued:

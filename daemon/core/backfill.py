@@ -50,6 +50,12 @@ class Backfill:
         # again until blocks come back or the head changes.
         self._kept: dict[int, int] = {}
         self._kept_head: RequestState | None = None
+        # The last pass tried no one: (spare, now, (queue order version, epoch, depth, aging
+        # cap), head). Each candidate it walked was skipped for a spare at most a figure it
+        # holds, and nothing but a try (which clears this) or a queue change moves those
+        # figures or the walk; so with no more spare, the same key and no earlier clock
+        # (aging only cuts a walk shorter as time goes on), a pass skips them all again.
+        self._idle: tuple[int, float, tuple, RequestState | None] | None = None
         # Blocks a request holds decoding at n tokens, as far ahead as the engine grows (a
         # window group: its window, not the prefill transient the worst case keeps).
         self._ahead = fit.decode_ahead_tokens
@@ -80,9 +86,8 @@ class Backfill:
             if r.wait_reason is TENANT_QUOTA:
                 quota_held.add(r.spec.tenant)
             elif head is None:
-                head = self.head = r
-                if self._start_key != (r, now, len(self.running), self.ledger.spare):
-                    self._start = None  # (else the pass starts over after a backfill: kept up to date)
+                # (its start is kept when the pass starts over after a backfill: admit)
+                head = self._same_head(r, now, self.ledger.spare)
                 # Aging guards the head of the queue; behind a request held by its quota,
                 # backfill goes on (as it did while that request was young).
                 if not quota_held and now - r.queued_at > self.waits.bound(max_head_wait_s):
@@ -138,6 +143,17 @@ class Backfill:
         self._kept[r.order] = spare
         return False
 
+    def keeps_back(self, r: RequestState, policy: Policy, anything_running: bool) -> bool:
+        """Whether queued `r` is kept behind the head whatever its plan: no prefix hit
+        could get it refused first (fit.surely_unrefused) and may_pass says no. The
+        controller then answers `queue_ahead` without the plan and its prefix lookup;
+        the answer and every side effect are the full try's (may_pass reads nothing the
+        plan computes)."""
+        head = self.head
+        if head is None or r is head or policy.gates_on_peak:
+            return False  # (may_pass lets the head through; the peak gate comes first)
+        return self.fit.surely_unrefused(r, policy, anything_running) and not self.may_pass(r, policy)
+
     def _head_start(self, head: RequestState, policy: Policy, spare: int) -> HeadStart:
         """When the head is expected to find what it needs (plan's need, and the
         watermark its policy keeps), from the running requests' expected ends."""
@@ -170,6 +186,7 @@ class Backfill:
         self, r: RequestState, now: float, try_admit: Callable[[RequestState, float], Decision | None]
     ) -> Decision | None:
         """`try_admit(r, now)`, and the wait of an admitted `r` noted for aging."""
+        self._idle = None  # a try may change what a pass skips
         decision = try_admit(r, now)
         if decision is not None and decision.kind is ADMIT:
             self.waits.observe(now - r.queued_at)
@@ -192,27 +209,73 @@ class Backfill:
         answer); `try_admit` sets a request's `failed_spare` and `failed_epoch` when it
         lacked blocks."""
         decisions: list[Decision] = []
-        queue, ledger, kept, fit = self.queue, self.ledger, self._kept, self.fit
-        changed = True
-        while changed and queue:
+        queue, ledger, fit = self.queue, self.ledger, self.fit
+        while queue:
             budget = fit.budget
             if budget is not None and (budget[0] <= 0 or budget[1] <= 0):
                 break  # the engine's step can start nothing more: no need to walk the queue
-            changed = False
             spare = ledger.spare  # (only an ADMIT changes it, and the pass starts over)
-            for r in self.candidates(now, set(), backfill_depth, max_head_wait_s):
-                if r.failed_epoch == epoch and spare <= r.failed_spare:
-                    # Lacked blocks last time and none came back since: same answer, and
-                    # a prefix lookup of a long prompt is not free. (A prefix published
-                    # meanwhile is seen on the next release; an idle pool is always
-                    # retried, its spare being the whole pool.)
-                    continue
-                head = self.head
-                if head is not None and r is not head and head is self._kept_head and kept.get(r.order, -1) >= spare:
-                    continue  # kept behind this head, and no blocks came back since (may_pass)
+            idle = self._idle
+            if idle is not None and spare <= idle[0] and now >= idle[1] and idle[2] == (
+                queue.order_version(), epoch, backfill_depth, max_head_wait_s
+            ):
+                self._same_head(idle[3], now, spare)  # as the walk would leave it
+                break  # the walk would skip every candidate again (see _idle)
+            decision = self._pass(now, epoch, backfill_depth, max_head_wait_s, try_admit, spare)
+            if decision is None:
+                break
+            decisions.append(decision)
+        return decisions
+
+    def _pass(
+        self, now: float, epoch: int, backfill_depth: int, max_head_wait_s: float,
+        try_admit: Callable[[RequestState, float], Decision | None], spare: int,
+    ) -> Decision | None:
+        """One walk of `candidates` (inlined: one loop, no generator between), trying each
+        candidate not known to fail again; the first ADMIT or REJECT, else None."""
+        kept = self._kept
+        quota_held: set[str] = set()
+        head: RequestState | None = None
+        self.head = None
+        behind = tried = 0
+        self._idle = None
+        queue = self.queue
+        version = queue.order_version()  # (before in_order re-places tenants: None then)
+        # One tenant waiting: its list itself, the walk ending once it is held by its
+        # quota (what in_order's `skip` does, without a generator between).
+        one = queue.num_tenants == 1
+        for r in queue.in_order(self.ledger.tenants, skip=None if one else quota_held):
+            if (head is not None and behind >= backfill_depth) or (one and quota_held):
+                break
+            if r.failed_epoch == epoch and spare <= r.failed_spare:
+                # Lacked blocks last time and none came back since: same answer, and
+                # a prefix lookup of a long prompt is not free. (A prefix published
+                # meanwhile is seen on the next release; an idle pool is always
+                # retried, its spare being the whole pool.)
+                pass
+            elif head is not None and r is not head and head is self._kept_head and kept.get(r.order, -1) >= spare:
+                pass  # kept behind this head, and no blocks came back since (may_pass)
+            else:
+                tried += 1
                 decision = self.admit(r, now, try_admit)
                 if decision is not None:  # admitted or rejected: the order changed, start over
-                    decisions.append(decision)
-                    changed = True
+                    return decision
+            if r.wait_reason is TENANT_QUOTA:  # (candidates' bookkeeping, after the try)
+                quota_held.add(r.spec.tenant)
+            elif head is None:
+                head = self._same_head(r, now, spare)
+                if not quota_held and now - r.queued_at > self.waits.bound(max_head_wait_s):
                     break
-        return decisions
+            else:
+                behind += 1
+        if not tried and version is not None:
+            self._idle = (spare, now, (version, epoch, backfill_depth, max_head_wait_s), head)
+        return None
+
+    def _same_head(self, head: RequestState | None, now: float, spare: int) -> RequestState | None:
+        """`head` is the pass's head (candidates' bookkeeping): its expected start is kept
+        only while nothing it depends on moved."""
+        self.head = head
+        if head is not None and self._start_key != (head, now, len(self.running), spare):
+            self._start = None
+        return head

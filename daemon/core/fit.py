@@ -149,6 +149,41 @@ class FitCheck:
         else:
             self.budget = [1 << 62 if tokens is None else tokens, 1 << 62 if seqs is None else seqs]
 
+    def _base(self, r: RequestState, policy: Policy, prompt: int) -> tuple[int, tuple[int, ...]]:
+        """(predicted output, the policy's base per group): what `plan` reserves whatever
+        the prefix cache holds (plan works it out inline, alike: its hot path)."""
+        if policy.uses_prediction:
+            predicted = self.predictor.predict(r.spec.tenant, r.max_len - prompt)
+            return predicted, self.expected(prompt, predicted, r.resume_len, r.max_len)
+        if policy.charges_naive:
+            return 0, self.naive_base
+        # length 0 (optimistic, not preempted): nothing reserved, no memo lookup
+        whole = policy.checks_admit_on and self.whole_prompt
+        length = 0 if whole else policy.reserved_length(prompt, r.max_len, r.resume_len, 0)
+        return 0, self.worst[length] if length else self._no_base
+
+    def surely_unrefused(self, r: RequestState, policy: Policy, anything_running: bool) -> bool:
+        """Whether `refusal(r, plan(r))` is None whatever the prefix cache holds: the
+        tenant has no quota, and the most the plan can need (nothing of it shared, every
+        slot up to its target held: a hit only lowers `held` below blocks_held(target, 0))
+        fits the pool and the spare with the watermark. The controller then asks backfill
+        before the plan, sparing a kept-back request its prefix lookup (admission.py)."""
+        if self.ledger.tenants[r.spec.tenant].max_share is not None:
+            return False
+        prompt = r.spec.prompt_tokens
+        base = self._base(r, policy, prompt)[1]
+        full = target = r.resume_len or prompt
+        if policy.uses_lookahead:
+            target = min(target + self.lookahead_tokens, r.max_len)
+        most = self.held[target, 0]
+        need = charge = sum(most) if base is self._no_base else sum(map(max, most, base))
+        if base is self._no_base and policy.checks_admit_on and self.whole_prompt:
+            need = max(need, self.worst_total[full])
+        spare = self.ledger.spare
+        if charge > self.capacity or need > spare:
+            return False
+        return not (policy.uses_watermark and anything_running and spare - need < self.watermark_blocks)
+
     def plan(self, r: RequestState, policy: Policy) -> Plan:
         spec = r.spec
         prompt = spec.prompt_tokens
@@ -157,6 +192,7 @@ class FitCheck:
         else:
             hit = self._no_hit
         hit_tokens = hit.num_tokens
+        # _base's answer, worked out here (a call less on every admission attempt)
         if policy.uses_prediction:
             predicted = self.predictor.predict(spec.tenant, r.max_len - prompt)
             base = self.expected(prompt, predicted, r.resume_len, r.max_len)

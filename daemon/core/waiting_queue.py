@@ -78,6 +78,9 @@ class WaitingQueue:
         # Waiting requests per engine, kept as they come and go: a snapshot reads it rather
         # than count a queue of tens of thousands (4 ms for 20,000 here).
         self.num_by_engine: dict[str, int] = {}
+        # Bumped whenever in_order's order may change (a request in or out, a tenant's
+        # usage moving it among others): backfill's idle-pass memo is keyed on it.
+        self.version = 0
 
     def __len__(self) -> int:
         return self.size
@@ -92,6 +95,7 @@ class WaitingQueue:
     def push(self, request: RequestState, preempted: bool, usage: float = 0.0) -> None:
         """`usage`: the tenant's charged / weight now (its place among tenants)."""
         request.queue_key = (request.spec.priority, 0 if preempted else 1, request.order)
+        self.version += 1
         tenant = request.tenant
         waiting = self._by_tenant.get(tenant)
         if waiting is None:
@@ -126,6 +130,7 @@ class WaitingQueue:
         i = bisect_left(waiting, request.queue_key, key=_key)
         if i >= len(waiting) or waiting[i] is not request:
             raise KeyError(request.request_id)
+        self.version += 1
         del waiting[i]
         if not waiting:
             del self._by_tenant[tenant]
@@ -183,11 +188,25 @@ class WaitingQueue:
                 if tenant in usage:
                     self._place(tenant, tenants[tenant].usage())
             changed.clear()
+            if len(usage) > 1:
+                self.version += 1
         lists = self._by_tenant
         if len(lists) == 1:
             waiting = next(iter(lists.values()))
             return iter(waiting) if skip is None else self._one_tenant(waiting, skip)
         return self._merged(skip)
+
+    @property
+    def num_tenants(self) -> int:
+        """Tenants with requests waiting."""
+        return len(self._by_tenant)
+
+    def order_version(self) -> int | None:
+        """`version`, or None while a tenant's usage moved and its place among others was
+        not worked out yet (in_order does it): the order is then not known to be the same."""
+        if self.usage_changed and len(self._usage) > 1:
+            return None
+        return self.version
 
     @staticmethod
     def _one_tenant(waiting: list[RequestState], skip: AbstractSet[str]) -> Iterator[RequestState]:
