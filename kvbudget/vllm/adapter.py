@@ -58,7 +58,6 @@ class Adapter:
         self.settings = settings
         self.metrics = AdapterMetrics()
         self.books = Books(len(scheduler.kv_cache_config.kv_cache_groups))
-        self.null_block_id = scheduler.kv_cache_manager.block_pool.null_block.block_id
         self.block_sizes = (scheduler.block_size, scheduler.hash_block_size)
         self.arrivals: list[str] = []
         self.finishes: list[str] = []
@@ -66,6 +65,7 @@ class Adapter:
         self.requeue: list[str] = []  # aborted in the daemon this step, submitted again the next
         self.down_since: float | None = None
         self.admit_tokens = 0  # what the last step told the daemon vLLM could still start
+        self._planned: tuple[list, int] | None = None  # the last step's (running it planned, budget left)
         self.link = link or DaemonLink(settings.target, settings.engine_id, token=settings.token,
                                        credentials=_credentials(settings), step_timeout_s=settings.step_timeout_s,
                                        replace_existing=settings.replace_existing)
@@ -94,6 +94,7 @@ class Adapter:
                     self.ended([out], aborted=not self.books.running(out.request_id))
 
     def before(self) -> Gate:
+        self._planned = None
         try:
             try:
                 decisions = self._step()
@@ -116,26 +117,28 @@ class Adapter:
         # A request preempted or denied this step leaves vLLM more of its token budget than
         # the step told the daemon (admit_tokens): vLLM would give the requests the daemon
         # admitted longer first chunks than the blocks granted. Its budget is cut to match.
-        _, left = coming_tokens(self.s, self.s.running)
+        left = self._budget_left()
         if left > self.admit_tokens:
             gate.budget_cut = left - self.admit_tokens
             self.s.max_num_scheduled_tokens -= gate.budget_cut
         return gate
 
     def after(self, output) -> None:
-        for rid in list(self.books.ready):
-            request = self.s.requests.get(rid)
-            if request is None or request in self.s.running:
-                self.books.ready.pop(rid, None)
+        running = {id(r) for r in self.s.running}
+        ready, requests = self.books.ready, self.s.requests
+        for rid in list(ready):
+            request = requests.get(rid)
+            if request is None or id(request) in running:
+                ready.pop(rid, None)
         if self.down_since is None and self.settings.check_accounting:
             self.check_accounting()
-        self._take_back_dropped()
+        self._take_back_dropped(running)
 
-    def _take_back_dropped(self) -> None:
+    def _take_back_dropped(self, running: set[int]) -> None:
         """A request the daemon runs that vLLM itself preempted (its pool disagreed: a drift
         already counted) would wait for an admission that never comes: it is aborted in the
-        daemon and submitted again with the next step, so nothing stalls."""
-        running = {id(r) for r in self.s.running}
+        daemon and submitted again with the next step, so nothing stalls. `running`: the ids
+        of the request objects vLLM runs."""
         for rid in [rid for rid in self.books.held if rid not in self.books.ready]:
             request = self.s.requests.get(rid)
             if request is not None and id(request) not in running:
@@ -145,11 +148,10 @@ class Adapter:
                 self.requeue.append(rid)
 
     def check_accounting(self) -> list:
-        held = {r.request_id: vllm_held(self.s.kv_cache_manager, r.request_id, self.null_block_id)
-                for r in self.s.running}
-        for rid in self.books.held:
-            if rid not in held and rid in self.s.requests:
-                held[rid] = vllm_held(self.s.kv_cache_manager, rid, self.null_block_id)
+        requests, ids = self.s.requests, [r.request_id for r in self.s.running]
+        running = set(ids)
+        ids += [rid for rid in self.books.held if rid not in running and rid in requests]
+        held = vllm_held(self.s.kv_cache_manager, ids)
         drifts = self.books.drift(held)
         for drift in drifts:
             self.metrics.add("drift")
@@ -179,6 +181,7 @@ class Adapter:
         grows = self._grows(coming, dict(progress))
         submits = [self._spec(s.requests[rid]) for rid in dict.fromkeys(self.arrivals) if rid in s.requests]
         self.admit_tokens = max(budget_left, 0)
+        self._planned = (held_running, budget_left)
         decisions = self.link.step(submits, grows, progress, self.finishes, self.aborts, admit_tokens=self.admit_tokens,
                                    admit_seqs=max(s.max_num_running_reqs - len(s.running), 0))
         for rid, computed in progress:
@@ -187,6 +190,18 @@ class Adapter:
             books.submitted(spec.request_id)
         self.arrivals, self.finishes, self.aborts, self.requeue = self.requeue, [], [], []
         return decisions
+
+    def _budget_left(self) -> int:
+        """vLLM's token budget left after the requests it runs now. Worked out again only when
+        the running list is not the one the step planned with (a preemption, a denial) or
+        vLLM caps long prefills (then the waiting queue's length counts too): else the same
+        sum over the same requests."""
+        s, planned = self.s, self._planned
+        if planned is not None and not s.scheduler_config.long_prefill_token_threshold:
+            running, left = planned
+            if len(running) == len(s.running) and all(a is b for a, b in zip(running, s.running)):
+                return left
+        return coming_tokens(s, s.running)[1]
 
     def _grows(self, coming, progress: dict[str, int]) -> list[tuple[str, int]]:
         """Grows for the requests whose coming step needs a block they do not hold, to the end

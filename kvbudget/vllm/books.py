@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from kvbudget.daemon.core.records import Decision, DecisionKind
 
@@ -18,6 +19,7 @@ from kvbudget.daemon.core.records import Decision, DecisionKind
 # for a request this very step preempted, and must not make it running again.)
 _HOLDS = (DecisionKind.ADMIT, DecisionKind.GROW, DecisionKind.RECLAIM)
 _GONE = (DecisionKind.RELEASE, DecisionKind.EXPIRE, DecisionKind.REJECT)
+_REQUEST_ID = attrgetter("request_id")
 
 
 @dataclass
@@ -98,11 +100,10 @@ class Books:
     def drift(self, vllm_held: Mapping[str, tuple[int, ...]]) -> list[Drift]:
         """Every request whose blocks differ: vLLM's (non-null, per group) against the daemon's.
         A request only one side holds blocks for counts too."""
-        zero = (0,) * self.num_groups
-        found = []
-        for rid in sorted(set(vllm_held) | set(self.held)):
-            ours, theirs = self.held.get(rid, zero), tuple(vllm_held.get(rid, zero))
-            if ours != theirs:
-                found.append(Drift(rid, ours, theirs))
+        zero, held = (0,) * self.num_groups, self.held
+        found = [Drift(rid, held.get(rid, zero), tuple(theirs)) for rid, theirs in vllm_held.items()
+                 if held.get(rid, zero) != tuple(theirs)]
+        found += [Drift(rid, ours, zero) for rid, ours in held.items() if rid not in vllm_held and ours != zero]
+        found.sort(key=_REQUEST_ID)  # (in request id order)
         self.drift_total += len(found)
         return found

@@ -9,11 +9,14 @@ its prefix hashes from the block hashes vLLM computed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from operator import attrgetter
 from typing import NamedTuple
 
 from kvbudget.daemon.core.records import RequestSpec
 
 UINT64_BYTES = 8
+_IS_NULL = attrgetter("is_null")  # (vLLM's one null block has it set)
 
 
 class Coming(NamedTuple):
@@ -81,9 +84,15 @@ def submit_spec(request, engine_id: str, tenant: str, block_sizes: tuple[int, in
     )
 
 
-def vllm_held(kv_cache_manager, request_id: str, null_block_id: int) -> tuple[int, ...]:
-    """Blocks vLLM holds for a request, per KV-cache group (the null block, which stands in
-    for blocks that left a window, not counted)."""
-    groups = kv_cache_manager.get_block_ids(request_id)
-    # (list.count, not a loop over the ids: this runs for every running request every step)
-    return tuple(len(ids) - ids.count(null_block_id) for ids in groups)
+def vllm_held(kv_cache_manager, request_ids: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """Blocks vLLM holds for each request, per KV-cache group (the null block, which stands
+    in for blocks that left a window, not counted)."""
+    # This runs for every running request every step: each group's block lists are read
+    # as they are (the manager's get_block_ids wraps them and copies every id).
+    tables = [manager.req_to_blocks for manager in kv_cache_manager.coordinator.single_type_managers]
+    if len(tables) == 1:
+        (table,) = tables
+        return {rid: (len(blocks) - sum(map(_IS_NULL, blocks)),)
+                for rid in request_ids for blocks in (table.get(rid, ()),)}
+    return {rid: tuple([len(blocks) - sum(map(_IS_NULL, blocks)) for blocks in [t.get(rid, ()) for t in tables]])
+            for rid in request_ids}
