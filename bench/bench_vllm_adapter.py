@@ -9,7 +9,8 @@ vLLM 0.33 (./dev test-vllm's venv):
     .venv-vllm/bin/python bench/bench_vllm_adapter.py --rows 500
 
 Added time = the adapter's work around vLLM's schedule() (building the step, the Step RPC,
-enacting the decisions, the accounting check), timed per call; vLLM's own = plain vLLM's
+enacting the decisions, the accounting check), timed per call; its own = the same less the
+Step call (the link's step: the RPC, the message built and the reply read); vLLM's own = plain vLLM's
 Scheduler on the same rows (its schedule() alone). The adapter runs twice, each time with
 a daemon of its own: `loop_thread` sends every Step through the client's loop thread (the
 hop there and back, the asyncio channel), `blocking` as the adapter does (a blocking
@@ -47,12 +48,12 @@ def ms(values: list[float], q: float) -> float:
 
 def timed_adapter(scheduler) -> dict:
     """Wraps the adapter's before/after and its link's step to time them and count decisions."""
-    adapter, seen = scheduler.kvbudget, {"added": [], "rpc": [], "decisions": 0}
+    adapter, seen = scheduler.kvbudget, {"added": [], "rpc": [], "own": [], "decisions": 0}
     before, after, step = adapter.before, adapter.after, adapter.link.step
     state = {}
 
     def timed_before():
-        state["t"] = time.perf_counter()
+        state["t"], state["rpc"] = time.perf_counter(), 0.0
         gate = before()
         state["before"] = time.perf_counter() - state["t"]
         return gate
@@ -61,11 +62,13 @@ def timed_adapter(scheduler) -> dict:
         started = time.perf_counter()
         after(output)
         seen["added"].append(state["before"] + time.perf_counter() - started)
+        seen["own"].append(seen["added"][-1] - state["rpc"])
 
     def timed_step(*args, **kwargs):
         started = time.perf_counter()
         decisions = step(*args, **kwargs)
         seen["rpc"].append(time.perf_counter() - started)
+        state["rpc"] += seen["rpc"][-1]
         seen["decisions"] += len(decisions)
         return decisions
 
@@ -97,6 +100,7 @@ def run_adapter(work: Path, trace, policy: str, blocking: bool, num_pings: int) 
         steps=run.steps, finished=run.finished, drift=drift, decisions=seen["decisions"],
         adapter_added_ms=dict(p50=ms(added, 50), p99=ms(added, 99), mean=round(statistics.fmean(added) * 1000, 3)),
         step_rpc_ms=dict(p50=ms(seen["rpc"], 50), p99=ms(seen["rpc"], 99)),
+        adapter_own_ms=dict(p50=ms(seen["own"], 50), p99=ms(seen["own"], 99)),
         added_p50_share_of_20ms_step=round(percentile(added, 50) / 0.020, 4),
         decisions_per_s_of_adapter_time=round(seen["decisions"] / sum(added)),
     ), seen.get("ping")
